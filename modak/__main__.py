@@ -1,0 +1,3 @@
+from modak.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""The runtime catalog: one YAML recipe per runtime/graph compiler under ``recipes/runtimes``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from modak.errors import InputError
+from modak.paths import data_dir
+from modak.spec.loader import load_spec
+from modak.spec.models import Name, Precision, Requirement, Task
+
+DeviceKind = Literal["cpu", "gpu"]
+ParamValue = bool | int | str
+Fraction = Annotated[float, Field(gt=0, le=1)]
+AptPackage = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]
+
+
+class _Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ContainerNeeds(_Recipe):
+    """What an image needs for this runtime on one device kind."""
+
+    base: Name = Field(description="Logical base image; a target's container.base_images maps it to a mirror.")
+    apt: tuple[AptPackage, ...] = ()
+    pip: tuple[Requirement, ...] = ()
+    pip_index_url: str | None = Field(None, description="Extra index the pins come from (e.g. a CUDA wheel index).")
+
+
+class Parameter(_Recipe):
+    """A tunable parameter: its values, where it applies, and how a value changes the analytic model."""
+
+    name: Name
+    values: tuple[ParamValue, ...] = Field(min_length=1)
+    devices: tuple[DeviceKind, ...] = ("cpu", "gpu")
+    tasks: tuple[Task, ...] = (Task.inference, Task.training)
+    needs_op_class: str | None = Field(None, description="Only enumerate when the workload has ops of this class.")
+    effects: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="value -> {term: factor}; terms: compute.<op_class>, compute, memory, overhead, compile.")
+    env: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="value -> environment variables the entrypoint exports.")
+    apt: dict[str, tuple[AptPackage, ...]] = Field(default_factory=dict, description="value -> extra apt packages.")
+
+
+def value_key(value: ParamValue) -> str:
+    """How a parameter value is written as a key in a recipe (``true``/``false`` for booleans)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class Tuning(_Recipe):
+    """How a tuning budget (trials) buys compute efficiency, and what each trial costs."""
+
+    parameter: Name
+    seconds_per_trial: float = Field(gt=0)
+    efficiency: dict[int, float] = Field(description="trial budget -> factor on compute efficiency.")
+
+
+class DevicePerformance(_Recipe):
+    """Priors of the analytic roofline model for one device kind (replaced by the learned model)."""
+
+    compute_efficiency: dict[str, Fraction] = Field(description="op class -> fraction of peak; 'default' required.")
+    memory_efficiency: Fraction
+    fusion: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="Fraction of elementwise/normalization traffic removed by operator fusion.")
+    node_overhead_us: Annotated[float, Field(ge=0)]
+    call_overhead_us: Annotated[float, Field(ge=0)]
+    compile_seconds: Annotated[float, Field(ge=0)] = 0.0
+    compile_seconds_per_node: Annotated[float, Field(ge=0)] = 0.0
+
+
+class Recipe(_Recipe):
+    """One runtime or graph compiler."""
+
+    name: Name
+    title: str
+    framework: Name
+    model_format: Literal["onnx", "torch"]
+    tasks: tuple[Task, ...]
+    precisions: dict[DeviceKind, tuple[Precision, ...]]
+    container: dict[DeviceKind, ContainerNeeds]
+    parameters: tuple[Parameter, ...] = ()
+    tuning: Tuning | None = None
+    performance: dict[DeviceKind, DevicePerformance]
+    notes: str = ""
+
+    @property
+    def devices(self) -> tuple[DeviceKind, ...]:
+        return tuple(d for d in ("cpu", "gpu") if d in self.container and d in self.performance)
+
+
+@lru_cache(maxsize=4)
+def load_catalog(folder: Path | None = None) -> dict[str, Recipe]:
+    """All recipes in ``folder`` (default: the shipped ``recipes/runtimes``), keyed by name."""
+    folder = folder or data_dir("recipes") / "runtimes"
+    recipes: dict[str, Recipe] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        recipe, doc = load_spec(path, Recipe)
+        if recipe.name in recipes:
+            raise doc.error(("name",), f"runtime '{recipe.name}' is defined twice")
+        for device, perf in recipe.performance.items():
+            if "default" not in perf.compute_efficiency:
+                raise doc.error(("performance", device, "compute_efficiency"), "needs a 'default' entry")
+        recipes[recipe.name] = recipe
+    if not recipes:
+        raise InputError("no runtime recipes found", folder)
+    return recipes

@@ -1,0 +1,119 @@
+"""Expand the runtime catalog into concrete candidates for one job on one target, pruning what cannot run."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from modak.candidates.catalog import DeviceKind, ParamValue, Recipe, value_key
+from modak.spec.hardware import TargetCeilings
+from modak.spec.loader import LoadedJob
+from modak.spec.models import Device, Precision
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One deployment: a runtime on a device at a precision with concrete parameter values.
+
+    ``params`` keep symbolic thread values (``all``, ``half``); ``threads`` is their value on the target's
+    cores, used for prediction (the entrypoint recomputes it from the real allocation).
+    """
+
+    runtime: str
+    device: DeviceKind
+    precision: Precision
+    params: tuple[tuple[str, ParamValue], ...]
+    threads: int | None
+
+    @property
+    def name(self) -> str:
+        settings = " ".join(f"{k}={value_key(v)}" for k, v in self.params)
+        return f"{self.runtime}/{self.device}/{self.precision.value}" + (f" {settings}" if settings else "")
+
+    def param(self, name: str, default: ParamValue | None = None) -> ParamValue | None:
+        return dict(self.params).get(name, default)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A runtime (or runtime on a device) left out, and why."""
+
+    runtime: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CandidateSpace:
+    candidates: tuple[Candidate, ...]
+    pruned: tuple[Pruned, ...]
+
+
+def resolve_threads(policy: ParamValue, cores: int) -> int:
+    """Threads for a symbolic policy on ``cores`` cores: ``all``, ``half`` or a number (capped at cores)."""
+    if policy == "all":
+        return cores
+    if policy == "half":
+        return max(1, cores // 2)
+    return max(1, min(int(policy), cores))
+
+
+def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: dict[str, Recipe],
+                         op_classes: frozenset[str]) -> CandidateSpace:
+    """All candidates the job's constraints and the target's hardware allow, plus the reasons for the rest."""
+    job = loaded.job
+    candidates: list[Candidate] = []
+    pruned: list[Pruned] = []
+    seen: set[tuple] = set()
+    for recipe in catalog.values():
+        reason = _job_excludes(recipe, loaded)
+        if reason:
+            pruned.append(Pruned(recipe.name, reason))
+            continue
+        for device in recipe.devices:
+            reason = _device_excludes(device, job.device, ceilings)
+            if reason:
+                pruned.append(Pruned(f"{recipe.name}/{device}", reason))
+                continue
+            supported = ceilings.gpu if device == "gpu" else ceilings.cpu
+            assert supported is not None
+            precisions = [p for p in recipe.precisions.get(device, ()) if p in job.precision and supported.supports(p)]
+            if not precisions:
+                allowed = ", ".join(p.value for p in job.precision)
+                pruned.append(Pruned(f"{recipe.name}/{device}",
+                                     f"no allowed precision ({allowed}) is supported by {recipe.title} on {supported.name}"))
+                continue
+            params = [p for p in recipe.parameters if device in p.devices and job.task in p.tasks
+                      and (p.needs_op_class is None or p.needs_op_class in op_classes)]
+            for precision in precisions:
+                for values in itertools.product(*(p.values for p in params)):
+                    settings = tuple(zip((p.name for p in params), values))
+                    policy = dict(settings).get("threads")
+                    threads = resolve_threads(policy, ceilings.cores) if policy is not None else None
+                    key = (recipe.name, device, precision, threads,
+                           tuple(s for s in settings if s[0] != "threads"))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    candidates.append(Candidate(recipe.name, device, precision, settings, threads))
+    return CandidateSpace(tuple(candidates), tuple(pruned))
+
+
+def _job_excludes(recipe: Recipe, loaded: LoadedJob) -> str | None:
+    job = loaded.job
+    if job.constraints.runtimes is not None and recipe.name not in job.constraints.runtimes:
+        return "not in the job's constraints.runtimes"
+    if job.frameworks != "any" and recipe.framework not in job.frameworks:
+        return f"framework {recipe.framework} is not in the job's frameworks"
+    if job.task not in recipe.tasks:
+        return f"does not support {job.task.value}"
+    if recipe.model_format == "torch" and job.model.zoo is None:
+        return "needs a PyTorch model (a zoo architecture); the job gives an ONNX file"
+    return None
+
+
+def _device_excludes(device: DeviceKind, wanted: Device, ceilings: TargetCeilings) -> str | None:
+    if wanted is not Device.any and wanted.value != device:
+        return f"the job asks for device '{wanted.value}'"
+    if device == "gpu" and ceilings.gpu is None:
+        return "the target has no GPU"
+    return None

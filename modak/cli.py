@@ -1,0 +1,196 @@
+"""The ``modak`` command line. Errors print as one line; exit codes are documented in the README."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except ModakError as exc:
+        print(f"modak: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("modak: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug in modak: one line unless asked for the traceback
+        if os.environ.get("MODAK_DEBUG"):
+            raise
+        print(f"modak: internal error: {type(exc).__name__}: {exc} (set MODAK_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="modak", description="Plan, render and build tuned containers for "
+                                     "deep-learning jobs.")
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int | None], help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    def job_args(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("job", type=Path, help="job spec (YAML)")
+        sub.add_argument("--target", "-t", type=Path, help="target spec (YAML); overrides the job's 'target'")
+
+    sub = command("schema", _cmd_schema, "print the JSON Schema of the Job and Target specs")
+    sub.add_argument("kind", nargs="?", choices=["job", "target"], help="only this spec")
+
+    sub = command("zoo", _cmd_zoo, "list the reference architectures of the model zoo")
+
+    sub = command("analyze", _cmd_analyze, "per-operator FLOPs and bytes of a job's model")
+    job_args(sub)
+    sub.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub = command("plan", _cmd_plan, "rank candidate deployments and pick one")
+    job_args(sub)
+    sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
+    sub.add_argument("--top", type=int, default=15, help="rows of the table (default 15; --json lists all)")
+
+    sub = command("render", _cmd_render, "write Dockerfile, Singularity.def, entrypoint, job script and plan")
+    job_args(sub)
+    sub.add_argument("-o", "--output", type=Path, required=True, help="output folder (a build context)")
+    sub.add_argument("--json", action="store_true", help="print what was written as JSON")
+    return parser
+
+
+def _version() -> str:
+    from modak import __version__
+
+    return f"modak {__version__}"
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from modak.spec.models import Job, Target
+
+    schemas = {"job": Job.model_json_schema(), "target": Target.model_json_schema()}
+    print(json.dumps(schemas[args.kind] if args.kind else schemas, indent=2))
+    return 0
+
+
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from modak.workload.zoo import ZOO
+
+    for entry in ZOO.values():
+        shapes = ", ".join(f"{k}{list(v)}" for k, v in entry.input_shapes.items())
+        print(f"{entry.name:14} {shapes:32} {entry.description}")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from modak.spec.loader import load_job
+
+    return load_job(args.job, args.target)
+
+
+def _analysis(loaded: Any) -> tuple[Any, Any]:
+    from modak.workload.source import resolve_model
+    from modak.workload.analysis import analyze
+
+    source = resolve_model(loaded)
+    model = loaded.job.model
+    profile = analyze(source.onnx_path, model.batch_size, source.input_shapes, loaded.job.task)
+    return source, profile
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from modak.workload.analysis import format_table
+
+    _, profile = _analysis(_load(args))
+    if args.json:
+        print(json.dumps({
+            "model": profile.model_name, "task": profile.task.value, "batch_size": profile.batch_size,
+            "parameters": profile.parameters, "flops": profile.flops, "bytes": profile.bytes,
+            "forward_flops": profile.forward_flops, "forward_bytes": profile.forward_bytes,
+            "arithmetic_intensity": profile.arithmetic_intensity,
+            "op_types": {k: {"count": c, "flops": f, "bytes": b} for k, (c, f, b) in profile.by_op_type().items()},
+        }, indent=2))
+    else:
+        _console().print(format_table(profile))
+    return 0
+
+
+def _make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
+    from modak.plan import make_plan
+
+    loaded = _load(args)
+    source, profile = _analysis(loaded)
+    return source, make_plan(loaded, profile)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    _, plan = _make_plan(args)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+    else:
+        _print_plan(plan, args.top)
+    return 0
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    from modak.render.render import render
+
+    source, plan = _make_plan(args)
+    written = render(plan, source, args.output)
+    if args.json:
+        print(json.dumps({"schema_version": 1, "output": str(args.output), "choice": plan.choice.candidate.name,
+                          "files": sorted(str(p) for p in written)}, indent=2))
+    else:
+        print(f"chose {plan.choice.candidate.name}")
+        print(f"wrote {len(written)} files to {args.output}: "
+              + ", ".join(sorted(p.name for p in written if p.parent == args.output)))
+    return 0
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=max(120, Console().width))
+
+
+def _print_plan(plan: Any, top: int) -> None:
+    from rich.table import Table
+
+    data = plan.to_dict()
+    wl = data["workload"]
+    console = _console()
+    console.print(f"[bold]{data['job']}[/] on [bold]{data['target']}[/]: {data['task']}, objective "
+                  f"{data['objective']['metric']}, {wl['model']} batch {wl['batch_size']}, "
+                  f"{wl['flops_per_step'] / 1e9:.3g} GFLOP and {wl['bytes_per_step'] / 1e6:.4g} MB per step, "
+                  f"intensity {wl['arithmetic_intensity']:.3g} FLOP/B")
+    table = Table(show_lines=False)
+    for column in ("#", "candidate", "step ms (interval)", "compile s", "compute ms", "memory ms",
+                   "overhead ms", "bound", "predictor"):
+        table.add_column(column, justify="left" if column in ("candidate", "bound", "predictor") else "right")
+    for row in data["candidates"][:top]:
+        low, high = row["interval_seconds"]
+        terms = row["roofline"]
+        table.add_row(str(row["rank"]), row["name"],
+                      f"{row['step_seconds'] * 1e3:.3g} ({low * 1e3:.3g}-{high * 1e3:.3g})",
+                      f"{row['compile_seconds']:.3g}", f"{terms['compute_s'] * 1e3:.3g}",
+                      f"{terms['memory_s'] * 1e3:.3g}", f"{terms['overhead_s'] * 1e3:.3g}", row["bound"],
+                      row["predictor"])
+    console.print(table)
+    if len(data["candidates"]) > top:
+        console.print(f"... {len(data['candidates']) - top} more (--top N or --json)")
+    for reason in data["reasons"]:
+        console.print(f"- {reason}", highlight=False)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

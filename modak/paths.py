@@ -1,0 +1,41 @@
+"""Where modak's data catalogs and caches live."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def data_dir(kind: str) -> Path:
+    """The shipped data folder ``kind`` (``recipes``, ``templates``, ``perfmodels``).
+
+    A wheel carries them under ``modak/_data``; a source checkout has them at the top level.
+    """
+    packaged = _PACKAGE / "_data" / kind
+    return packaged if packaged.is_dir() else _PACKAGE.parent / kind
+
+
+def cache_dir() -> Path:
+    """modak's cache (exported zoo models, ...): ``$MODAK_CACHE`` or ``~/.cache/modak``."""
+    base = os.environ.get("MODAK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modak"
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,187 @@
+"""The plan: predict every candidate, rank them for the job's objective, pick one, and say why."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from modak.candidates.catalog import Recipe, load_catalog, value_key
+from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
+from modak.errors import InputError
+from modak.predict.base import Prediction, Predictor
+from modak.predict.roofline import RooflinePredictor
+from modak.spec.hardware import TargetCeilings, target_ceilings
+from modak.spec.loader import LoadedJob
+from modak.spec.models import Device, Metric, Task
+from modak.workload.analysis import WorkloadProfile
+
+PLAN_SCHEMA_VERSION = 1
+# Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
+_TRAINING_STATE_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class RankedCandidate:
+    """A candidate with its prediction and the time the objective ranks it by."""
+
+    candidate: Candidate
+    prediction: Prediction
+    objective_seconds: float  # step time plus compile/tune time amortized over the job's steps
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Ranked candidates for one job on one target, the choice, and the reasons for it."""
+
+    loaded: LoadedJob
+    workload: WorkloadProfile
+    ceilings: TargetCeilings
+    ranked: tuple[RankedCandidate, ...]
+    pruned: tuple[Pruned, ...]
+    reasons: tuple[str, ...]
+
+    @property
+    def choice(self) -> RankedCandidate:
+        return self.ranked[0]
+
+    def recipe(self, catalog: dict[str, Recipe] | None = None) -> Recipe:
+        return (catalog or load_catalog())[self.choice.candidate.runtime]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable, JSON-ready form (``modak plan --json``, ``plan.json``)."""
+        job, target, workload = self.loaded.job, self.loaded.target, self.workload
+        body = {
+            "schema_version": PLAN_SCHEMA_VERSION,
+            "job": job.name,
+            "target": target.name,
+            "task": job.task.value,
+            "objective": {"metric": job.objective.metric.value, "steps": job.objective.steps},
+            "workload": {
+                "model": workload.model_name, "batch_size": workload.batch_size,
+                "parameters": workload.parameters, "flops_per_step": workload.flops,
+                "bytes_per_step": workload.bytes, "arithmetic_intensity": round(workload.arithmetic_intensity, 4),
+                "nodes": len(workload.ops),
+            },
+            "candidates": [_ranked_dict(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
+            "pruned": [{"runtime": p.runtime, "reason": p.reason} for p in self.pruned],
+            "choice": self.choice.candidate.name,
+            "reasons": list(self.reasons),
+        }
+        return body
+
+    def digest(self) -> str:
+        """sha256 of the plan's JSON: names the decision in image labels."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def make_plan(loaded: LoadedJob, workload: WorkloadProfile, predictor: Predictor | None = None,
+              catalog: dict[str, Recipe] | None = None) -> Plan:
+    """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run."""
+    job = loaded.job
+    catalog = catalog or load_catalog()
+    predictor = predictor or RooflinePredictor()
+    ceilings = target_ceilings(loaded.target, loaded.target_doc)
+    if job.device is Device.gpu and ceilings.gpu is None:
+        raise loaded.job_doc.error(("device",), f"the job needs a GPU but target '{loaded.target.name}' has none")
+    space = enumerate_candidates(loaded, ceilings, catalog, frozenset(op.op_class for op in workload.ops))
+    pruned = list(space.pruned)
+    ranked: list[RankedCandidate] = []
+    for candidate in space.candidates:
+        recipe = catalog[candidate.runtime]
+        reason = _does_not_fit(workload, ceilings, candidate)
+        if reason:
+            pruned.append(Pruned(candidate.name, reason))
+            continue
+        prediction = predictor.predict(workload, ceilings, candidate, recipe)
+        if prediction is None:
+            pruned.append(Pruned(candidate.name, f"predictor '{predictor.name}' has no prediction"))
+            continue
+        limit = job.constraints.max_compile_seconds
+        if limit is not None and prediction.compile_seconds > limit:
+            pruned.append(Pruned(candidate.name, f"predicted compile/tune time {prediction.compile_seconds:.0f} s "
+                                                 f"exceeds constraints.max_compile_seconds ({limit:g} s)"))
+            continue
+        ranked.append(RankedCandidate(candidate, prediction, objective_seconds(prediction, job.objective.steps)))
+    if not ranked:
+        why = "; ".join(f"{p.runtime}: {p.reason}" for p in pruned) or "the catalog is empty"
+        raise InputError(f"no candidate deployment can run this job ({why})", loaded.job_doc.path)
+    ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
+    return Plan(loaded, workload, ceilings, tuple(ranked), tuple(pruned), _reasons(loaded, ranked, pruned))
+
+
+def objective_seconds(prediction: Prediction, steps: int | None) -> float:
+    """Seconds per step the objective ranks by: compile/tune time is spread over ``steps`` when known."""
+    return prediction.step_seconds + (prediction.compile_seconds / steps if steps else 0.0)
+
+
+def _does_not_fit(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate) -> str | None:
+    device = ceilings.gpu if candidate.device == "gpu" else ceilings.cpu
+    assert device is not None
+    factor = _TRAINING_STATE_FACTOR if workload.task is Task.training else 1
+    needed_gb = workload.parameter_bytes * factor / 1e9
+    if needed_gb > 0.9 * device.memory_gb:
+        return f"needs ~{needed_gb:.1f} GB for parameters and state, more than 90% of {device.memory_gb:g} GB"
+    return None
+
+
+def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, Any]:
+    c, p = ranked.candidate, ranked.prediction
+    return {
+        "rank": rank,
+        "name": c.name,
+        "runtime": c.runtime,
+        "device": c.device,
+        "precision": c.precision.value,
+        "parameters": {k: v for k, v in c.params},
+        "threads": c.threads,
+        "predictor": p.predictor,
+        "step_seconds": _round(p.step_seconds),
+        "interval_seconds": [_round(p.low_seconds), _round(p.high_seconds)],
+        "compile_seconds": _round(p.compile_seconds),
+        "objective_seconds": _round(ranked.objective_seconds),
+        "throughput_per_second": _round(batch / ranked.objective_seconds),
+        "bound": p.bound,
+        "roofline": {k: _round(v) for k, v in p.terms},
+    }
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.6g}")
+
+
+def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned]) -> tuple[str, ...]:
+    job = loaded.job
+    best = ranked[0]
+    p = best.prediction
+    share = max(p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")) / p.step_seconds
+    reasons = [f"chose {best.candidate.name}: predicted {_ms(p.step_seconds)} per step of batch "
+               f"{job.model.batch_size} ({p.bound}-bound, {share:.0%} of the step), "
+               f"interval {_ms(p.low_seconds)}-{_ms(p.high_seconds)} ({p.predictor})"]
+    other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)
+    if other:
+        ratio = other.objective_seconds / best.objective_seconds
+        reasons.append(f"best other runtime: {other.candidate.name} at {_ms(other.objective_seconds)} "
+                       f"({ratio:.2f}x the chosen objective)")
+        if other.prediction.low_seconds < p.high_seconds:
+            reasons.append("the two intervals overlap, so the order is uncertain: `modak bench` measures both")
+    if job.objective.steps:
+        amortized = p.compile_seconds / job.objective.steps
+        reasons.append(f"compile/tune time {p.compile_seconds:.1f} s over {job.objective.steps} steps adds "
+                       f"{_ms(amortized)} per step")
+    elif p.compile_seconds > 1 and job.objective.metric is not Metric.time_to_solution:
+        reasons.append(f"compile/tune time {p.compile_seconds:.1f} s is not counted: the job gives no step count")
+    if pruned:
+        reasons.append(f"{len(pruned)} runtime(s)/candidate(s) left out: "
+                       + "; ".join(f"{x.runtime} ({x.reason})" for x in pruned[:6])
+                       + (" ..." if len(pruned) > 6 else ""))
+    if best.candidate.params:
+        reasons.append("parameters: " + ", ".join(f"{k}={value_key(v)}" for k, v in best.candidate.params)
+                       + (f" (threads resolve to {best.candidate.threads} on this target; the entrypoint "
+                          "recomputes them from the real allocation)" if best.candidate.threads else ""))
+    return tuple(reasons)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"

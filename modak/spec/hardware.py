@@ -1,0 +1,153 @@
+"""Hardware ceilings of a target: measured peaks where the target gives them, catalog data otherwise."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from modak.errors import InputError
+from modak.paths import data_dir
+from modak.spec.loader import SpecDocument
+from modak.spec.models import Precision, Target
+
+# ISA features that give a CPU native support for a reduced precision (archspec feature names).
+_CPU_PRECISION_FEATURES = {
+    Precision.bf16: {"avx512_bf16", "amx_bf16", "bf16"},
+    Precision.fp16: {"avx512_fp16", "amx_fp16", "asimdhp"},
+    Precision.int8: {"avx512_vnni", "avx_vnni", "amx_int8", "i8mm", "asimddp"},
+}
+# Tensor-float-32 is a GPU tensor-core mode; on a CPU it is plain fp32.
+_GPU_PEAK_KEYS = {Precision.fp32: "fp32", Precision.tf32: "tf32", Precision.bf16: "bf16",
+                  Precision.fp16: "fp16", Precision.int8: "int8"}
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Peak compute (GFLOP/s per precision) and memory bandwidth of one device (a CPU node or one GPU).
+
+    ``measured`` says whether the numbers come from measurements (the target's peaks) or the catalog.
+    """
+
+    kind: str  # "cpu" or "gpu"
+    name: str
+    peak_gflops: dict[Precision, float]
+    bandwidth_gbs: float
+    memory_gb: float
+    measured: bool
+
+    def supports(self, precision: Precision) -> bool:
+        """Whether the device runs ``precision`` natively."""
+        return precision in self.peak_gflops
+
+
+@dataclass(frozen=True)
+class TargetCeilings:
+    """Everything the predictor needs to know about a target's hardware."""
+
+    microarchitecture: str
+    features: frozenset[str]
+    cores: int  # physical cores per node
+    hardware_threads: int
+    cpu: Ceilings
+    gpu: Ceilings | None
+    gpu_count: int
+    cuda_capability: str | None
+
+    def compiler_flags(self, compiler: str = "gcc", version: str = "12.2") -> str:
+        """-march/-mtune flags for the target's microarchitecture (never the build host's)."""
+        import archspec.cpu
+
+        try:
+            return archspec.cpu.TARGETS[self.microarchitecture].optimization_flags(compiler, version)
+        except archspec.cpu.UnsupportedMicroarchitecture:
+            return ""
+
+
+@lru_cache(maxsize=None)
+def _catalog(name: str) -> dict[str, Any]:
+    return yaml.safe_load((data_dir("recipes") / "hardware" / name).read_text())
+
+
+def gpu_catalog() -> dict[str, dict[str, Any]]:
+    """The GPU catalog, keyed by canonical model name."""
+    return _catalog("gpus.yaml")
+
+
+def target_ceilings(target: Target, doc: SpecDocument) -> TargetCeilings:
+    """Resolve the target's ceilings; unknown hardware names are input errors located in ``doc``."""
+    import archspec.cpu
+
+    arch_name = target.cpu.microarchitecture
+    if arch_name not in archspec.cpu.TARGETS:
+        hint = difflib.get_close_matches(arch_name, list(archspec.cpu.TARGETS), n=1)
+        suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
+        raise doc.error(("cpu", "microarchitecture"), f"unknown archspec microarchitecture '{arch_name}'{suggestion}")
+    arch = archspec.cpu.TARGETS[arch_name]
+    features = frozenset(arch.features)
+    cores = target.cpu.sockets * target.cpu.cores_per_socket
+    cpu = _cpu_ceilings(target, arch, features, cores)
+    gpu, capability = (_gpu_ceilings(target, doc) if target.gpus else (None, None))
+    return TargetCeilings(
+        microarchitecture=arch_name, features=features, cores=cores,
+        hardware_threads=cores * target.cpu.threads_per_core, cpu=cpu, gpu=gpu,
+        gpu_count=target.gpus.count if target.gpus else 0, cuda_capability=capability)
+
+
+def _cpu_catalog_entry(arch: Any) -> dict[str, Any]:
+    table = _catalog("cpus.yaml")
+    for candidate in [arch, *arch.ancestors]:
+        if candidate.name in table:
+            return table[candidate.name]
+    return table[arch.family.name]
+
+
+def _cpu_ceilings(target: Target, arch: Any, features: frozenset[str], cores: int) -> Ceilings:
+    entry = _cpu_catalog_entry(arch)
+    frequency = target.cpu.frequency_ghz or entry["frequency_ghz"]
+    peaks = target.cpu.peaks
+    measured = {Precision.fp32: peaks.fp32_gflops, Precision.bf16: peaks.bf16_gflops,
+                Precision.fp16: peaks.fp16_gflops, Precision.int8: peaks.int8_gops}
+    peak: dict[Precision, float] = {}
+    for precision in (Precision.fp32, Precision.bf16, Precision.fp16, Precision.int8):
+        natively = precision is Precision.fp32 or bool(features & _CPU_PRECISION_FEATURES[precision])
+        if measured[precision]:
+            peak[precision] = float(measured[precision])
+        elif natively:
+            per_cycle = entry.get(precision.value, entry["fp32"] * (2 if precision is not Precision.int8 else 4))
+            peak[precision] = per_cycle * frequency * cores
+    bandwidth = (peaks.memory_bandwidth_gbs or target.memory.bandwidth_gbs
+                 or entry["bandwidth_gbs_per_socket"] * target.cpu.sockets)
+    return Ceilings(kind="cpu", name=arch.name, peak_gflops=peak, bandwidth_gbs=float(bandwidth),
+                    memory_gb=target.memory.size_gb,
+                    measured=bool(peaks.fp32_gflops and (peaks.memory_bandwidth_gbs or target.memory.bandwidth_gbs)))
+
+
+def _gpu_ceilings(target: Target, doc: SpecDocument) -> tuple[Ceilings, str | None]:
+    assert target.gpus is not None
+    gpus = target.gpus
+    catalog = gpu_catalog()
+    aliases = {alias.lower(): name for name, entry in catalog.items() for alias in [name, *entry.get("aliases", [])]}
+    canonical = aliases.get(gpus.model.lower())
+    entry = catalog.get(canonical, {}) if canonical else {}
+    given = gpus.peaks
+    if not entry and not (given.fp32_tflops and given.memory_bandwidth_gbs):
+        hint = difflib.get_close_matches(gpus.model, list(aliases), n=1, cutoff=0.5)
+        suggestion = f"; did you mean '{aliases[hint[0]]}'?" if hint else f" (known: {', '.join(catalog)})"
+        raise doc.error(("gpus", "model"), f"GPU model '{gpus.model}' is not in the catalog and no peaks are given"
+                        f"{suggestion}")
+    peak: dict[Precision, float] = {}
+    for precision, key in _GPU_PEAK_KEYS.items():
+        value = getattr(given, f"{key}_tops" if key == "int8" else f"{key}_tflops") or entry.get(key)
+        if value:
+            peak[precision] = float(value) * 1000.0
+    bandwidth = given.memory_bandwidth_gbs or entry["memory_bandwidth_gbs"]
+    memory = gpus.memory_gb or entry.get("memory_gb")
+    if memory is None:
+        raise doc.error(("gpus", "memory_gb"), "GPU memory is unknown for this model; give memory_gb")
+    return (Ceilings(kind="gpu", name=canonical or gpus.model, peak_gflops=peak, bandwidth_gbs=float(bandwidth),
+                     memory_gb=float(memory), measured=bool(given.fp32_tflops and given.memory_bandwidth_gbs)),
+            entry.get("cuda_capability"))

@@ -1,0 +1,208 @@
+"""Typed, immutable Job and Target specifications (``apiVersion: modak/v1``).
+
+Every string that later lands in a Dockerfile, definition file or script is either constrained here to a
+safe alphabet (names, image references, scheduler fields) or escaped by the renderer (free text).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+API_VERSION = "modak/v1"
+
+# A name that is safe as an image tag, a file name, a Slurm job name and a label value.
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+# An OCI image reference (registry/path:tag@digest) without whitespace or shell metacharacters.
+ImageRef = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$", max_length=255)]
+# Scheduler fields (partition, account, qos) are written into #SBATCH/#PBS directives.
+SchedulerWord = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=64)]
+TimeLimit = Annotated[str, StringConstraints(pattern=r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")]
+Url = Annotated[str, StringConstraints(pattern=r"^https?://[^\s'\"`$\\]+$")]
+# A pip requirement: letters, digits and the operators of PEP 508 version specifiers, no URLs or options.
+Requirement = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*\s*([<>=!~]=?\s*[A-Za-z0-9.*+!\-]+\s*,?\s*)*$")]
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class Strict(BaseModel):
+    """Base: unknown fields are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Task(str, Enum):
+    training = "training"
+    inference = "inference"
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    int8 = "int8"
+
+
+class Metric(str, Enum):
+    throughput = "throughput"
+    latency = "latency"
+    time_to_solution = "time_to_solution"
+
+
+class Device(str, Enum):
+    any = "any"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+class ModelSpec(Strict):
+    """The network: an ONNX file or a zoo architecture, with its input and batch size."""
+
+    onnx: str | None = Field(None, description="Path to an ONNX file, relative to the job file.")
+    zoo: Name | None = Field(None, description="Name of a modak zoo architecture (see `modak zoo`).")
+    input_shape: list[PositiveInt] | dict[str, list[PositiveInt]] | None = Field(
+        None, description="Per-sample input shape without the batch dimension; a mapping for several inputs.")
+    batch_size: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        if (self.onnx is None) == (self.zoo is None):
+            raise ValueError("give exactly one of 'onnx' (a file) or 'zoo' (an architecture name)")
+        return self
+
+
+class Objective(Strict):
+    """What to optimize. ``time_to_solution`` amortizes compile/tune time over ``steps``."""
+
+    metric: Metric = Metric.throughput
+    steps: PositiveInt | None = Field(None, description="Steps (batches) the job runs; needed for time_to_solution.")
+
+    @model_validator(mode="after")
+    def _steps_for_tts(self) -> "Objective":
+        if self.metric is Metric.time_to_solution and self.steps is None:
+            raise ValueError("metric 'time_to_solution' needs 'steps' (how many batches the job runs)")
+        return self
+
+
+class Constraints(Strict):
+    max_image_size_gb: PositiveFloat | None = None
+    max_compile_seconds: Annotated[float, Field(ge=0)] | None = None
+    runtimes: list[Name] | None = Field(None, description="Allowed runtime names (see recipes/runtimes).")
+
+
+class UserCode(Strict):
+    """The user's own entry point and requirements, added to the image."""
+
+    command: list[str] = Field(default_factory=list, description="Command run instead of modak's runner (exec form).")
+    requirements: list[Requirement] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list, description="Files or folders (relative to the job file) copied to /opt/app.")
+
+
+class DataSpec(Strict):
+    location: str = Field(description="Host path of the data set, bind-mounted read-only at `mount`.")
+    mount: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")] = "/data"
+
+
+class Job(Strict):
+    """A data scientist's job: what to run and what to optimize."""
+
+    apiVersion: Literal["modak/v1"]
+    kind: Literal["Job"]
+    name: Name
+    target: str | None = Field(None, description="Target file, relative to the job file (or use --target).")
+    task: Task
+    model: ModelSpec
+    precision: list[Precision] = Field(default_factory=lambda: [Precision.fp32], min_length=1)
+    frameworks: Literal["any"] | list[Name] = "any"
+    device: Device = Device.any
+    objective: Objective = Objective()
+    constraints: Constraints = Constraints()
+    entrypoint: UserCode | None = None
+    data: DataSpec | None = None
+
+
+class CpuPeaks(Strict):
+    """Measured CPU ceilings for the whole node (e.g. from `modak probe`)."""
+
+    fp32_gflops: PositiveFloat | None = None
+    bf16_gflops: PositiveFloat | None = None
+    fp16_gflops: PositiveFloat | None = None
+    int8_gops: PositiveFloat | None = None
+    memory_bandwidth_gbs: PositiveFloat | None = None
+
+
+class Cpu(Strict):
+    microarchitecture: str = Field(description="archspec microarchitecture name, e.g. zen4, icelake, neoverse_v1.")
+    sockets: PositiveInt = 1
+    cores_per_socket: PositiveInt
+    threads_per_core: PositiveInt = 1
+    frequency_ghz: PositiveFloat | None = Field(None, description="Sustained all-core clock; catalog default if absent.")
+    peaks: CpuPeaks = CpuPeaks()
+
+
+class Memory(Strict):
+    size_gb: PositiveFloat
+    bandwidth_gbs: PositiveFloat | None = Field(None, description="Node memory bandwidth (stream triad).")
+
+
+class GpuPeaks(Strict):
+    fp32_tflops: PositiveFloat | None = None
+    tf32_tflops: PositiveFloat | None = None
+    bf16_tflops: PositiveFloat | None = None
+    fp16_tflops: PositiveFloat | None = None
+    int8_tops: PositiveFloat | None = None
+    memory_bandwidth_gbs: PositiveFloat | None = None
+
+
+class Gpus(Strict):
+    model: str = Field(description="GPU model; peaks come from recipes/hardware/gpus.yaml unless given.")
+    count: PositiveInt = 1
+    memory_gb: PositiveFloat | None = None
+    peaks: GpuPeaks = GpuPeaks()
+
+
+class Network(Strict):
+    interconnect: Literal["ethernet", "infiniband", "omnipath", "slingshot", "none"] = "ethernet"
+    bandwidth_gbps: PositiveFloat | None = None
+    latency_us: PositiveFloat | None = None
+
+
+class Scheduler(Strict):
+    kind: Literal["slurm", "pbs", "none"] = "none"
+    partition: SchedulerWord | None = None
+    account: SchedulerWord | None = None
+    qos: SchedulerWord | None = None
+    time_limit: TimeLimit = "01:00:00"
+
+
+class Container(Strict):
+    engine: Literal["docker", "podman", "apptainer"] = "podman"
+    registry: ImageRef | None = Field(None, description="Registry/namespace images are pushed to.")
+    base_images: dict[Name, ImageRef] = Field(
+        default_factory=dict, description="Site mirrors for the logical base images of recipes (e.g. debian, cuda).")
+
+
+class PythonPackages(Strict):
+    index_url: Url | None = None
+    extra_index_urls: list[Url] = Field(default_factory=list)
+    wheelhouse: str | None = Field(None, description="Folder of wheels, relative to the target file.")
+    ca_bundle: str | None = Field(None, description="CA bundle for TLS-intercepting proxies, used only while building.")
+
+
+class Target(Strict):
+    """A platform engineer's description of where jobs run."""
+
+    apiVersion: Literal["modak/v1"]
+    kind: Literal["Target"]
+    name: Name
+    nodes: PositiveInt = 1
+    cpu: Cpu
+    memory: Memory
+    gpus: Gpus | None = None
+    network: Network = Network()
+    scheduler: Scheduler = Scheduler()
+    container: Container = Container()
+    python: PythonPackages = PythonPackages()
