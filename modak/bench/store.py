@@ -1,0 +1,177 @@
+"""The perf store: an embedded SQLite database of measurements, exportable to CSV under ``perfmodels/``.
+
+Location: ``$MODAK_STORE`` if set, else ``$XDG_DATA_HOME/modak/perf.sqlite`` (``~/.local/share/modak``).
+One row per measured configuration holds the workload's features (from the analysis), the machine's
+ceilings, the candidate's parameters and what was measured, so that a row is self-contained training data.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sqlite3
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterable, Iterator
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured configuration (a row of the store and of the shipped CSV files)."""
+
+    # where
+    machine: str
+    microarchitecture: str
+    cores: int
+    peak_fp32_gflops: float
+    peak_bf16_gflops: float | None
+    bandwidth_gbs: float
+    gpu: str | None
+    # what
+    model: str
+    task: str
+    batch_size: int
+    input_shapes: str  # JSON
+    flops: float
+    bytes: float
+    forward_flops: float
+    parameters: int
+    nodes: int
+    op_class_flops: str  # JSON: op class -> FLOPs per step
+    op_class_bytes: str  # JSON: op class -> bytes per step
+    # how
+    runtime: str
+    device: str
+    precision: str
+    params: str  # JSON of the candidate's parameters
+    threads: int | None
+    # measured
+    status: str  # "ok", "incorrect" (failed the reference check) or "error"
+    step_median_s: float | None
+    step_p10_s: float | None
+    step_p90_s: float | None
+    repeats: int
+    throughput_per_s: float | None
+    compile_s: float | None
+    peak_rss_mb: float | None
+    max_abs_error: float | None
+    error: str | None
+    versions: str  # JSON: package versions
+    measured_at: str  # ISO 8601 UTC
+
+    @property
+    def key(self) -> tuple:
+        """Identity of a configuration: a new measurement of the same key replaces the old one."""
+        return (self.machine, self.model, self.task, self.batch_size, self.input_shapes, self.runtime,
+                self.device, self.precision, self.params, self.threads)
+
+
+COLUMNS = tuple(f.name for f in fields(Measurement))
+_INT = {"cores", "batch_size", "parameters", "nodes", "threads", "repeats"}
+_FLOAT = {"peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs", "flops", "bytes", "forward_flops",
+          "step_median_s", "step_p10_s", "step_p90_s", "throughput_per_s", "compile_s", "peak_rss_mb",
+          "max_abs_error"}
+
+
+def default_store_path() -> Path:
+    """``$MODAK_STORE`` or the per-user data folder."""
+    if os.environ.get("MODAK_STORE"):
+        return Path(os.environ["MODAK_STORE"])
+    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+    return base / "modak" / "perf.sqlite"
+
+
+class PerfStore:
+    """SQLite-backed measurements. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or default_store_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        columns = ", ".join(f"{c} {'INTEGER' if c in _INT else 'REAL' if c in _FLOAT else 'TEXT'}" for c in COLUMNS)
+        key = ", ".join(("machine", "model", "task", "batch_size", "input_shapes", "runtime", "device",
+                         "precision", "params", "threads"))
+        with self._db:
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS measurements ({columns}, UNIQUE ({key}))")
+            self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def __enter__(self) -> "PerfStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def add(self, rows: Iterable[Measurement]) -> int:
+        """Insert rows (replacing earlier measurements of the same configuration); returns how many."""
+        values = [tuple(asdict(r)[c] for c in COLUMNS) for r in rows]
+        placeholders = ", ".join("?" for _ in COLUMNS)
+        with self._db:
+            self._db.executemany(f"INSERT OR REPLACE INTO measurements ({', '.join(COLUMNS)}) "
+                                 f"VALUES ({placeholders})", values)
+        return len(values)
+
+    def rows(self, **where: object) -> list[Measurement]:
+        """Measurements matching column=value filters, oldest first."""
+        unknown = set(where) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown columns: {sorted(unknown)}")
+        clause = " AND ".join(f"{c} = ?" for c in where)
+        query = f"SELECT {', '.join(COLUMNS)} FROM measurements" + (f" WHERE {clause}" if clause else "")
+        return [Measurement(*row) for row in self._db.execute(query + " ORDER BY rowid", tuple(where.values()))]
+
+    def export_csv(self, path: Path, **where: object) -> int:
+        """Write matching rows to ``path`` (atomically); returns how many."""
+        from modak.paths import write_atomic
+
+        rows = self.rows(**where)
+        write_atomic(path, _to_csv(rows))
+        return len(rows)
+
+    def import_csv(self, path: Path) -> int:
+        """Add the rows of a CSV written by :meth:`export_csv`."""
+        return self.add(read_csv(path))
+
+
+def _to_csv(rows: list[Measurement]) -> str:
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow(["" if v is None else v for v in (getattr(row, c) for c in COLUMNS)])
+    return buffer.getvalue()
+
+
+def read_csv(path: Path) -> Iterator[Measurement]:
+    """Measurements from a CSV file of the store's columns (as shipped under ``perfmodels/``)."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        for record in reader:
+            yield Measurement(**{c: _parse(c, record[c]) for c in COLUMNS})
+
+
+def _parse(column: str, text: str) -> object:
+    if text == "":
+        return None
+    if column in _INT:
+        return int(text)
+    if column in _FLOAT:
+        return float(text)
+    return text
+
+
+def as_json(value: object) -> str:
+    """Canonical JSON for the store's JSON columns (sorted keys, so equal values compare equal)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
