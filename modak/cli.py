@@ -62,6 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
     sub.add_argument("--top", type=int, default=15, help="rows of the table (default 15; --json lists all)")
 
+    sub = command("bench", _cmd_bench, "measure candidate deployments on this machine and store the results")
+    job_args(sub)
+    sub.add_argument("--candidates", nargs="+", default=["all"], metavar="SEL",
+                     help="all (default), top-K by prediction, or candidate/runtime names")
+    sub.add_argument("--repeat", type=int, default=20, help="timed steps per candidate (default 20)")
+    sub.add_argument("--budget", type=float, default=10.0, help="seconds of timed steps per candidate, at most")
+    sub.add_argument("--store", type=Path, help="perf store (default $MODAK_STORE or ~/.local/share/modak/perf.sqlite)")
+    sub.add_argument("--json", action="store_true", help="print the measured rows as JSON")
+
+    sub = command("probe", _cmd_probe, "measure this machine's ceilings and write a Target file")
+    sub.add_argument("-o", "--output", type=Path, required=True, help="Target YAML to write")
+    sub.add_argument("--name", default=None, help="target name (default: the host name)")
+    sub.add_argument("--quick", action="store_true", help="smaller problem sizes (seconds, less accurate)")
+
     sub = command("render", _cmd_render, "write Dockerfile, Singularity.def, entrypoint, job script and plan")
     job_args(sub)
     sub.add_argument("-o", "--output", type=Path, required=True, help="output folder (a build context)")
@@ -157,10 +171,73 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _console() -> Any:
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from modak.bench.harness import BenchSettings, bench, select_candidates
+    from modak.bench.store import PerfStore
+
+    if args.repeat < 1 or args.budget <= 0:
+        raise InputError("--repeat must be at least 1 and --budget positive")
+    source, plan = _make_plan(args)
+    chosen = select_candidates(plan, args.candidates)
+    rows: list[Any] = []
+    with PerfStore(args.store) as store, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=_console(stderr=True), transient=False) as progress:
+        task = progress.add_task("measuring", total=len(chosen))
+
+        def report(candidate: Any, row: Any) -> None:
+            rows.append(row)
+            timing = f"{row.step_median_s * 1e3:.3g} ms" if row.step_median_s else row.status
+            progress.console.print(f"{candidate.name}: {timing}" + (f" ({row.error})" if row.error else ""),
+                                   highlight=False)
+            progress.advance(task)
+
+        try:
+            for candidate in chosen:
+                progress.update(task, description=candidate.name[:60])
+                bench(plan, source, [candidate], store, BenchSettings(args.repeat, args.budget), on_result=report)
+        except KeyboardInterrupt:
+            print(f"modak: interrupted; {len(rows)} measurement(s) kept in {store.path}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        path = store.path
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+    ok = sum(r.status == "ok" for r in rows)
+    print(f"{ok}/{len(rows)} candidates measured, stored in {path}", file=sys.stderr)
+    return 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    import platform
+
+    import yaml
+
+    from modak.bench.probe import probe, probe_comment, to_target
+    from modak.paths import write_atomic
+    from modak.spec.models import Target
+
+    result = probe(quick=args.quick)
+    name = args.name or "".join(c if c.isalnum() or c in "._-" else "-" for c in platform.node()) or "this-machine"
+    document = to_target(result, name)
+    Target.model_validate(document)  # what we write must load
+    write_atomic(args.output, probe_comment(result) + yaml.safe_dump(document, sort_keys=False))
+    print(probe_comment(result), end="")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _short(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _console(stderr: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(width=max(120, Console().width))
+    return Console(width=max(160, Console().width), stderr=stderr)
 
 
 def _print_plan(plan: Any, top: int) -> None:
@@ -174,17 +251,19 @@ def _print_plan(plan: Any, top: int) -> None:
                   f"{wl['flops_per_step'] / 1e9:.3g} GFLOP and {wl['bytes_per_step'] / 1e6:.4g} MB per step, "
                   f"intensity {wl['arithmetic_intensity']:.3g} FLOP/B")
     table = Table(show_lines=False)
-    for column in ("#", "candidate", "step ms (interval)", "compile s", "compute ms", "memory ms",
-                   "overhead ms", "bound", "predictor"):
-        table.add_column(column, justify="left" if column in ("candidate", "bound", "predictor") else "right")
+    for column in ("#", "runtime/device/precision", "parameters", "step ms (interval)", "compile s",
+                   "objective ms", "compute ms", "memory ms", "overhead ms", "bound", "predictor"):
+        left = column in ("runtime/device/precision", "parameters", "bound", "predictor")
+        table.add_column(column, justify="left" if left else "right", overflow="fold")
     for row in data["candidates"][:top]:
         low, high = row["interval_seconds"]
         terms = row["roofline"]
-        table.add_row(str(row["rank"]), row["name"],
+        table.add_row(str(row["rank"]), f"{row['runtime']}/{row['device']}/{row['precision']}",
+                      " ".join(f"{k}={_short(v)}" for k, v in row["parameters"].items()),
                       f"{row['step_seconds'] * 1e3:.3g} ({low * 1e3:.3g}-{high * 1e3:.3g})",
-                      f"{row['compile_seconds']:.3g}", f"{terms['compute_s'] * 1e3:.3g}",
-                      f"{terms['memory_s'] * 1e3:.3g}", f"{terms['overhead_s'] * 1e3:.3g}", row["bound"],
-                      row["predictor"])
+                      f"{row['compile_seconds']:.3g}", f"{row['objective_seconds'] * 1e3:.3g}",
+                      f"{terms['compute_s'] * 1e3:.3g}", f"{terms['memory_s'] * 1e3:.3g}",
+                      f"{terms['overhead_s'] * 1e3:.3g}", row["bound"], row["predictor"])
     console.print(table)
     if len(data["candidates"]) > top:
         console.print(f"... {len(data['candidates']) - top} more (--top N or --json)")

@@ -44,7 +44,7 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     cores = sockets * cores_per_socket
     counts = sorted(set(thread_counts or _default_thread_counts(cores)))
     size = 512 if quick else GEMM_SIZE
-    elements = TRIAD_ELEMENTS // 16 if quick else TRIAD_ELEMENTS
+    elements = TRIAD_ELEMENTS // 4 if quick else TRIAD_ELEMENTS  # 32 MiB arrays still exceed the caches
     precisions = {"fp32": torch.float32}
     if _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}:
         precisions["bf16"] = torch.bfloat16

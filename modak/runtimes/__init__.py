@@ -1,0 +1,1 @@
+"""One module per runtime/graph compiler, each exposing ``prepare(request, inputs) -> Session``."""

@@ -1,0 +1,125 @@
+"""The interface every runtime/graph compiler module implements.
+
+A module ``modak.runtimes.<name>`` (the recipe name with ``-`` as ``_``) exposes ``prepare(request,
+inputs) -> Session``. ``prepare`` does everything that is paid once (load, compile, tune); ``Session.run``
+is one steady-state step. Parameters and container requirements live in the runtime's recipe
+(``recipes/runtimes/<name>.yaml``); :func:`recipe_of` returns it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+# Largest error tolerated before a runtime's output counts as wrong, relative to the reference's largest
+# magnitude: fp32 leaves room for reassociation, reduced precisions for their mantissas.
+TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 6e-2, "fp16": 3e-2, "int8": 1e-1}
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything a runtime needs to build and run one candidate (JSON-serializable)."""
+
+    runtime: str
+    device: str
+    precision: str
+    params: dict[str, Any]
+    threads: int | None
+    task: str
+    onnx_path: str
+    zoo: str | None
+    batch_size: int
+    input_shapes: dict[str, list[int]]
+    workdir: str
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunRequest":
+        return cls(**json.loads(text))
+
+
+class Session(Protocol):
+    """A prepared model. ``run`` performs one step and returns its outputs (training: ``[loss]``)."""
+
+    def run(self) -> list[np.ndarray]: ...
+
+
+class Runtime(Protocol):
+    def prepare(self, request: RunRequest, inputs: dict[str, np.ndarray]) -> Session: ...
+
+
+def load_runtime(name: str) -> Runtime:
+    """The module implementing runtime ``name``."""
+    return importlib.import_module(f"modak.runtimes.{name.replace('-', '_')}")  # type: ignore[return-value]
+
+
+def recipe_of(name: str) -> Any:
+    """The runtime's recipe: its parameters and container requirements."""
+    from modak.candidates.catalog import load_catalog
+
+    return load_catalog()[name]
+
+
+def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """Largest absolute difference over all outputs, relative to the reference's largest magnitude."""
+    if len(output) != len(reference):
+        return float("inf")
+    worst = 0.0
+    for out, ref in zip(output, reference):
+        out = np.asarray(out, dtype=np.float64)
+        ref = np.asarray(ref, dtype=np.float64)
+        if out.shape != ref.shape or not np.all(np.isfinite(out)):
+            return float("inf")
+        scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-6)
+        worst = max(worst, float(np.max(np.abs(out - ref))) / scale if ref.size else 0.0)
+    return worst
+
+
+def make_inputs(request: RunRequest) -> dict[str, np.ndarray]:
+    """Deterministic inputs for the request's ONNX graph: random floats, in-range integer ids."""
+    import onnx
+
+    model = onnx.load(request.onnx_path, load_external_data=False)
+    bounds = _index_bounds(request.zoo)
+    initializers = {i.name for i in model.graph.initializer}
+    rng = np.random.default_rng(request.seed)
+    inputs: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        shape = [request.batch_size, *request.input_shapes[value.name]]
+        elem = value.type.tensor_type.elem_type
+        if elem in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            high = bounds.get(value.name, int(request.extra.get("int_input_high", 100)))
+            dtype = np.int64 if elem == onnx.TensorProto.INT64 else np.int32
+            inputs[value.name] = rng.integers(0, high, size=shape).astype(dtype)
+        else:
+            inputs[value.name] = rng.standard_normal(shape).astype(np.float32)
+    return inputs
+
+
+def _index_bounds(zoo: str | None) -> dict[str, int]:
+    """Exclusive upper bounds of a zoo model's integer inputs (token ids, embedding rows)."""
+    if zoo is None:
+        return {}
+    from modak.workload.zoo import get_entry
+
+    return dict(get_entry(zoo).index_bounds or {})
+
+
+@dataclass(frozen=True)
+class FunctionSession:
+    """A session whose step is a plain function (most runtimes need nothing more)."""
+
+    step: Any
+
+    def run(self) -> list[np.ndarray]:
+        return self.step()

@@ -1,0 +1,28 @@
+"""ONNX Runtime: intra/inter-op threads, graph optimization level, execution mode; CPU or CUDA provider."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from modak.runtimes.base import FunctionSession, RunRequest
+
+_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+           "all": "ORT_ENABLE_ALL"}
+
+
+def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
+    """An InferenceSession configured from the candidate's parameters."""
+    import onnxruntime as ort
+
+    params = request.params
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = request.threads or 0
+    options.inter_op_num_threads = int(params.get("inter_op_threads", 1))
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[params.get("graph_optimization", "all")])
+    options.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if params.get("execution_mode") == "parallel"
+                              else ort.ExecutionMode.ORT_SEQUENTIAL)
+    providers = ["CUDAExecutionProvider"] if request.device == "gpu" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(request.onnx_path, options, providers=providers)
+    if request.device == "gpu" and "CUDAExecutionProvider" not in session.get_providers():
+        raise RuntimeError("ONNX Runtime has no CUDA execution provider here (install onnxruntime-gpu)")
+    return FunctionSession(lambda: session.run(None, inputs))
