@@ -113,13 +113,9 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _analysis(loaded: Any) -> tuple[Any, Any]:
-    from modak.workload.source import resolve_model
-    from modak.workload.analysis import analyze
+    from modak.workload.source import load_analysis
 
-    source = resolve_model(loaded)
-    model = loaded.job.model
-    profile = analyze(source.onnx_path, model.batch_size, source.input_shapes, loaded.job.task)
-    return source, profile
+    return load_analysis(loaded)
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:

@@ -88,9 +88,10 @@ def candidate_env(recipe: Recipe, candidate: Candidate) -> dict[str, str]:
 
 def bench(plan: Plan, source: ModelSource, candidates: Iterable[Candidate], store: PerfStore,
           settings: BenchSettings = BenchSettings(), workdir: Path | None = None,
-          on_result: Callable[[Candidate, Measurement], None] | None = None) -> list[Measurement]:
+          on_result: Callable[[Candidate, Measurement], None] | None = None,
+          catalog: dict[str, Recipe] | None = None) -> list[Measurement]:
     """Measure ``candidates`` one by one, adding each row to ``store`` as soon as it is measured."""
-    catalog = load_catalog()
+    catalog = catalog or load_catalog()
     workdir = workdir or Path(tempfile.gettempdir()) / "modak-work"
     rows: list[Measurement] = []
     for candidate in candidates:

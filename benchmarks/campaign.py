@@ -1,0 +1,97 @@
+"""Measure the zoo x runtimes x parameter grid of ``benchmarks/campaign.yaml`` on this machine.
+
+Every configuration goes through the same harness as ``modak bench`` (one fresh process each, output
+checked against the fp32 reference before timing) into a perf store, which is then exported to CSV under
+``perfmodels/``. ``--resume`` skips configurations the store already measured successfully.
+
+    python benchmarks/campaign.py --target perfmodels/targets/ci-epyc-2c.yaml \
+        --store perfmodels/campaign.sqlite --export perfmodels/cpu-ci-epyc-2c.csv --resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from modak.bench.harness import BenchSettings, bench, measurement_row
+from modak.bench.store import PerfStore
+from modak.candidates.catalog import Recipe, load_catalog
+from modak.plan import make_plan
+from modak.spec.loader import LoadedJob, SpecDocument, load_spec
+from modak.spec.models import Job, Target
+from modak.workload.source import load_analysis
+
+
+def grid_catalog(grid: dict[str, dict[str, list]], runtimes: set[str] | None) -> dict[str, Recipe]:
+    """The shipped recipes restricted to the grid's runtimes, with the grid's parameter values."""
+    catalog: dict[str, Recipe] = {}
+    for name, recipe in load_catalog().items():
+        if name not in grid or (runtimes and name not in runtimes):
+            continue
+        parameters = tuple(p.model_copy(update={"values": tuple(grid[name][p.name])}) if p.name in grid[name] else p
+                           for p in recipe.parameters)
+        catalog[name] = recipe.model_copy(update={"parameters": parameters})
+    return catalog
+
+
+def job_for(model: str, batch: int, task: str, precision: list[str], config: Path) -> tuple[Job, SpecDocument]:
+    job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"campaign-{model}-{task}-b{batch}",
+                              "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision})
+    return job, SpecDocument(config)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=Path(__file__).with_name("campaign.yaml"))
+    parser.add_argument("--target", type=Path, required=True, help="Target of this machine (modak probe)")
+    parser.add_argument("--store", type=Path, required=True)
+    parser.add_argument("--export", type=Path, help="CSV to write this machine's rows to at the end")
+    parser.add_argument("--runtimes", nargs="+", help="only these runtimes")
+    parser.add_argument("--models", nargs="+", help="only these zoo models")
+    parser.add_argument("--resume", action="store_true", help="skip configurations already measured ok")
+    args = parser.parse_args()
+
+    config = yaml.safe_load(args.config.read_text())
+    target, target_doc = load_spec(args.target, Target)
+    runtimes = set(args.runtimes) if args.runtimes else None
+    settings = BenchSettings(**config["settings"])
+    catalog = grid_catalog(config["grid"], runtimes)
+    work: list[tuple[str, int, str, dict[str, Recipe]]] = [
+        (model, batch, task, catalog) for task, models in config["workloads"].items()
+        for model, batches in models.items() for batch in batches if not args.models or model in args.models]
+    for extra in config.get("extra", []):
+        if (runtimes and extra["runtime"] not in runtimes) or (args.models and extra["model"] not in args.models):
+            continue
+        single = {extra["runtime"]: {k: [v] for k, v in extra["params"].items()}}
+        work.append((extra["model"], extra["batch"], extra["task"], grid_catalog(single, None)))
+
+    started = time.perf_counter()
+    with PerfStore(args.store) as store:
+        done = {r.key for r in store.rows(machine=target.name, status="ok")} if args.resume else set()
+        for model, batch, task, recipes in work:
+            job, job_doc = job_for(model, batch, task, config["precision"], args.config)
+            loaded = LoadedJob(job, target, job_doc, target_doc)
+            source, profile = load_analysis(loaded)
+            plan = make_plan(loaded, profile, catalog=recipes)
+            todo = [r.candidate for r in plan.ranked
+                    if measurement_row(plan, r.candidate, {}).key not in done]
+            print(f"[{time.perf_counter() - started:6.0f} s] {model} {task} batch {batch}: {len(todo)} to measure",
+                  flush=True)
+
+            def report(candidate, row) -> None:
+                timing = f"{row.step_median_s * 1e3:.4g} ms" if row.step_median_s else row.status
+                print(f"    {candidate.name}: {timing}" + (f"  [{row.error[:160]}]" if row.error else ""), flush=True)
+
+            bench(plan, source, todo, store, settings, on_result=report, catalog=recipes)
+        if args.export:
+            count = store.export_csv(args.export, machine=target.name)
+            print(f"exported {count} rows to {args.export}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""Per-node FLOPs and bytes of an ONNX graph at a given batch size, and the totals for one step of a task.
+
+Cost model (the constants live in ``recipes/hardware/op_classes.yaml`` and :data:`OPTIMIZERS`):
+
+* Conv, ConvTranspose, Gemm, MatMul (batched, broadcast), Einsum and the RNN family count 2 FLOPs per
+  multiply-accumulate; a Conv or Gemm bias adds 1 FLOP per output element. ``macs`` holds the MACs alone
+  (the number that published "GMAC" figures quote).
+* Other ops cost a constant per output element (elementwise, normalization, softmax), per input element
+  (reductions) or per window element (pooling); gathers and layout ops cost no FLOPs.
+* Bytes assume every node reads all its inputs from memory and writes all its outputs (no fusion, no cache
+  reuse); inputs that are initializers or Constant outputs count as weights. Shape and Size read no data.
+* Training: the backward pass costs :data:`BACKWARD_FLOPS` x the forward FLOPs (gradients with respect to
+  activations and weights, the common 2x rule) and moves :data:`BACKWARD_BYTES` x the forward bytes (saved
+  activations and incoming gradients read, gradients written); the optimizer update costs per parameter the
+  FLOPs and parameter-sized tensor reads/writes listed in :data:`OPTIMIZERS`. A graph exported in inference
+  form (e.g. BatchNormalization with running statistics) stands in for its training form.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import yaml
+
+from modak.errors import InputError, ModakError
+from modak.paths import data_dir
+from modak.spec.models import Task
+
+if TYPE_CHECKING:
+    import onnx
+    from rich.table import Table
+
+OP_CLASSES = ("conv", "matmul", "elementwise", "normalization", "pooling", "softmax", "reduction", "embedding",
+              "data_movement")
+BACKWARD_FLOPS = 2.0
+BACKWARD_BYTES = 2.0
+# optimizer -> (FLOPs per parameter, parameter-sized tensors read or written per update):
+#   sgd: p -= lr*g                                  read p, g; write p
+#   sgd_momentum: v = mu*v + g; p -= lr*v            read p, g, v; write p, v
+#   adam(w): two moment updates, bias correction, sqrt, divide (+ decoupled weight decay); read p, g, m, v;
+#   write p, m, v
+OPTIMIZERS: dict[str, tuple[int, int]] = {
+    "sgd": (2, 3),
+    "sgd_momentum": (4, 5),
+    "rmsprop": (6, 5),
+    "adagrad": (6, 5),
+    "adam": (12, 7),
+    "adamw": (14, 7),
+}
+
+# Bytes per element of each onnx.TensorProto data type (4-bit types pack two per byte).
+_DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2,
+                17: 1, 18: 1, 19: 1, 20: 1, 21: 0.5, 22: 0.5, 23: 0.5}
+_FLOAT_TYPES = {1, 10, 11, 16, 17, 18, 19, 20, 23}
+_METADATA_ONLY = {"Shape", "Size"}  # read only their input's shape
+_WEIGHT_INPUT = {"Conv": 1, "ConvInteger": 1, "DeformConv": 1, "QLinearConv": 3, "ConvTranspose": 1}
+_CONV_BIAS = {"Conv": 2, "ConvTranspose": 2, "QLinearConv": 8}
+_MATMUL_B = {"MatMul": 1, "MatMulInteger": 1, "QLinearMatMul": 3}
+_KEEP_INITIALIZER_ELEMENTS = 64  # small initializers (shapes, axes) keep their values for data propagation
+
+
+@dataclass(frozen=True)
+class OpStats:
+    """Cost of one node for one forward pass of the whole batch."""
+
+    name: str
+    op_type: str
+    op_class: str
+    macs: int
+    flops: int
+    input_bytes: int
+    weight_bytes: int
+    output_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.input_bytes + self.weight_bytes + self.output_bytes
+
+
+class OpGroup(NamedTuple):
+    count: int
+    flops: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    """FLOPs and bytes of a model at one batch size; ``flops``/``bytes`` are per step of ``task``."""
+
+    model_name: str
+    task: Task
+    batch_size: int
+    input_shapes: Mapping[str, tuple[int, ...]]  # per sample, without the batch dimension
+    ops: tuple[OpStats, ...]
+    parameters: int
+    parameter_bytes: int
+    forward_flops: int
+    forward_bytes: int
+    flops: int
+    bytes: int
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the forward pass (conv and matmul ops)."""
+        return sum(op.macs for op in self.ops)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved in one step."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    def by_op_type(self) -> dict[str, OpGroup]:
+        """Forward count, FLOPs and bytes per op type, most FLOPs first."""
+        return _group(self.ops, lambda op: op.op_type)
+
+    def by_op_class(self) -> dict[str, OpGroup]:
+        """Forward count, FLOPs and bytes per op class, most FLOPs first."""
+        return _group(self.ops, lambda op: op.op_class)
+
+
+def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
+            input_shapes: Mapping[str, list[int] | tuple[int, ...]] | None = None, task: Task | str = Task.inference,
+            optimizer: str = "sgd_momentum", name: str | None = None) -> WorkloadProfile:
+    """Profile ``model`` (a ModelProto or an ONNX file, whose weight data is not read) at ``batch_size``.
+
+    Dimension 0 of every graph input is the batch; ``input_shapes`` gives per-sample shapes for inputs whose
+    other dimensions are symbolic. Every tensor must get a concrete shape from ONNX shape inference,
+    otherwise an :class:`InputError` names the node.
+    """
+    import onnx
+
+    task = Task(task)
+    if optimizer not in OPTIMIZERS:
+        raise InputError(f"unknown optimizer '{optimizer}'{suggestion(optimizer, OPTIMIZERS)}")
+    if batch_size < 1:
+        raise InputError(f"batch size must be positive, got {batch_size}")
+    if isinstance(model, (str, Path)):
+        name = name or Path(model).stem
+        model = load_model(Path(model))
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    constants = set(weights) | {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    skeleton, fixed = _skeleton(model, batch_size, input_shapes or {})
+    types = _infer_types(skeleton)
+    types.update({t.name: (t.data_type, tuple(t.dims)) for t in weights.values()})
+    ops = tuple(_node_stats(node, i, types, constants, skeleton) for i, node in enumerate(graph.node))
+
+    statistics = {n for node in graph.node if node.op_type == "BatchNormalization" for n in node.input[3:5]}
+    params = [t for t in weights.values() if t.data_type in _FLOAT_TYPES and t.name not in statistics]
+    parameters = sum(math.prod(t.dims) for t in params)
+    parameter_bytes = sum(_nbytes(t.data_type, tuple(t.dims)) for t in params)
+    forward_flops = sum(op.flops for op in ops)
+    forward_bytes = sum(op.bytes for op in ops)
+    flops, nbytes = forward_flops, forward_bytes
+    if task is Task.training:
+        update_flops, update_tensors = OPTIMIZERS[optimizer]
+        flops = round(forward_flops * (1 + BACKWARD_FLOPS) + parameters * update_flops)
+        nbytes = round(forward_bytes * (1 + BACKWARD_BYTES) + parameter_bytes * update_tensors)
+    return WorkloadProfile(name or graph.name or "model", task, batch_size, fixed, ops, parameters,
+                           parameter_bytes, forward_flops, forward_bytes, flops, nbytes)
+
+
+def load_model(path: Path) -> onnx.ModelProto:
+    """The ONNX file at ``path`` without its external weight data."""
+    import onnx
+
+    try:
+        return onnx.load(path, load_external_data=False)
+    except FileNotFoundError:
+        raise InputError("file not found", path) from None
+    except Exception as exc:  # protobuf reports garbage with several exception types
+        raise InputError(f"not a valid ONNX model: {short_reason(exc)}", path) from None
+
+
+def short_reason(exc: BaseException) -> str:
+    """The first line of an exception's message, at most 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def format_table(profile: WorkloadProfile) -> Table:
+    """A rich table for ``modak analyze``: forward cost per op type, the totals and the parameters."""
+    from rich.table import Table
+
+    table = Table(title=f"{profile.model_name}: {profile.task.value}, batch {profile.batch_size}",
+                  caption=f"parameters: {profile.parameters / 1e6:.2f} M ({profile.parameter_bytes / 1e6:.1f} MB); "
+                          f"forward MACs: {profile.macs / 1e9:.3f} G")
+    for header in ("op type", "class", "count", "GFLOP", "FLOP %", "MB", "FLOP/B"):
+        table.add_column(header, justify="left" if header in ("op type", "class") else "right")
+    classes: dict[str, set[str]] = {}
+    for op in profile.ops:  # a Gather may be an embedding lookup in one place and data movement in another
+        classes.setdefault(op.op_type, set()).add(op.op_class)
+    total = profile.forward_flops or 1
+    for op_type, group in profile.by_op_type().items():
+        table.add_row(op_type, "/".join(sorted(classes[op_type])), str(group.count), f"{group.flops / 1e9:.3f}",
+                      f"{100 * group.flops / total:.1f}", f"{group.bytes / 1e6:.1f}",
+                      _intensity(group.flops, group.bytes))
+    table.add_section()
+    table.add_row("forward", "", str(len(profile.ops)), f"{profile.forward_flops / 1e9:.3f}", "100.0",
+                  f"{profile.forward_bytes / 1e6:.1f}", _intensity(profile.forward_flops, profile.forward_bytes),
+                  style="bold")
+    if profile.task is Task.training:
+        table.add_row("training step", "", "", f"{profile.flops / 1e9:.3f}", "", f"{profile.bytes / 1e6:.1f}",
+                      _intensity(profile.flops, profile.bytes), style="bold")
+    return table
+
+
+# --- shapes ---------------------------------------------------------------------------------------------
+
+def _skeleton(model: onnx.ModelProto, batch: int, sample_shapes: Mapping[str, Any]
+              ) -> tuple[onnx.ModelProto, dict[str, tuple[int, ...]]]:
+    """A copy of ``model`` for shape inference: fixed input shapes, large initializers as typed inputs."""
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    weights = {t.name for t in graph.initializer}
+    data_inputs = [vi for vi in graph.input if vi.name not in weights]
+    unknown = set(sample_shapes) - {vi.name for vi in data_inputs}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise InputError(f"the model has no input '{name}'{suggestion(name, [vi.name for vi in data_inputs])}")
+    inputs, fixed = [], {}
+    for vi in data_inputs:
+        dims = _fixed_dims(vi, batch, sample_shapes.get(vi.name))
+        fixed[vi.name] = tuple(dims[1:])
+        inputs.append(helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, dims))
+    kept = []
+    for tensor in graph.initializer:
+        small = math.prod(tensor.dims) <= _KEEP_INITIALIZER_ELEMENTS
+        if small and tensor.data_location != onnx.TensorProto.EXTERNAL:
+            kept.append(tensor)
+        else:
+            inputs.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    # Outputs keep only their type: declared symbolic dims would otherwise override the inferred ones.
+    outputs = [helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, None) for vi in graph.output]
+    skeleton_graph = helper.make_graph(list(graph.node), graph.name or "model", inputs, outputs, kept)
+    skeleton = helper.make_model(skeleton_graph, opset_imports=list(model.opset_import),
+                                ir_version=max(model.ir_version, 4))  # IR 4: initializers need not be inputs
+    return skeleton, fixed
+
+
+def _fixed_dims(vi: onnx.ValueInfoProto, batch: int, sample: Any) -> list[int]:
+    """The input's dimensions with the batch and the per-sample shape filled in."""
+    tensor_type = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise InputError(f"input '{vi.name}' is not a tensor; the analysis handles tensor inputs only")
+    if not tensor_type.HasField("shape"):
+        if sample is None:
+            raise InputError(f"input '{vi.name}' has no shape in the model; give its per-sample shape")
+        return [batch, *(int(d) for d in sample)]
+    dims = tensor_type.shape.dim
+    if not dims:
+        raise InputError(f"input '{vi.name}' is a scalar; the analysis needs a leading batch dimension")
+    if sample is not None and len(sample) != len(dims) - 1:
+        raise InputError(f"input '{vi.name}' has {len(dims)} dimensions (batch first), so its per-sample shape "
+                         f"needs {len(dims) - 1} values, got {list(sample)}")
+    fixed = []
+    for index, dim in enumerate(dims):
+        wanted = batch if index == 0 else (int(sample[index - 1]) if sample is not None else None)
+        if dim.HasField("dim_value"):
+            if wanted is not None and dim.dim_value != wanted:
+                what = "batch size" if index == 0 else f"dimension {index}"
+                raise InputError(f"input '{vi.name}' has a fixed {what} of {dim.dim_value} in the model, "
+                                 f"not {wanted}; re-export it with that dimension dynamic")
+            fixed.append(dim.dim_value)
+        elif wanted is None:
+            label = f" '{dim.dim_param}'" if dim.dim_param else ""
+            raise InputError(f"input '{vi.name}' has a symbolic dimension{label} (dimension {index}); "
+                             "give its per-sample shape")
+        else:
+            fixed.append(wanted)
+    return fixed
+
+
+def _infer_types(skeleton: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...] | None]]:
+    """Element type and shape (None where not fully known) of every tensor ONNX shape inference reaches."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, data_prop=True)
+    except Exception as exc:  # InferenceError, ValidationError: the graph contradicts itself
+        raise InputError(f"ONNX shape inference failed: {short_reason(exc)}") from None
+    types = {}
+    graph = inferred.graph
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        tensor_type = vi.type.tensor_type
+        dims = None
+        if tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in tensor_type.shape.dim):
+            dims = tuple(d.dim_value for d in tensor_type.shape.dim)
+        types[vi.name] = (tensor_type.elem_type, dims)
+    for tensor in graph.initializer:
+        types[tensor.name] = (tensor.data_type, tuple(tensor.dims))
+    return types
+
+
+def _strict_reason(skeleton: onnx.ModelProto) -> str:
+    """Why shape inference left a tensor unknown, from a strict-mode run (empty if it does not say)."""
+    import onnx
+
+    try:
+        onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        return short_reason(exc)
+    return ""
+
+
+# --- costs ----------------------------------------------------------------------------------------------
+
+@cache
+def op_table() -> dict[str, tuple[str, float]]:
+    """op_type -> (op class, FLOP constant), from ``recipes/hardware/op_classes.yaml``."""
+    path = data_dir("recipes") / "hardware" / "op_classes.yaml"
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return {op: (op_class, float(cost)) for op_class, ops in data.items() for op, cost in ops.items()}
+
+
+def _node_stats(node: onnx.NodeProto, index: int, types: dict[str, tuple[int, tuple[int, ...] | None]],
+                constants: set[str], skeleton: onnx.ModelProto) -> OpStats:
+    label = f"'{node.name}'" if node.name else f"#{index}"
+    if any(attr.type in (5, 10) for attr in node.attribute):  # GRAPH, GRAPHS
+        raise InputError(f"node {label} ({node.op_type}): control flow with subgraphs is not supported "
+                         "by the analysis")
+
+    def shape_of(tensor: str, role: str) -> tuple[int, tuple[int, ...]]:
+        elem_type, dims = types.get(tensor, (0, None))
+        if dims is None or not elem_type:
+            reason = _strict_reason(skeleton) or (
+                f"ONNX has no shape inference for the custom operator {node.domain}.{node.op_type}"
+                if node.domain not in ("", "ai.onnx") else "ONNX shape inference left it unknown")
+            raise InputError(f"cannot infer the shape of {role} '{tensor}' of node {label} ({node.op_type}): {reason}")
+        return elem_type, dims
+
+    metadata_only = node.op_type in _METADATA_ONLY
+    inputs = [(n, None if metadata_only else shape_of(n, "input")) for n in node.input if n]
+    outputs = [shape_of(n, "output") for n in node.output if n]
+    op_class, cost = op_table().get(node.op_type, ("elementwise", 1.0))
+    if op_class == "embedding" and node.input[0] not in constants:
+        op_class = "data_movement"
+    in_dims = [t[1] if t else () for _, t in inputs]
+    out_dims = [t[1] for t in outputs]
+    macs = _macs(node, in_dims, out_dims) if op_class in ("conv", "matmul") else 0
+    flops = _flops(node, op_class, cost, macs, in_dims, out_dims)
+    input_bytes = weight_bytes = 0
+    for name, typed in inputs:
+        if typed is not None:
+            size = _nbytes(*typed)
+            if name in constants:
+                weight_bytes += size
+            else:
+                input_bytes += size
+    output_bytes = sum(_nbytes(*t) for t in outputs)
+    return OpStats(node.name or f"{node.op_type}_{index}", node.op_type, op_class, macs, flops, input_bytes,
+                   weight_bytes, output_bytes)
+
+
+def _macs(node: onnx.NodeProto, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> int:
+    op, out = node.op_type, outs[0]
+    if op in ("Conv", "ConvInteger", "QLinearConv", "DeformConv"):
+        weight = ins[_WEIGHT_INPUT[op]]  # (out channels, in channels / group, *kernel)
+        return math.prod(out) * math.prod(weight[1:])
+    if op == "ConvTranspose":
+        weight = ins[1]  # (in channels, out channels / group, *kernel)
+        return math.prod(ins[0]) * math.prod(weight[1:])
+    if op == "Gemm":
+        trans_a = _attr(node, "transA", 0)
+        return math.prod(out) * (ins[0][0] if trans_a else ins[0][-1])
+    if op in _MATMUL_B:
+        return math.prod(out) * ins[0][-1]
+    if op == "Einsum":
+        return _einsum_macs(_attr(node, "equation", b"").decode(), ins, out)
+    if op in ("RNN", "GRU", "LSTM"):  # X: (seq, batch, features) or (batch, seq, features); W, R per direction
+        return ins[0][0] * ins[0][1] * (math.prod(ins[1]) + math.prod(ins[2]))
+    raise ModakError(f"op_classes.yaml makes {op} a conv or matmul op, but the analysis has no MAC rule for it")
+
+
+def _einsum_macs(equation: str, ins: list[tuple[int, ...]], out: tuple[int, ...]) -> int:
+    """Output elements x the sizes of the summed-over letters x (operands - 1) multiplications."""
+    equation = equation.replace(" ", "")
+    lhs, _, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    sizes: dict[str, int] = {}
+    for term, dims in zip(terms, ins):
+        letters = term.replace("...", "")
+        start = term.find("...")
+        explicit = dims if start < 0 else dims[:start] + dims[len(dims) - (len(letters) - start):]
+        for letter, size in zip(letters, explicit):
+            sizes[letter] = max(sizes.get(letter, 1), size)
+    kept = rhs if "->" in equation else "".join(c for c in sizes if lhs.count(c) == 1)
+    summed = math.prod(size for letter, size in sizes.items() if letter not in kept)
+    return math.prod(out) * summed * max(1, len(terms) - 1)
+
+
+def _flops(node: onnx.NodeProto, op_class: str, cost: float, macs: int, ins: list[tuple[int, ...]],
+           outs: list[tuple[int, ...]]) -> int:
+    out_elements = math.prod(outs[0]) if outs else 0
+    if op_class in ("conv", "matmul"):
+        bias_index = 2 if node.op_type == "Gemm" else _CONV_BIAS.get(node.op_type)
+        has_bias = bias_index is not None and len(node.input) > bias_index and node.input[bias_index]
+        return round(cost * macs) + (out_elements if has_bias else 0)
+    if op_class in ("elementwise", "normalization", "softmax"):
+        return round(cost * out_elements)
+    if op_class == "reduction":
+        return round(cost * math.prod(ins[0]))
+    if op_class == "pooling":
+        if node.op_type.startswith("Global"):
+            return round(cost * math.prod(ins[0]))
+        kernel = _attr(node, "kernel_shape", [])
+        if node.op_type == "MaxRoiPool":
+            kernel = _attr(node, "pooled_shape", [])
+        return round(cost * out_elements * math.prod(kernel))
+    return 0
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    from onnx import helper
+
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+def _nbytes(elem_type: int, dims: tuple[int, ...]) -> int:
+    return math.ceil(math.prod(dims) * _DTYPE_BYTES.get(elem_type, 4))
+
+
+def _group(ops: tuple[OpStats, ...], key: Any) -> dict[str, OpGroup]:
+    totals: dict[str, list[int]] = {}
+    for op in ops:
+        entry = totals.setdefault(key(op), [0, 0, 0])
+        entry[0] += 1
+        entry[1] += op.flops
+        entry[2] += op.bytes
+    ordered = sorted(totals.items(), key=lambda item: (-item[1][1], -item[1][2], item[0]))
+    return {k: OpGroup(*v) for k, v in ordered}
+
+
+def _intensity(flops: int, nbytes: int) -> str:
+    return f"{flops / nbytes:.1f}" if nbytes else "-"
+
+
+def suggestion(name: str, known: Any) -> str:
+    """``"; did you mean 'X'?"`` for the closest of ``known`` (ignoring case), else the list of them."""
+    by_lower = {str(k).lower(): str(k) for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.5)
+    return f"; did you mean '{by_lower[close[0]]}'?" if close else f" (known: {', '.join(sorted(by_lower.values()))})"

@@ -1,0 +1,154 @@
+"""Resolve a job's ``model`` section to an ONNX file and per-sample input shapes.
+
+Errors point at the job file's ``model.*`` fields. Importing this module does not import torch; only a zoo
+model that is not cached yet needs it (to export).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from modak.errors import InputError
+from modak.spec.loader import LoadedJob, SpecDocument
+from modak.workload import zoo
+from modak.workload.analysis import WorkloadProfile, analyze, short_reason, suggestion
+
+if TYPE_CHECKING:
+    import onnx
+
+_ONNX = ("model", "onnx")
+_SHAPE = ("model", "input_shape")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The job's model as an ONNX file; ``input_shapes`` are per sample (no batch dimension)."""
+
+    name: str
+    onnx_path: Path
+    input_shapes: dict[str, list[int]]
+    zoo: str | None
+
+
+def resolve_model(loaded: LoadedJob) -> ModelSource:
+    """The ONNX file of the job's model (a zoo model is exported on first use, then cached)."""
+    spec, doc = loaded.job.model, loaded.job_doc
+    if spec.zoo is not None:
+        return _resolve_zoo(spec.zoo, spec.input_shape, doc)
+    path = doc.resolve(spec.onnx)
+    if not path.is_file():
+        raise doc.error(_ONNX, f"file not found: {path}" if not path.exists() else f"not a file: {path}")
+    model = _load_checked(path, doc)
+    shapes = _graph_shapes(model, spec.input_shape, spec.batch_size, doc)
+    return ModelSource(path.stem, path, shapes, None)
+
+
+def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[ModelSource, WorkloadProfile]:
+    """Resolve the job's model and analyze it at the job's batch size for the job's task."""
+    source = resolve_model(loaded)
+    try:
+        return source, analyze(source.onnx_path, loaded.job.model.batch_size, source.input_shapes, loaded.job.task,
+                       optimizer, name=source.name)
+    except InputError as exc:
+        raise loaded.job_doc.error(("model", "zoo") if source.zoo else _ONNX, exc.message) from None
+
+
+def _resolve_zoo(name: str, input_shape: Any, doc: SpecDocument) -> ModelSource:
+    try:
+        entry = zoo.get_entry(name)
+    except InputError as exc:
+        raise doc.error(("model", "zoo"), exc.message) from None
+    overrides: dict[str, list[int]] = {}
+    if isinstance(input_shape, list):
+        if len(entry.input_shapes) != 1:
+            raise doc.error(_SHAPE, f"zoo model '{name}' has inputs {', '.join(entry.input_shapes)}: give "
+                                    "input_shape as a mapping from input name to per-sample shape")
+        overrides = {next(iter(entry.input_shapes)): input_shape}
+    elif isinstance(input_shape, dict):
+        overrides = input_shape
+    for key, shape in overrides.items():
+        try:
+            entry.shapes({key: shape})
+        except InputError as exc:
+            loc = _SHAPE + (key,) if isinstance(input_shape, dict) else _SHAPE
+            raise doc.error(loc, exc.message) from None
+    try:
+        path = zoo.export_onnx(name, overrides)
+    except InputError as exc:
+        raise doc.error(_SHAPE if overrides else ("model", "zoo"), exc.message) from None
+    shapes = {key: list(shape) for key, shape in entry.shapes(overrides).items()}
+    return ModelSource(name, path, shapes, name)
+
+
+def _load_checked(path: Path, doc: SpecDocument) -> onnx.ModelProto:
+    """The model at ``path`` (graph only), after ``onnx.checker``; a bad file is an error at ``model.onnx``."""
+    import onnx
+
+    try:
+        model = onnx.load(path, load_external_data=False)
+        onnx.checker.check_model(str(path))
+    except Exception as exc:  # protobuf decode errors, ValidationError, missing external data
+        raise doc.error(_ONNX, f"not a valid ONNX model: {short_reason(exc)}") from None
+    return model
+
+
+def _graph_shapes(model: onnx.ModelProto, input_shape: Any, batch: int, doc: SpecDocument) -> dict[str, list[int]]:
+    """Per-sample shapes of the graph inputs: from ``model.input_shape`` where given, else from the graph."""
+    weights = {t.name for t in model.graph.initializer}
+    inputs = {vi.name: vi for vi in model.graph.input if vi.name not in weights}
+    if not inputs:
+        raise doc.error(_ONNX, "the model has no inputs")
+    given: dict[str, list[int]] = {}
+    if isinstance(input_shape, list):
+        if len(inputs) != 1:
+            raise doc.error(_SHAPE, f"the model has inputs {', '.join(inputs)}: give input_shape as a mapping "
+                                    "from input name to per-sample shape")
+        given = {next(iter(inputs)): input_shape}
+    elif isinstance(input_shape, dict):
+        for key in input_shape:
+            if key not in inputs:
+                raise doc.error(_SHAPE + (key,), f"the model has no input '{key}'{suggestion(key, inputs)}")
+        given = dict(input_shape)
+    shapes = {}
+    for name, vi in inputs.items():
+        loc = _SHAPE + (name,) if isinstance(input_shape, dict) and name in given else _SHAPE
+        loc = _ONNX if input_shape is None else loc
+        shapes[name] = _input_shape(vi, given.get(name), batch, doc, loc)
+    return shapes
+
+
+def _input_shape(vi: onnx.ValueInfoProto, given: list[int] | None, batch: int, doc: SpecDocument,
+                 loc: tuple[str, ...]) -> list[int]:
+    """One input's per-sample shape, checked against the graph's declaration (dimension 0 is the batch)."""
+    if not vi.type.HasField("tensor_type"):
+        raise doc.error(_ONNX, f"input '{vi.name}' is not a tensor; only tensor inputs are supported")
+    has_shape = vi.type.tensor_type.HasField("shape")
+    dims = list(vi.type.tensor_type.shape.dim)
+    if has_shape and not dims:
+        raise doc.error(_ONNX, f"input '{vi.name}' is a scalar; modak needs a leading batch dimension")
+    if has_shape and dims[0].HasField("dim_value") and dims[0].dim_value != batch:
+        raise doc.error(("model", "batch_size"), f"input '{vi.name}' has a fixed batch size of {dims[0].dim_value} "
+                                                 "in the model; use that batch_size or re-export with a dynamic batch")
+    if not has_shape:
+        if given is None:
+            raise doc.error(loc, f"input '{vi.name}' has no shape in the model; give model.input_shape")
+        return list(given)
+    if given is not None:
+        if len(given) != len(dims) - 1:
+            raise doc.error(loc, f"input '{vi.name}' has {len(dims)} dimensions (batch first), so its per-sample "
+                                 f"shape needs {len(dims) - 1} values, got {given}")
+        for index, (dim, value) in enumerate(zip(dims[1:], given), 1):
+            if dim.HasField("dim_value") and dim.dim_value != value:
+                raise doc.error(loc, f"input '{vi.name}' has a fixed dimension {index} of {dim.dim_value} in "
+                                     f"the model, not {value}")
+        return list(given)
+    shape = []
+    for index, dim in enumerate(dims[1:], 1):
+        if not dim.HasField("dim_value"):
+            label = f" '{dim.dim_param}'" if dim.dim_param else ""
+            raise doc.error(loc, f"input '{vi.name}' has a symbolic dimension{label} (dimension {index}); "
+                                 "give its per-sample shape in model.input_shape")
+        shape.append(dim.dim_value)
+    return shape

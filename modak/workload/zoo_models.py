@@ -1,0 +1,418 @@
+"""PyTorch definitions of the zoo architectures, written out by hand (no torchvision or transformers).
+
+Imported only when a zoo model is built or exported: importing this module imports torch. Every factory at
+the bottom takes the per-sample input shapes (``{input name: shape}``) and returns a freshly initialized
+module; :mod:`modak.workload.zoo` seeds the random generator around the call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+def _init_vision(module: nn.Module) -> None:
+    """torchvision's initialization: He-normal (fan-out) convolutions, unit BatchNorm, small linear layers."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class MnistCNN(nn.Module):
+    """Two 3x3 conv + ReLU + 2x2 max-pool stages, then two fully connected layers."""
+
+    def __init__(self, channels: int, height: int, width: int, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * (height // 4) * (width // 4), 128)
+        self.fc2 = nn.Linear(128, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+class MLP(nn.Module):
+    """Three fully connected layers with ReLU in between."""
+
+    def __init__(self, features: int, hidden: int = 1024, classes: int = 10) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+# --- ResNet (torchvision layout; ResNet-50 is v1.5: the stride sits on the 3x3 convolution) ---------------
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + identity)
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        return F.relu(self.bn3(self.conv3(out)) + identity)
+
+
+class ResNet(nn.Module):
+    def __init__(self, block: type[BasicBlock | Bottleneck], layers: list[int], channels: int = 3,
+                 classes: int = 1000) -> None:
+        super().__init__()
+        self.inplanes = 64
+        self.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = self._layer(block, 64, layers[0], 1)
+        self.layer2 = self._layer(block, 128, layers[1], 2)
+        self.layer3 = self._layer(block, 256, layers[2], 2)
+        self.layer4 = self._layer(block, 512, layers[3], 2)
+        self.fc = nn.Linear(512 * block.expansion, classes)
+        _init_vision(self)
+
+    def _layer(self, block: type[BasicBlock | Bottleneck], planes: int, blocks: int, stride: int) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
+                                       nn.BatchNorm2d(planes * block.expansion))
+        layers = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * block.expansion
+        layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# --- MobileNetV2 (width 1.0, torchvision layout) ----------------------------------------------------------
+
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+def _conv_bn_relu6(inp: int, oup: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(inp, oup, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(oup), nn.ReLU6())
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, inp: int, oup: int, stride: int, expand_ratio: int) -> None:
+        super().__init__()
+        hidden = round(inp * expand_ratio)
+        self.use_residual = stride == 1 and inp == oup
+        layers: list[nn.Module] = [_conv_bn_relu6(inp, hidden, 1)] if expand_ratio != 1 else []
+        layers += [_conv_bn_relu6(hidden, hidden, 3, stride, groups=hidden),
+                   nn.Conv2d(hidden, oup, 1, bias=False), nn.BatchNorm2d(oup)]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_residual else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1))  # expansion t, channels c, repeats n, first stride s
+
+    def __init__(self, channels: int = 3, classes: int = 1000, width: float = 1.0) -> None:
+        super().__init__()
+        inp = _make_divisible(32 * width)
+        self.last_channel = _make_divisible(1280 * max(1.0, width))
+        features: list[nn.Module] = [_conv_bn_relu6(channels, inp, stride=2)]
+        for t, c, n, s in self.SETTINGS:
+            oup = _make_divisible(c * width)
+            for i in range(n):
+                features.append(InvertedResidual(inp, oup, s if i == 0 else 1, t))
+                inp = oup
+        features.append(_conv_bn_relu6(inp, self.last_channel, 1))
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Linear(self.last_channel, classes)  # no dropout: training steps must be deterministic
+        _init_vision(self)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+# --- BERT-base encoder with an explicit attention (MatMul + Softmax in the graph) -------------------------
+
+class BertLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, ffn: int, seq: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.seq = heads, hidden // heads, seq
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.attention_output = nn.Linear(hidden, hidden)
+        self.attention_norm = nn.LayerNorm(hidden, eps=1e-12)
+        self.intermediate = nn.Linear(hidden, ffn)
+        self.output = nn.Linear(ffn, hidden)
+        self.output_norm = nn.LayerNorm(hidden, eps=1e-12)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, self.seq, self.heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self._split_heads(layer(x)) for layer in (self.query, self.key, self.value))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        context = torch.matmul(torch.softmax(scores, dim=-1), v)
+        context = context.transpose(1, 2).reshape(-1, self.seq, self.heads * self.head_dim)
+        x = self.attention_norm(self.attention_output(context) + x)
+        return self.output_norm(self.output(F.gelu(self.intermediate(x))) + x)
+
+
+class BertClassifier(nn.Module):
+    """BERT-base: embeddings, 12 encoder layers, the [CLS] pooler and a 2-class head (no attention mask)."""
+
+    def __init__(self, seq: int, vocab: int = 30522, hidden: int = 768, layers: int = 12, heads: int = 12,
+                 ffn: int = 3072, max_positions: int = 512, classes: int = 2) -> None:
+        super().__init__()
+        if seq > max_positions:
+            raise ValueError(f"sequence length {seq} exceeds BERT's {max_positions} positions")
+        self.word_embeddings = nn.Embedding(vocab, hidden)
+        self.position_embeddings = nn.Embedding(max_positions, hidden)
+        self.token_type_embeddings = nn.Embedding(2, hidden)
+        self.embedding_norm = nn.LayerNorm(hidden, eps=1e-12)
+        self.layers = nn.ModuleList(BertLayer(hidden, heads, ffn, seq) for _ in range(layers))
+        self.pooler = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, classes)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0, 0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Positions count along the sequence, derived from the ids so that the whole table stays a weight.
+        positions = torch.cumsum(torch.ones_like(input_ids), dim=1) - 1
+        token_types = torch.zeros_like(input_ids)
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+             + self.token_type_embeddings(token_types))
+        x = self.embedding_norm(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.classifier(torch.tanh(self.pooler(x[:, 0])))
+
+
+# --- A small YOLO-style detector (YOLOv5n-sized: CSP backbone, SPPF, PAN neck, 3-scale head) --------------
+
+class ConvBnSiLU(nn.Module):
+    def __init__(self, inp: int, oup: int, kernel: int = 1, stride: int = 1, padding: int | None = None) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(inp, oup, kernel, stride, kernel // 2 if padding is None else padding, bias=False)
+        self.bn = nn.BatchNorm2d(oup, eps=1e-3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.bn(self.conv(x)))
+
+
+class CspBottleneck(nn.Module):
+    def __init__(self, channels: int, shortcut: bool) -> None:
+        super().__init__()
+        self.cv1 = ConvBnSiLU(channels, channels, 1)
+        self.cv2 = ConvBnSiLU(channels, channels, 3)
+        self.shortcut = shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.shortcut else y
+
+
+class C3(nn.Module):
+    """Cross-stage partial block: half the channels go through the bottlenecks, half bypass them."""
+
+    def __init__(self, inp: int, oup: int, blocks: int = 1, shortcut: bool = True) -> None:
+        super().__init__()
+        hidden = oup // 2
+        self.cv1 = ConvBnSiLU(inp, hidden)
+        self.cv2 = ConvBnSiLU(inp, hidden)
+        self.cv3 = ConvBnSiLU(2 * hidden, oup)
+        self.m = nn.Sequential(*(CspBottleneck(hidden, shortcut) for _ in range(blocks)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+
+class SPPF(nn.Module):
+    def __init__(self, inp: int, oup: int, kernel: int = 5) -> None:
+        super().__init__()
+        hidden = inp // 2
+        self.cv1 = ConvBnSiLU(inp, hidden)
+        self.cv2 = ConvBnSiLU(hidden * 4, oup)
+        self.pool = nn.MaxPool2d(kernel, 1, kernel // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.cv1(x)
+        y1 = self.pool(x)
+        y2 = self.pool(y1)
+        return self.cv2(torch.cat((x, y1, y2, self.pool(y2)), 1))
+
+
+class YoloSmall(nn.Module):
+    """Outputs ``(batch, boxes, 5 + classes)`` sigmoid scores over 3 anchors x 3 scales (strides 8/16/32);
+    box decoding and non-maximum suppression are post-processing."""
+
+    def __init__(self, channels: int = 3, classes: int = 80, anchors: int = 3) -> None:
+        super().__init__()
+        self.anchors, self.outputs = anchors, classes + 5
+        self.stem = nn.Sequential(ConvBnSiLU(channels, 16, 6, 2, 2), ConvBnSiLU(16, 32, 3, 2), C3(32, 32, 1))
+        self.p3 = nn.Sequential(ConvBnSiLU(32, 64, 3, 2), C3(64, 64, 2))
+        self.p4 = nn.Sequential(ConvBnSiLU(64, 128, 3, 2), C3(128, 128, 3))
+        self.p5 = nn.Sequential(ConvBnSiLU(128, 256, 3, 2), C3(256, 256, 1), SPPF(256, 256))
+        self.lateral5 = ConvBnSiLU(256, 128)
+        self.top_down4 = C3(256, 128, 1, False)
+        self.lateral4 = ConvBnSiLU(128, 64)
+        self.top_down3 = C3(128, 64, 1, False)
+        self.down3 = ConvBnSiLU(64, 64, 3, 2)
+        self.bottom_up4 = C3(128, 128, 1, False)
+        self.down4 = ConvBnSiLU(128, 128, 3, 2)
+        self.bottom_up5 = C3(256, 256, 1, False)
+        self.detect = nn.ModuleList(nn.Conv2d(c, anchors * self.outputs, 1) for c in (64, 128, 256))
+        _init_vision(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c3 = self.p3(self.stem(x))
+        c4 = self.p4(c3)
+        l5 = self.lateral5(self.p5(c4))
+        l4 = self.lateral4(self.top_down4(torch.cat((F.interpolate(l5, scale_factor=2.0), c4), 1)))
+        n3 = self.top_down3(torch.cat((F.interpolate(l4, scale_factor=2.0), c3), 1))
+        n4 = self.bottom_up4(torch.cat((self.down3(n3), l4), 1))
+        n5 = self.bottom_up5(torch.cat((self.down4(n4), l5), 1))
+        heads = []
+        for conv, feature in zip(self.detect, (n3, n4, n5)):
+            p = conv(feature).flatten(2).transpose(1, 2)  # (batch, cells, anchors * outputs)
+            heads.append(p.reshape(-1, p.shape[1] * self.anchors, self.outputs))
+        return torch.sigmoid(torch.cat(heads, 1))
+
+
+# --- DLRM (small): bottom MLP, one embedding table per sparse feature, dot interaction, top MLP ----------
+
+def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (inp, oup) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(nn.Linear(inp, oup))
+        if last_relu or i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    def __init__(self, dense: int = 13, tables: int = 26, rows: int = 10_000, dim: int = 64) -> None:
+        super().__init__()
+        self.bottom = _mlp([dense, 512, 256, dim], last_relu=True)
+        self.embeddings = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables))
+        features = tables + 1
+        lower = [i * features + j for i in range(features) for j in range(i)]  # pairs below the diagonal
+        self.register_buffer("pairs", torch.tensor(lower, dtype=torch.int64), persistent=False)
+        self.top = _mlp([dim + len(lower), 512, 256, 1], last_relu=False)
+        for table in self.embeddings:
+            nn.init.uniform_(table.weight, -1 / math.sqrt(rows), 1 / math.sqrt(rows))
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x = self.bottom(dense)
+        features = torch.stack([x] + [table(sparse[:, i]) for i, table in enumerate(self.embeddings)], 1)
+        interactions = torch.bmm(features, features.transpose(1, 2)).flatten(1)
+        return self.top(torch.cat((x, interactions.index_select(1, self.pairs)), 1))
+
+
+# --- Factories: per-sample input shapes in, module out -----------------------------------------------------
+
+def build(factory: str, shapes: Shapes) -> nn.Module:
+    """The module made by the factory function ``factory``, its constant tensors made distinct.
+
+    Floating-point parameters and buffers whose elements are all equal (norm scales and shifts, zero biases,
+    running statistics) get small positive noise, |N(0, 0.02)|, positive to keep variances valid: the exporter
+    merges equal initializers into one, which would hide parameters, and identity normalizations would let an
+    ONNX Runtime comparison miss them.
+    """
+    model = globals()[factory](shapes)
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.is_floating_point() and tensor.numel() > 1 and bool((tensor == tensor.flatten()[0]).all()):
+                tensor.add_(torch.randn_like(tensor).abs() * 0.02)
+    return model
+
+
+def mnist_cnn(shapes: Shapes) -> nn.Module:
+    channels, height, width = shapes["input"]
+    if height < 4 or width < 4:
+        raise ValueError(f"height and width must be at least 4 (two 2x2 poolings), got {height}x{width}")
+    return MnistCNN(channels, height, width)
+
+
+def mlp(shapes: Shapes) -> nn.Module:
+    return MLP(shapes["input"][0])
+
+
+def resnet18(shapes: Shapes) -> nn.Module:
+    return ResNet(BasicBlock, [2, 2, 2, 2], channels=shapes["input"][0])
+
+
+def resnet50(shapes: Shapes) -> nn.Module:
+    return ResNet(Bottleneck, [3, 4, 6, 3], channels=shapes["input"][0])
+
+
+def mobilenet_v2(shapes: Shapes) -> nn.Module:
+    return MobileNetV2(channels=shapes["input"][0])
+
+
+def bert_base(shapes: Shapes) -> nn.Module:
+    return BertClassifier(seq=shapes["input_ids"][0])
+
+
+def yolo_small(shapes: Shapes) -> nn.Module:
+    channels, height, width = shapes["input"]
+    if height % 32 or width % 32:
+        raise ValueError(f"height and width must be multiples of 32 (the coarsest stride), got {height}x{width}")
+    return YoloSmall(channels)
+
+
+def dlrm_small(shapes: Shapes) -> nn.Module:
+    return DLRM(dense=shapes["dense"][0], tables=shapes["sparse"][0])
