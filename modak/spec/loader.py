@@ -134,7 +134,8 @@ def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -
 
 def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]) -> InputError:
     """The first validation error, located and phrased for a person."""
-    errors = sorted(exc.errors(), key=lambda e: doc.line_of(_clean_loc(e["loc"])) or 0)
+    # An unknown field is usually a typo that also causes a "missing" error: report the typo first.
+    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"])) or 0))
     error = errors[0]
     loc = _clean_loc(error["loc"])
     kind = error["type"]

@@ -1,0 +1,161 @@
+"""Candidates, the roofline predictor and the plan: pruning, arithmetic, ranking, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from modak.candidates.catalog import load_catalog
+from modak.candidates.enumerate import Candidate, resolve_threads
+from modak.errors import InputError
+from modak.plan import make_plan, objective_seconds
+from modak.predict.base import FallbackPredictor, Prediction
+from modak.predict.roofline import RooflinePredictor, tuning_factor
+from modak.spec.hardware import target_ceilings
+from modak.spec.loader import load_job
+from modak.spec.models import Precision
+from modak.workload.analysis import OpStats, WorkloadProfile
+from modak.workload.source import load_analysis
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+BERT = ROOT / "examples" / "bert-base-avx512" / "job.yaml"
+RESNET = ROOT / "examples" / "resnet50-train-gpu" / "job.yaml"
+
+
+def plan_for(job: Path, target: Path | None = None):
+    loaded = load_job(job, target)
+    _, profile = load_analysis(loaded)
+    return make_plan(loaded, profile)
+
+
+def test_cnn_plan_json_lists_candidates_over_runtimes_with_roofline_terms() -> None:
+    result = subprocess.run([sys.executable, "-m", "modak", "plan", str(CNN), "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    candidates = plan["candidates"]
+    assert len(candidates) >= 6 and len({c["runtime"] for c in candidates}) >= 3
+    for row in candidates:
+        terms = row["roofline"]
+        assert {"compute_s", "memory_s", "overhead_s", "peak_gflops", "bandwidth_gbs"} <= set(terms)
+        assert row["step_seconds"] == pytest.approx(terms["compute_s"] + terms["memory_s"] + terms["overhead_s"],
+                                                    rel=1e-4)
+        assert row["interval_seconds"][0] < row["step_seconds"] < row["interval_seconds"][1]
+    objectives = [c["objective_seconds"] for c in candidates]
+    assert objectives == sorted(objectives)
+    assert plan["choice"] == candidates[0]["name"] and plan["reasons"][0].startswith("chose ")
+    assert all(c["device"] == "cpu" for c in candidates)
+    assert any("no GPU" in p["reason"] for p in plan["pruned"])
+
+
+def test_plan_json_is_stable() -> None:
+    first, second = plan_for(CNN), plan_for(CNN)
+    assert json.dumps(first.to_dict(), sort_keys=True) == json.dumps(second.to_dict(), sort_keys=True)
+    assert first.digest() == second.digest()
+
+
+def test_bf16_pruned_without_hardware_support() -> None:
+    plan = plan_for(BERT)  # icelake: AVX-512 and VNNI, no bf16 instructions
+    assert {c.candidate.precision for c in plan.ranked} == {Precision.fp32}
+    assert plan.ceilings.cpu.supports(Precision.int8) and not plan.ceilings.cpu.supports(Precision.bf16)
+
+
+def test_gpu_training_plan_uses_gpu_runtimes_and_mixed_precision() -> None:
+    plan = plan_for(RESNET)
+    assert all(c.candidate.device == "gpu" for c in plan.ranked)
+    assert {c.candidate.runtime for c in plan.ranked} == {"pytorch", "torch-compile", "xla"}
+    assert {Precision.bf16, Precision.tf32} <= {c.candidate.precision for c in plan.ranked}
+    assert plan.choice.candidate.precision in (Precision.bf16, Precision.tf32)  # tensor cores beat fp32
+    assert any("onnxruntime" in p.runtime and "training" in p.reason for p in plan.pruned)
+
+
+def test_compile_limit_prunes_tuned_tvm(tmp_path: Path) -> None:
+    job = CNN.read_text().replace("max_compile_seconds: 600", "max_compile_seconds: 100")
+    (tmp_path / "job.yaml").write_text(job)
+    plan = plan_for(tmp_path / "job.yaml", CNN.parent / "target.yaml")
+    assert not any(c.candidate.runtime == "tvm" for c in plan.ranked)
+    assert any(p.runtime.startswith("tvm") and "max_compile_seconds (100 s)" in p.reason for p in plan.pruned)
+
+
+def test_constraints_runtimes_allow_list(tmp_path: Path) -> None:
+    job = CNN.read_text().replace("max_compile_seconds: 600", "max_compile_seconds: 600\n  runtimes: [onnxruntime]")
+    (tmp_path / "job.yaml").write_text(job)
+    plan = plan_for(tmp_path / "job.yaml", CNN.parent / "target.yaml")
+    assert {c.candidate.runtime for c in plan.ranked} == {"onnxruntime"}
+
+
+def test_no_candidate_left_is_an_input_error(tmp_path: Path) -> None:
+    job = CNN.read_text().replace("precision: [fp32]", "precision: [fp16]")
+    (tmp_path / "job.yaml").write_text(job)
+    with pytest.raises(InputError) as info:
+        plan_for(tmp_path / "job.yaml", CNN.parent / "target.yaml")
+    assert "no candidate deployment can run this job" in info.value.message
+
+
+def test_threads_resolve_on_cores() -> None:
+    assert [resolve_threads(p, 8) for p in ("all", "half", 3, 64)] == [8, 4, 3, 8]
+    assert resolve_threads("half", 1) == 1
+
+
+def _one_gemm_profile(flops: int, nbytes: int) -> WorkloadProfile:
+    op = OpStats("gemm", "Gemm", "matmul", flops // 2, flops, nbytes - 100, 50, 50)
+    return WorkloadProfile("toy", load_job(CNN).job.task, 1, {"x": (4,)}, (op,), 10, 40, flops, nbytes, flops, nbytes)
+
+
+def test_roofline_arithmetic_by_hand() -> None:
+    loaded = load_job(CNN)
+    ceilings = target_ceilings(loaded.target, loaded.target_doc)  # measured: 197.6 GFLOP/s, 43.6 GB/s, 2 cores
+    recipe = load_catalog()["onnxruntime"]
+    perf = recipe.performance["cpu"]
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32,
+                          (("threads", "half"), ("graph_optimization", "all"), ("allocator", "default")), 1)
+    compute_bound = _one_gemm_profile(10**10, 10**6)
+    p = RooflinePredictor().predict(compute_bound, ceilings, candidate, recipe)
+    peak = 197.6e9 * 1 / 2 * perf.compute_efficiency["matmul"]
+    assert p.term("compute_s") == pytest.approx(1e10 / peak)
+    assert p.term("memory_s") == 0 and p.bound == "compute"
+    assert p.term("overhead_s") == pytest.approx((1 * perf.node_overhead_us + perf.call_overhead_us) * 1e-6)
+    memory_bound = _one_gemm_profile(10**6, 10**9)
+    q = RooflinePredictor().predict(memory_bound, ceilings, candidate, recipe)
+    bandwidth = 43.6e9 * perf.memory_efficiency * min(1.0, 1 / 1)
+    assert q.term("memory_s") == pytest.approx(1e9 / bandwidth) and q.bound == "memory"
+    two_threads = replace(candidate, threads=2)
+    assert RooflinePredictor().predict(compute_bound, ceilings, two_threads, recipe).term("compute_s") == \
+        pytest.approx(p.term("compute_s") / 2)
+    bf16 = RooflinePredictor().predict(memory_bound, ceilings, replace(candidate, precision=Precision.bf16),
+                                       load_catalog()["pytorch"])
+    assert bf16.term("peak_gflops") == pytest.approx(807.9 / 2)
+
+
+def test_amortization_arithmetic() -> None:
+    prediction = Prediction(0.010, 0.005, 0.020, 30.0, (), "compute", "roofline")
+    assert objective_seconds(prediction, None) == 0.010
+    assert objective_seconds(prediction, 1000) == pytest.approx(0.010 + 0.030)
+    assert objective_seconds(prediction, 10**6) == pytest.approx(0.010 + 30e-6)
+
+
+def test_tuning_budget_interpolates_in_log_trials() -> None:
+    recipe = load_catalog()["tvm"]
+    def factor(trials: int) -> float:
+        return tuning_factor(recipe, Candidate("tvm", "cpu", Precision.fp32, (("tuning_trials", trials),), 2))
+    table = recipe.tuning.efficiency
+    assert factor(200) == pytest.approx(table[200]) and factor(2000) == pytest.approx(table[2000])
+    assert table[200] < factor(600) < table[2000]
+    assert factor(10**6) == table[max(table)]
+
+
+def test_fallback_predictor_uses_the_first_answer() -> None:
+    class NoData:
+        name = "learned"
+
+        def predict(self, *args):
+            return None
+
+    plan = make_plan(load_job(CNN), load_analysis(load_job(CNN))[1],
+                     predictor=FallbackPredictor((NoData(), RooflinePredictor())))
+    assert {r.prediction.predictor for r in plan.ranked} == {"roofline"}
