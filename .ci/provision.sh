@@ -19,7 +19,7 @@ python_packages() {
 
 apt_packages() {
   local missing=()
-  for pkg in podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs; do
+  for pkg in podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs libjemalloc2; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if ((${#missing[@]})); then

@@ -162,8 +162,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
                           "files": sorted(str(p) for p in written)}, indent=2))
     else:
         print(f"chose {plan.choice.candidate.name}")
-        print(f"wrote {len(written)} files to {args.output}: "
-              + ", ".join(sorted(p.name for p in written if p.parent == args.output)))
+        print(f"wrote {len(written)} files to {args.output}: " + ", ".join(sorted(p.name for p in written)))
     return 0
 
 

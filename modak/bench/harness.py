@@ -79,7 +79,8 @@ def candidate_env(recipe: Recipe, candidate: Candidate) -> dict[str, str]:
             env[name] = str(candidate.threads)
     preload = env.pop("MODAK_PRELOAD", None)
     if preload:
-        found = sorted(glob.glob(f"/usr/lib*/**/{preload}", recursive=True))
+        # The entrypoint's search: /usr/lib*/ to depth 2 (e.g. /usr/lib/x86_64-linux-gnu/).
+        found = sorted(glob.glob(f"/usr/lib*/{preload}") + glob.glob(f"/usr/lib*/*/{preload}"))
         if not found:
             raise FileNotFoundError(f"{preload} is not installed on this machine (apt-get install libjemalloc2)")
         env["LD_PRELOAD"] = found[0]

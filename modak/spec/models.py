@@ -22,7 +22,7 @@ SchedulerWord = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", m
 TimeLimit = Annotated[str, StringConstraints(pattern=r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")]
 Url = Annotated[str, StringConstraints(pattern=r"^https?://[^\s'\"`$\\]+$")]
 # A pip requirement: letters, digits and the operators of PEP 508 version specifiers, no URLs or options.
-Requirement = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*\s*([<>=!~]=?\s*[A-Za-z0-9.*+!\-]+\s*,?\s*)*$")]
+Requirement = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*[ ]*([<>=!~]=?[ ]*[A-Za-z0-9.*+!\-]+[ ]*,?[ ]*)*$")]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 

@@ -1,0 +1,433 @@
+"""The typed build description: one IR from which every template family (Dockerfile, definition file,
+entrypoint, job script) is rendered.
+
+Build files get names the spec constrains (job and target names, image references, scheduler words) and data
+modak produces itself (numbers, fixed paths, JSON). The user's file names and the ONNX file's path never appear
+in them: those files are copied into folders of the build context under fixed names. The free text that has
+to appear (the command, the data path, the model's input names inside JSON) is escaped by the templates'
+filters (see :mod:`modak.render.render`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+import modak
+from modak.candidates.catalog import Parameter, value_key
+from modak.errors import InputError
+from modak.paths import data_dir
+
+if TYPE_CHECKING:
+    import onnx
+
+    from modak.plan import Plan
+    from modak.spec.loader import LoadedJob
+    from modak.workload.source import ModelSource
+
+# Where things live in the image.
+VENV = "/opt/venv"
+LIB_DIR = "/opt/modak/lib"
+MODEL_DIR = "/opt/modak/model"
+MODEL_FILE = "model.onnx"
+ENTRYPOINT = "/opt/modak/entrypoint.sh"
+PLAN_FILE = "/opt/modak/plan.json"
+APP_DIR = "/opt/app"
+WORK_DIR = "/tmp/modak"  # writable under Docker, Podman and Apptainer (whose images are read-only)
+# Where the CA bundle and the wheelhouse are visible during the pip step only: a bind mount in a Dockerfile,
+# a folder that %post removes in a definition file (%files cannot target /tmp).
+DOCKER_BUILD_MOUNT = "/run/modak"
+DEF_BUILD_DIR = "/opt/modak-build"
+
+# The build context's top-level entries: the generated files and the folders and files copied into the images.
+LIB_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT = "modak-lib", "model", "app", "wheels", "ca.crt"
+CONTEXT_ENTRIES = (LIB_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT)
+
+BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+# What modak's runner (copied into every image) imports beyond the recipes' pins, per model format: it reads
+# the ONNX graph to make inputs, and for zoo models imports modak.workload.zoo (which uses the spec models).
+# A recipe's own pin of the same project wins.
+RUNNER_REQUIREMENTS = {"onnx": ("onnx==1.23.2",), "torch": ("onnx==1.23.2", "pydantic==2.13.4")}
+DEFAULT_COMMAND = ("python3", "-m", "modak.runner", "--self-test")
+USER_NAME = "modak"
+USER_UID = 1000
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class Image:
+    """The image to build: repository name, tag and full reference."""
+
+    name: str
+    tag: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    logical: str  # the recipe's name for it (debian, cuda)
+    ref: str
+
+
+@dataclass(frozen=True)
+class PipStep:
+    """The one pip install of the build: pinned requirements and where packages come from."""
+
+    requirements: tuple[str, ...]
+    index_url: str | None
+    extra_index_urls: tuple[str, ...]
+    ca_bundle: str | None  # path of the CA bundle in the build context
+    wheelhouse: str | None  # folder of wheels in the build context
+
+    def mounts(self) -> tuple[str, ...]:
+        """Context paths the pip step needs (bind-mounted in a Dockerfile, copied in a definition file)."""
+        return tuple(p for p in (self.ca_bundle, self.wheelhouse) if p)
+
+    def env(self, build_dir: str) -> tuple[tuple[str, str], ...]:
+        """Variables set for the pip command alone, with the build files under ``build_dir``."""
+        return (("PIP_CERT", f"{build_dir}/{self.ca_bundle}"),) if self.ca_bundle else ()
+
+    def argv(self, build_dir: str) -> tuple[str, ...]:
+        """The pip command, with the build files under ``build_dir``."""
+        argv = [f"{VENV}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
+        if self.index_url:
+            argv += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            argv += ["--extra-index-url", url]
+        if self.wheelhouse:
+            argv += ["--find-links", f"{build_dir}/{self.wheelhouse}"]
+        return (*argv, *self.requirements)
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    """A file or folder this machine copies into the build context (``path`` is relative to the context)."""
+
+    source: Path
+    path: str
+    skip: tuple[str, ...] = ()  # names left out anywhere below a copied folder
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One COPY / %files line: a context path to a path in the image."""
+
+    source: str
+    destination: str
+
+
+@dataclass(frozen=True)
+class DataBind:
+    source: str  # host path (free text)
+    mount: str
+
+
+@dataclass(frozen=True)
+class JobScript:
+    """What the scheduler script needs: directives, the engine and how to start the image."""
+
+    scheduler: str  # slurm, pbs or none
+    name: str
+    partition: str | None
+    account: str | None
+    qos: str | None
+    time_limit: str  # Slurm syntax, as in the target
+    walltime: str  # the same limit as PBS's HH:MM:SS
+    nodes: int
+    cpus_per_task: int
+    gpus: int
+    engine: str
+    image: str
+    sif: str  # default image file for Apptainer (MODAK_SIF overrides it)
+    data: DataBind | None
+    log_file: str
+
+    @property
+    def family(self) -> str:
+        """The job script template: slurm, pbs or bash."""
+        return "bash" if self.scheduler == "none" else self.scheduler
+
+
+@dataclass(frozen=True)
+class BuildDescription:
+    """Everything the templates render, in the order the layers are built."""
+
+    summary: str  # one line: job, target and chosen candidate
+    image: Image
+    base: BaseImage
+    apt_packages: tuple[str, ...]
+    build_env: tuple[tuple[str, str], ...]  # baked, and set for the pip step (compiler flags of the target)
+    pip: PipStep
+    copies: tuple[Copy, ...]
+    runtime_env: tuple[tuple[str, str], ...]
+    labels: tuple[tuple[str, str], ...]
+    command: tuple[str, ...]
+    context: tuple[ContextItem, ...]
+    job: JobScript
+    venv: str = VENV
+    path_prepend: str = f"{VENV}/bin"
+    entrypoint: str = ENTRYPOINT
+    plan_file: str = PLAN_FILE
+    workdir: str = APP_DIR
+    user: str = USER_NAME
+    uid: int = USER_UID
+    docker_build_mount: str = DOCKER_BUILD_MOUNT
+    def_build_dir: str = DEF_BUILD_DIR
+
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]:
+        """Every baked variable except PATH (which templates prepend ``path_prepend`` to)."""
+        return self.build_env + self.runtime_env
+
+
+def build_description(plan: Plan, source: ModelSource, created: str | None = None) -> BuildDescription:
+    """The build description of the plan's chosen candidate; unusable inputs raise :class:`InputError`."""
+    loaded = plan.loaded
+    job, target = loaded.job, loaded.target
+    candidate = plan.choice.candidate
+    recipe = plan.recipe()
+    needs = recipe.container[candidate.device]
+    digest = plan.digest()
+    name = _repository(job.name)
+    tag = f"{candidate.runtime}-{digest[:12]}"
+    registry = target.container.registry
+    image = Image(name, tag, f"{registry.rstrip('/') if registry else 'localhost/modak'}/{name}:{tag}")
+    base = BaseImage(needs.base, _base_image(needs.base, loaded))
+    chosen = [(p, value_key(candidate.param(p.name))) for p in recipe.parameters if candidate.param(p.name) is not None]
+    apt = [*BASE_APT, *needs.apt, *(pkg for p, key in chosen for pkg in p.apt.get(key, ()))]
+
+    context = [ContextItem(Path(modak.__file__).resolve().parent, f"{LIB_CONTEXT}/modak", ("__pycache__", "_data"))]
+    context += _model_items(source, loaded)
+    pip = _pip_step(plan, context)
+    app_items = _app_items(loaded)
+    context += app_items
+    copies = [Copy(f"{LIB_CONTEXT}/modak", f"{LIB_DIR}/modak"), Copy(MODEL_CONTEXT, MODEL_DIR),
+              Copy("entrypoint.sh", ENTRYPOINT), Copy("plan.json", PLAN_FILE)]
+    if app_items:
+        copies.append(Copy(APP_CONTEXT, APP_DIR))
+    flags = plan.ceilings.compiler_flags()
+    command = tuple(job.entrypoint.command) if job.entrypoint and job.entrypoint.command else DEFAULT_COMMAND
+    return BuildDescription(
+        summary=f"job {job.name} on target {target.name}: {candidate.name}",
+        image=image, base=base, apt_packages=tuple(_unique(apt)),
+        build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=pip, copies=tuple(copies),
+        runtime_env=_runtime_env(plan, source, chosen), labels=_labels(plan, image, base, created),
+        command=command, context=tuple(context), job=_job_script(plan, image))
+
+
+def _pip_step(plan: Plan, context: list[ContextItem]) -> PipStep:
+    """The recipe's pins, what modak's runner needs, the job's requirements, and the target's package sources."""
+    recipe, job, python = plan.recipe(), plan.loaded.job, plan.loaded.target.python
+    needs = recipe.container[plan.choice.candidate.device]
+    pins = [_compact(r) for r in needs.pip]
+    pinned = {_project(r) for r in pins}
+    pins += [r for r in RUNNER_REQUIREMENTS[recipe.model_format] if _project(r) not in pinned]
+    pins += [_compact(r) for r in (job.entrypoint.requirements if job.entrypoint else [])]
+    ca_bundle, wheelhouse = _python_build_files(plan.loaded, context)
+    extra = ([needs.pip_index_url] if needs.pip_index_url else []) + list(python.extra_index_urls)
+    return PipStep(requirements=tuple(_unique(pins)), index_url=python.index_url,
+                   extra_index_urls=tuple(_unique(extra)), ca_bundle=ca_bundle, wheelhouse=wheelhouse)
+
+
+def _runtime_env(plan: Plan, source: ModelSource, chosen: list[tuple[Parameter, str]]) -> tuple[tuple[str, str], ...]:
+    """What the runner and the entrypoint read (MODAK_*), the chosen parameter values' variables, PYTHONPATH."""
+    candidate, job, recipe = plan.choice.candidate, plan.loaded.job, plan.recipe()
+    threads = candidate.param("threads")
+    env: dict[str, str] = {
+        "MODAK_RUNTIME": candidate.runtime,
+        "MODAK_DEVICE": candidate.device,
+        "MODAK_PRECISION": candidate.precision.value,
+        "MODAK_TASK": job.task.value,
+        "MODAK_PARAMS": _json(dict(candidate.params)),
+        **({"MODAK_THREADS_POLICY": value_key(threads)} if threads is not None else {}),
+        "MODAK_MODEL": f"{MODEL_DIR}/{MODEL_FILE}" if recipe.model_format == "onnx" else f"zoo:{source.zoo}",
+        "MODAK_MODEL_DIR": MODEL_DIR,
+        "MODAK_BATCH_SIZE": str(job.model.batch_size),
+        "MODAK_INPUT_SHAPES": _json(source.input_shapes),
+        "MODAK_WORKDIR": WORK_DIR,
+    }
+    for parameter, key in chosen:
+        for variable, value in parameter.env.get(key, {}).items():
+            if not _ENV_NAME.fullmatch(variable):
+                raise InputError(f"runtime recipe '{recipe.name}', parameter '{parameter.name}': "
+                                 f"invalid environment variable name {variable!r}")
+            env[variable] = value
+    env["PYTHONPATH"] = LIB_DIR
+    return tuple(env.items())
+
+
+def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> tuple[tuple[str, str], ...]:
+    """OCI annotations and modak's decision (runtime, parameters, target, prediction, plan digest)."""
+    job, target = plan.loaded.job, plan.loaded.target
+    candidate, prediction = plan.choice.candidate, plan.choice.prediction
+    created = created or datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return (
+        ("org.opencontainers.image.title", job.name),
+        ("org.opencontainers.image.description",
+         f"{job.task.value} job {job.name} on {target.name}: {candidate.name} (built by modak)"),
+        ("org.opencontainers.image.version", image.tag),
+        ("org.opencontainers.image.created", created),
+        ("org.opencontainers.image.base.name", base.ref),
+        ("io.modak.version", modak.__version__),
+        ("io.modak.runtime", candidate.runtime),
+        ("io.modak.device", candidate.device),
+        ("io.modak.precision", candidate.precision.value),
+        ("io.modak.parameters", _json(dict(candidate.params))),
+        ("io.modak.target", target.name),
+        ("io.modak.predicted-step-seconds", f"{prediction.step_seconds:.6g}"),
+        ("io.modak.predictor", prediction.predictor),
+        ("io.modak.plan-digest", plan.digest()),
+    )
+
+
+def _repository(name: str) -> str:
+    """A job name as an OCI repository path component (lower case, separators ., _, __ or dashes)."""
+    name = re.sub(r"[._-]{2,}", lambda m: m[0] if m[0] == "__" or set(m[0]) == {"-"} else "-", name.lower())
+    return name.rstrip("._-")
+
+
+def _base_image(logical: str, loaded: LoadedJob) -> str:
+    mapped = loaded.target.container.base_images
+    if logical in mapped:
+        return mapped[logical]
+    defaults = yaml.safe_load((data_dir("recipes") / "base_images.yaml").read_text())
+    if logical not in defaults:
+        raise loaded.target_doc.error(("container", "base_images"),
+                                      f"the chosen runtime needs base image '{logical}', which has no default: "
+                                      f"map it to an image reference here")
+    return defaults[logical]
+
+
+def _model_items(source: ModelSource, loaded: LoadedJob) -> list[ContextItem]:
+    """The ONNX file (as ``model/model.onnx``) and the external data files it references."""
+    import onnx
+
+    field = ("model", "onnx") if loaded.job.model.onnx is not None else ("model", "zoo")
+    folder = source.onnx_path.parent
+    items = [ContextItem(source.onnx_path, f"{MODEL_CONTEXT}/{MODEL_FILE}")]
+    model = onnx.load(source.onnx_path, load_external_data=False)
+    locations = sorted({entry.value for tensor in _tensors(model.graph) for entry in tensor.external_data
+                        if entry.key == "location"})
+    for location in locations:
+        path = (folder / location).resolve()
+        if location == MODEL_FILE or not path.is_relative_to(folder.resolve()) or not path.is_file():
+            raise loaded.job_doc.error(field, f"external data {location!r} of {source.onnx_path} must be a file in "
+                                              f"the model's folder (and not named {MODEL_FILE})")
+        items.append(ContextItem(path, f"{MODEL_CONTEXT}/{Path(location).as_posix()}"))
+    return items
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in ``graph``: initializers and tensor attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _tensors(subgraph)
+
+
+def _python_build_files(loaded: LoadedJob, context: list[ContextItem]) -> tuple[str | None, str | None]:
+    """Add the target's CA bundle and wheelhouse to ``context``; their context paths."""
+    python, doc = loaded.target.python, loaded.target_doc
+    ca_bundle = wheelhouse = None
+    if python.ca_bundle:
+        path = doc.resolve(python.ca_bundle)
+        if not path.is_file():
+            raise doc.error(("python", "ca_bundle"), f"file not found: {path}")
+        ca_bundle = CA_CONTEXT
+        context.append(ContextItem(path, ca_bundle))
+    if python.wheelhouse:
+        folder = doc.resolve(python.wheelhouse)
+        wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
+        if not wheels:
+            raise doc.error(("python", "wheelhouse"), f"no *.whl files in {folder}")
+        wheelhouse = WHEELS_CONTEXT
+        context += [ContextItem(wheel, f"{wheelhouse}/{wheel.name}") for wheel in wheels]
+    return ca_bundle, wheelhouse
+
+
+def _app_items(loaded: LoadedJob) -> list[ContextItem]:
+    """The job's entrypoint.files, each copied to /opt/app under its own name."""
+    files = loaded.job.entrypoint.files if loaded.job.entrypoint else []
+    items: list[ContextItem] = []
+    seen: dict[str, int] = {}
+    for index, relative in enumerate(files):
+        path = loaded.job_doc.resolve(relative)
+        loc = ("entrypoint", "files", index)
+        if not path.exists():
+            raise loaded.job_doc.error(loc, f"file not found: {path}")
+        if path.name in seen:
+            raise loaded.job_doc.error(loc, f"entry {seen[path.name]} is also named {path.name!r}: both would be "
+                                            f"{APP_DIR}/{path.name}")
+        seen[path.name] = index
+        items.append(ContextItem(path, f"{APP_CONTEXT}/{path.name}"))
+    return items
+
+
+def _job_script(plan: Plan, image: Image) -> JobScript:
+    loaded = plan.loaded
+    job, target = loaded.job, loaded.target
+    scheduler, engine = target.scheduler, target.container.engine
+    data = None
+    if job.data:
+        location = job.data.location
+        if not location.startswith("/"):
+            location = str(loaded.job_doc.resolve(location))
+        if ":" in location or (engine == "apptainer" and "," in location):
+            raise loaded.job_doc.error(("data", "location"), f"the {engine} bind syntax cannot express a path "
+                                                             "with ':' or ','; use a path (or symbolic link) without")
+        data = DataBind(location, job.data.mount)
+    log = {"slurm": f"{job.name}-%j.out", "pbs": f"{job.name}.out", "none": f"{job.name}.log"}[scheduler.kind]
+    return JobScript(
+        scheduler=scheduler.kind, name=job.name, partition=scheduler.partition, account=scheduler.account,
+        qos=scheduler.qos, time_limit=scheduler.time_limit, walltime=_pbs_walltime(scheduler.time_limit),
+        nodes=1,  # the plan runs one process on one node
+        cpus_per_task=plan.ceilings.cores,
+        gpus=plan.ceilings.gpu_count if plan.choice.candidate.device == "gpu" else 0,
+        engine=engine, image=image.ref, sif=f"{image.name}.sif", data=data, log_file=log)
+
+
+def _pbs_walltime(limit: str) -> str:
+    """A Slurm time limit (``M:S``, ``H:M:S``, ``D-H:M`` or ``D-H:M:S``) as PBS ``H:MM:SS``."""
+    days, _, clock = limit.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        hours, minutes, seconds = (parts + [0])[:3]
+        hours += 24 * int(days)
+    elif len(parts) == 2:
+        hours, minutes, seconds = 0, *parts
+    else:
+        hours, minutes, seconds = parts
+    total = (hours * 60 + minutes) * 60 + seconds
+    return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
+
+
+def _compact(requirement: str) -> str:
+    """A requirement without whitespace (insignificant in PEP 508 specifiers; keeps every build line one line)."""
+    return "".join(requirement.split())
+
+
+def _project(requirement: str) -> str:
+    match = _PROJECT.match(requirement)
+    return (match[0] if match else requirement).lower().replace("_", "-")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))

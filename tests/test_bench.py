@@ -1,0 +1,84 @@
+"""modak bench writes measured rows to the store; the store round-trips through CSV; probe writes a Target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from modak.bench.store import PerfStore, read_csv
+from modak.spec.loader import load_spec
+from modak.spec.models import Target
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+
+
+def modak(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "modak", *args], capture_output=True, text=True)
+
+
+def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
+    store = tmp_path / "perf.sqlite"
+    result = modak("bench", str(CNN), "--candidates", "onnxruntime", "--repeat", "3", "--budget", "0.5",
+                   "--store", str(store), "--json")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    with PerfStore(store) as perf:
+        rows = perf.rows(model="mnist_cnn")
+    assert len(rows) == len(printed) >= 2
+    assert {r.runtime for r in rows} == {"onnxruntime"} and all(r.status == "ok" for r in rows)
+    for row in rows:
+        assert row.step_p10_s <= row.step_median_s <= row.step_p90_s and row.repeats >= 3
+        assert row.flops > 0 and row.peak_fp32_gflops == 197.6 and row.max_abs_error < 1e-3
+        assert json.loads(row.versions)["onnxruntime"] and row.compile_s >= 0 and row.peak_rss_mb > 0
+        assert json.loads(row.op_class_flops)["conv"] > 0
+    # A second run of the same configuration replaces its row instead of adding one.
+    again = modak("bench", str(CNN), "--candidates", "top-1", "--repeat", "3", "--budget", "0.2", "--store", str(store))
+    assert again.returncode == 0, again.stderr
+    with PerfStore(store) as perf:
+        assert len(perf.rows()) <= len(rows) + 1
+
+
+def test_bench_rejects_unknown_candidate(tmp_path: Path) -> None:
+    result = modak("bench", str(CNN), "--candidates", "nosuchruntime", "--store", str(tmp_path / "s.sqlite"))
+    assert result.returncode == 2 and "no candidate named 'nosuchruntime'" in result.stderr
+
+
+def test_store_csv_round_trip(tmp_path: Path) -> None:
+    from modak.bench.harness import measurement_row
+    from modak.plan import make_plan
+    from modak.spec.loader import load_job
+    from modak.workload.source import load_analysis
+
+    loaded = load_job(CNN)
+    _, profile = load_analysis(loaded)
+    plan = make_plan(loaded, profile)
+    ok = measurement_row(plan, plan.choice.candidate, {"status": "ok", "step_median_s": 0.002, "repeats": 5})
+    failed = replace(measurement_row(plan, plan.ranked[1].candidate, {"status": "error", "error": 'a "quoted",\nline'}))
+    with PerfStore(tmp_path / "a.sqlite") as store:
+        store.add([ok, failed])
+        assert store.export_csv(tmp_path / "rows.csv") == 2
+    assert list(read_csv(tmp_path / "rows.csv")) == [ok, failed]
+    with PerfStore(tmp_path / "b.sqlite") as other:
+        assert other.import_csv(tmp_path / "rows.csv") == 2
+        assert other.rows(status="error")[0].error == 'a "quoted",\nline'
+
+
+def test_probe_writes_a_target_the_planner_accepts(tmp_path: Path) -> None:
+    out = tmp_path / "target.yaml"
+    result = modak("probe", "-o", str(out), "--quick", "--name", "probe-test")
+    assert result.returncode == 0, result.stderr
+    target, _ = load_spec(out, Target)
+    assert target.cpu.peaks.fp32_gflops > 1 and target.cpu.peaks.memory_bandwidth_gbs > 0.5
+    assert "GEMM fp32 GFLOP/s by threads" in out.read_text()
+    job = yaml.safe_load(CNN.read_text())
+    job.pop("target")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    plan = modak("plan", str(tmp_path / "job.yaml"), "--target", str(out), "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["target"] == "probe-test"

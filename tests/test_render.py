@@ -1,0 +1,488 @@
+"""Rendering: golden files per template family, the spython round trip, hostile strings, the entrypoint's
+thread computation and atomic output.
+
+Plans come from the real pipeline (spec loading, model resolution, analysis, ranking) on a tiny hand-built
+ONNX graph; a predictor that prefers one candidate keeps each case's choice independent of the recipes' priors.
+Regenerate the golden files with ``MODAK_UPDATE_GOLDEN=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+from spython.main.parse.parsers import SingularityParser
+
+import modak.render.render as render_module
+from modak.errors import EXIT_BAD_INPUT, InputError
+from modak.plan import Plan, make_plan
+from modak.predict.base import Prediction
+from modak.render.ir import BuildDescription, build_description
+from modak.render.render import OUTPUTS, render
+from modak.spec.loader import load_job
+from modak.spec.models import DataSpec
+from modak.workload.analysis import analyze
+from modak.workload.source import ModelSource, load_analysis
+
+GOLDEN = Path(__file__).parent / "golden"
+CREATED = "2025-01-01T00:00:00Z"
+FAMILIES = ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh")
+HOSTILE = ["$(touch PWNED)", "`touch PWNED`", "it's \"quoted\"", "two\nlines", "{{ 7*7 }}", "{% raw %}x{% endraw %}",
+           "back\\slash", "${HOME}", "From: evil %post"]
+
+
+@dataclass(frozen=True)
+class Preferred:
+    """A predictor that makes one candidate (runtime, device, precision, parameter values) the fastest."""
+
+    runtime: str
+    device: str
+    precision: str
+    params: tuple[tuple[str, Any], ...] = ()
+    name: str = "fixed"
+
+    def predict(self, workload: Any, ceilings: Any, candidate: Any, recipe: Any) -> Prediction:
+        hit = (candidate.runtime, candidate.device, candidate.precision.value) == \
+            (self.runtime, self.device, self.precision) and all(candidate.param(k) == v for k, v in self.params)
+        step = 0.002 if hit else 0.004
+        terms = (("compute_s", step * 0.6), ("memory_s", step * 0.3), ("overhead_s", step * 0.1))
+        return Prediction(step, step / 2, step * 2, 0.0, terms, "compute", self.name)
+
+
+def write_onnx(path: Path, input_name: str = "x", external: bool = False) -> None:
+    """A MatMul + Relu graph with a dynamic batch; ``external`` puts its weights in ``<name>.data``."""
+    weight = numpy_helper.from_array(np.ones((4, 2), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [input_name, "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, path, save_as_external_data=external, location=f"{path.name}.data", size_threshold=0)
+
+
+def make_plan_for(folder: Path, job: dict[str, Any], target: dict[str, Any], prefer: Preferred,
+                  zoo: str | None = None) -> tuple[Plan, ModelSource]:
+    """Write the specs to ``folder`` and plan them; ``zoo`` stands the tiny graph in for that zoo model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.yaml").write_text(yaml.safe_dump({"apiVersion": "modak/v1", "kind": "Job", **job}))
+    (folder / "target.yaml").write_text(yaml.safe_dump({"apiVersion": "modak/v1", "kind": "Target", **target}))
+    loaded = load_job(folder / "job.yaml")
+    if zoo:
+        source = ModelSource(zoo, folder / "model.onnx", {"x": [4]}, zoo)
+        workload = analyze(source.onnx_path, loaded.job.model.batch_size, source.input_shapes, loaded.job.task,
+                           name=zoo)
+    else:
+        source, workload = load_analysis(loaded)
+    return make_plan(loaded, workload, predictor=prefer), source
+
+
+def slurm_case(folder: Path) -> tuple[Plan, ModelSource]:
+    """CPU, Podman, Slurm; user files, requirements, data, a site index, CA bundle, wheelhouse, mirror."""
+    write_onnx(folder / "model.onnx", external=True)
+    (folder / "serve.py").write_text("print('serving')\n")
+    (folder / "conf").mkdir()
+    (folder / "conf" / "settings.toml").write_text("port = 8080\n")
+    (folder / "certs").mkdir()
+    (folder / "certs" / "proxy.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (folder / "wheelhouse").mkdir()
+    (folder / "wheelhouse" / "internal_tool-1.0-py3-none-any.whl").write_bytes(b"PK")
+    job = {"name": "resnet-serving", "target": "target.yaml", "task": "inference",
+           "model": {"onnx": "model.onnx", "batch_size": 8}, "constraints": {"runtimes": ["onnxruntime"]},
+           "entrypoint": {"command": ["python3", "serve.py", "--port", "8080"],
+                          "requirements": ["fastapi==0.115.0", "uvicorn >= 0.30"], "files": ["serve.py", "conf"]},
+           "data": {"location": "/scratch/datasets/imagenet", "mount": "/data"}}
+    target = {"name": "hpc-cpu", "cpu": {"microarchitecture": "icelake", "sockets": 2, "cores_per_socket": 16},
+              "memory": {"size_gb": 256},
+              "scheduler": {"kind": "slurm", "partition": "cpu", "account": "ml-team", "qos": "normal",
+                            "time_limit": "02:00:00"},
+              "container": {"engine": "podman", "registry": "registry.example.org/ml",
+                            "base_images": {"debian": "mirror.example.org/library/debian:bookworm-slim"}},
+              "python": {"index_url": "https://pypi.example.org/simple",
+                         "extra_index_urls": ["https://extra.example.org/simple"],
+                         "ca_bundle": "certs/proxy.crt", "wheelhouse": "wheelhouse"}}
+    prefer = Preferred("onnxruntime", "cpu", "fp32", (("threads", "half"), ("allocator", "jemalloc"),
+                                                      ("graph_optimization", "all")))
+    return make_plan_for(folder, job, target, prefer)
+
+
+def pbs_case(folder: Path) -> tuple[Plan, ModelSource]:
+    """GPU, Docker, PBS, the default CUDA base image."""
+    write_onnx(folder / "model.onnx")
+    job = {"name": "bert-gpu", "target": "target.yaml", "task": "inference", "device": "gpu",
+           "precision": ["fp16", "fp32"], "model": {"onnx": "model.onnx", "batch_size": 32},
+           "constraints": {"runtimes": ["onnxruntime"]}}
+    target = {"name": "gpu-node", "cpu": {"microarchitecture": "zen3", "cores_per_socket": 32},
+              "memory": {"size_gb": 512}, "gpus": {"model": "H100", "count": 4},
+              "scheduler": {"kind": "pbs", "partition": "gpuq", "account": "proj42", "time_limit": "1-12:00:00"},
+              "container": {"engine": "docker"}}
+    prefer = Preferred("onnxruntime", "gpu", "fp16", (("graph_optimization", "all"),))
+    return make_plan_for(folder, job, target, prefer)
+
+
+def bash_case(folder: Path) -> tuple[Plan, ModelSource]:
+    """A zoo model for a torch-format runtime, training, Apptainer, no scheduler."""
+    write_onnx(folder / "model.onnx")
+    job = {"name": "mlp-train", "target": "target.yaml", "task": "training", "model": {"zoo": "mlp", "batch_size": 64},
+           "constraints": {"runtimes": ["pytorch"]}, "data": {"location": "/home/user/data", "mount": "/data"}}
+    target = {"name": "workstation", "cpu": {"microarchitecture": "skylake_avx512", "cores_per_socket": 8},
+              "memory": {"size_gb": 64}, "container": {"engine": "apptainer"}}
+    prefer = Preferred("pytorch", "cpu", "fp32", (("threads", "all"), ("allocator", "default")))
+    return make_plan_for(folder, job, target, prefer, zoo="mlp")
+
+
+CASES = {"slurm": slurm_case, "pbs": pbs_case, "bash": bash_case}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    plan: Plan
+    source: ModelSource
+    ir: BuildDescription
+    out: Path
+
+    def text(self, name: str) -> str:
+        return (self.out / name).read_text()
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rendered]:
+    results = {}
+    for case, make in CASES.items():
+        folder = tmp_path_factory.mktemp(case)
+        plan, source = make(folder / "spec")
+        render(plan, source, folder / "out", created=CREATED)
+        results[case] = Rendered(plan, source, build_description(plan, source, CREATED), folder / "out")
+    return results
+
+
+def _normalized(text: str, plan: Plan) -> str:
+    """The text with the plan digest replaced: it changes with every predictor or recipe edit elsewhere."""
+    digest = plan.digest()
+    return text.replace(digest, "<plan-digest>").replace(digest[:12], "<digest12>")
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_golden(rendered: dict[str, Rendered], case: str, name: str) -> None:
+    result = rendered[case]
+    actual = _normalized(result.text(name), result.plan)
+    golden = GOLDEN / case / name
+    if os.environ.get("MODAK_UPDATE_GOLDEN") == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(actual)
+    assert golden.is_file(), f"missing golden file {golden}; create it with MODAK_UPDATE_GOLDEN=1"
+    assert actual == golden.read_text(), f"{case}/{name} differs from {golden}; regenerate with MODAK_UPDATE_GOLDEN=1"
+
+
+def test_build_context_is_complete(rendered: dict[str, Rendered]) -> None:
+    slurm = rendered["slurm"]
+    out = slurm.out
+    assert {p.name for p in out.iterdir()} == {*OUTPUTS, "modak-lib", "model", "app", "wheels", "ca.crt"}
+    assert sorted(p.name for p in (out / "model").iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert (out / "app" / "serve.py").is_file() and (out / "app" / "conf" / "settings.toml").is_file()
+    assert (out / "wheels" / "internal_tool-1.0-py3-none-any.whl").is_file()
+    assert (out / "modak-lib" / "modak" / "runner.py").is_file()
+    assert not list((out / "modak-lib").rglob("__pycache__"))
+    for name in ("entrypoint.sh", "job.sh"):
+        assert (out / name).stat().st_mode & 0o777 == 0o755
+    plan = json.loads(slurm.text("plan.json"))
+    assert plan == json.loads(json.dumps(slurm.plan.to_dict()))
+    for result in rendered.values():
+        for name in ("entrypoint.sh", "job.sh"):
+            subprocess.run(["bash", "-n", str(result.out / name)], check=True)
+    env = dict(rendered["slurm"].ir.env)
+    assert env["MODAK_PRELOAD"] == "libjemalloc.so.2" and "libjemalloc2" in slurm.ir.apt_packages
+    assert env["MODAK_THREADS_POLICY"] == "half" and env["MODAK_MODEL"] == "/opt/modak/model/model.onnx"
+    assert env["CFLAGS"] == env["CXXFLAGS"] == "-march=icelake-client -mtune=icelake-client"
+    assert dict(rendered["bash"].ir.env)["MODAK_MODEL"] == "zoo:mlp"
+    assert rendered["pbs"].ir.base.ref.startswith("docker.io/nvidia/cuda:")
+    assert slurm.ir.image.ref.startswith("registry.example.org/ml/resnet-serving:onnxruntime-")
+
+
+def _post_commands(ir: BuildDescription) -> list[list[str]]:
+    build_dir = ir.def_build_dir
+    assignments = [f"{k}={v}" for k, v in ir.build_env + ir.pip.env(build_dir)]
+    commands = [["set", "-eu"], ["export", "DEBIAN_FRONTEND=noninteractive"], ["apt-get", "update"],
+                ["apt-get", "install", "-y", "--no-install-recommends", *ir.apt_packages],
+                ["rm", "-rf", "/var/lib/apt/lists/*"], ["python3", "-m", "venv", ir.venv],
+                [*assignments, *ir.pip.argv(build_dir)], ["mkdir", "-p", ir.workdir]]
+    return commands + ([["rm", "-rf", build_dir]] if ir.pip.mounts() else [])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_spython_round_trip(rendered: dict[str, Rendered], case: str) -> None:
+    result = rendered[case]
+    ir = result.ir
+    parser = SingularityParser(str(result.out / "Singularity.def"))
+    recipe = parser.recipe[parser.active_layer]
+    assert recipe.fromHeader == ir.base.ref
+    environment = {}
+    for line in recipe.environ:
+        name, _, value = line.partition("=")
+        environment[name] = shlex.split(value)[0]
+    assert environment == {**dict(ir.env), "PATH": f"{ir.path_prepend}:$PATH"}
+    files = [(c.source, c.destination) for c in ir.copies]
+    files += [(path, f"{ir.def_build_dir}/{path}") for path in ir.pip.mounts()]
+    assert [tuple(line.split()) for line in recipe.files] == files
+    assert [shlex.split(line) for line in recipe.install] == _post_commands(ir)
+    assert dict(line.split(" ", 1) for line in recipe.labels) == dict(ir.labels)
+    assert shlex.split(recipe.cmd) == ["cd", ir.workdir, "&&", "exec", ir.entrypoint, "$@"]
+
+
+def test_dockerfile_matches_description(rendered: dict[str, Rendered]) -> None:
+    ir = rendered["slurm"].ir
+    text = rendered["slurm"].text("Dockerfile")
+    lines = text.splitlines()
+    assert f"FROM {ir.base.ref}" in lines
+    assert json.loads(next(line for line in lines if line.startswith("CMD "))[4:]) == list(ir.command)
+    assert "ENTRYPOINT [\"/opt/modak/entrypoint.sh\"]" in lines and "USER modak" in lines
+    assert "--mount=type=bind,source=ca.crt,target=/run/modak/ca.crt" in text
+    assert "PIP_CERT=/run/modak/ca.crt /opt/venv/bin/pip install" in text
+    assert "COPY [\"ca.crt\"" not in text and "COPY [\"wheels\"" not in text
+    order = [text.index(marker) for marker in ("apt-get install", "pip install", '"modak-lib/modak"', '"model"',
+                                               '"entrypoint.sh"', '"plan.json"', '"app"', "LABEL ")]
+    assert order == sorted(order)
+    assert _docker_env(text)["MODAK_PARAMS"] == dict(ir.env)["MODAK_PARAMS"]
+
+
+def _fake_engine(folder: Path, name: str) -> dict[str, str]:
+    """An environment whose ``name`` command prints its arguments NUL-separated instead of running anything."""
+    fake = folder / "bin" / name
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/sh\nprintf '%s\\0' \"$@\"\n")
+    fake.chmod(0o755)
+    return {"PATH": f"{fake.parent}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("sif", [None, "/images/custom.sif"])
+def test_apptainer_job_script(rendered: dict[str, Rendered], tmp_path: Path, sif: str | None) -> None:
+    env = _fake_engine(tmp_path, "apptainer") | ({"MODAK_SIF": sif} if sif else {})
+    result = subprocess.run([str(rendered["bash"].out / "job.sh"), "python3", "x.py"], env=env, cwd=tmp_path,
+                            capture_output=True, check=True)
+    assert result.stdout.decode().split("\0")[:-1] == ["run", "--bind", "/home/user/data:/data:ro",
+                                                       sif or "mlp-train.sif", "python3", "x.py"]
+
+
+def _docker_env(text: str) -> dict[str, str]:
+    """The ENV values of a rendered Dockerfile, unescaped as Docker reads double-quoted strings."""
+    values = {}
+    for name, quoted in re.findall(r'^(?:ENV |    )([A-Z_]+)="((?:[^"\\]|\\.)*)"', text, re.MULTILINE):
+        values[name] = re.sub(r'\\(["$\\])', r"\1", quoted)
+    return values
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    """A job whose free text (command, file names, data path, model path and input name) is hostile."""
+    root = tmp_path_factory.mktemp("hostile")
+    folder = root / "spec"
+    bad = "".join(HOSTILE).replace("/", "_")
+    model = Path(f"m {bad}") / f"model {bad.replace(chr(92), '_')}.onnx"  # onnx reads a backslash as a separator
+    write_onnx(folder / model, input_name=f"x{bad}", external=True)
+    (folder / bad).write_text("user file\n")
+    job = {"name": "hostile", "target": "target.yaml", "task": "inference",
+           "model": {"onnx": str(model), "batch_size": 2}, "constraints": {"runtimes": ["onnxruntime"]},
+           "entrypoint": {"command": ["printf", "%s\\0", *HOSTILE], "files": [bad]},
+           "data": {"location": "/data/" + bad.replace(":", "_"), "mount": "/data"}}
+    target = {"name": "lab", "cpu": {"microarchitecture": "zen4", "cores_per_socket": 2}, "memory": {"size_gb": 8},
+              "scheduler": {"kind": "slurm"}, "container": {"engine": "podman"}}
+    plan, source = make_plan_for(folder, job, target, Preferred("onnxruntime", "cpu", "fp32"))
+    render(plan, source, root / "out", created=CREATED)
+    return Rendered(plan, source, build_description(plan, source, CREATED), root / "out")
+
+
+def test_hostile_strings_stay_data(hostile: Rendered, tmp_path: Path) -> None:
+    out, argv = hostile.out, ["printf", "%s\\0", *HOSTILE]
+    for name in ("entrypoint.sh", "job.sh"):
+        subprocess.run(["bash", "-n", str(out / name)], check=True)
+    env = {"PATH": os.environ["PATH"], "MODAK_CGROUP_ROOT": str(tmp_path)}
+    default = subprocess.run([str(out / "entrypoint.sh")], env=env, cwd=tmp_path, capture_output=True, check=True)
+    assert default.stdout.decode().split("\0")[:-1] == HOSTILE
+    given = subprocess.run([str(out / "entrypoint.sh"), *argv], env=env, cwd=tmp_path, capture_output=True,
+                           check=True)
+    assert given.stdout.decode().split("\0")[:-1] == HOSTILE
+
+    job = subprocess.run([str(out / "job.sh"), "extra arg"], env=env | _fake_engine(tmp_path, "podman"),
+                         cwd=tmp_path, capture_output=True, check=True)
+    bind = f"{hostile.plan.loaded.job.data.location}:/data:ro"
+    assert job.stdout.decode().split("\0")[:-1] == ["run", "--rm", "-e", "SLURM_CPUS_PER_TASK", "-e", "NCPUS",
+                                                    "-v", bind, hostile.ir.image.ref, "extra arg"]
+    assert not list(tmp_path.rglob("PWNED")) and not list(out.parent.rglob("PWNED"))
+
+    dockerfile = (out / "Dockerfile").read_text()
+    cmd = [line for line in dockerfile.splitlines() if line.startswith("CMD ")]
+    assert len(cmd) == 1 and json.loads(cmd[0][4:]) == argv
+    shapes = {f"x{''.join(HOSTILE).replace('/', '_')}": [4]}
+    assert json.loads(_docker_env(dockerfile)["MODAK_INPUT_SHAPES"]) == shapes
+    for path in out.rglob("*"):
+        if path.is_file() and "modak-lib" not in path.parts:
+            text = _normalized(path.read_text(errors="replace"), hostile.plan)
+            assert not re.search(r"(?<![\w.])49(?![\w.])", text), f"{path.name} evaluated a template expression"
+
+    definition = (out / "Singularity.def").read_text()
+    assert "{{" not in definition and "}}" not in definition
+    parser = SingularityParser(str(out / "Singularity.def"))
+    recipe = parser.recipe[parser.active_layer]
+    assert recipe.fromHeader == hostile.ir.base.ref
+    environment = {line.partition("=")[0]: shlex.split(line.partition("=")[2])[0] for line in recipe.environ}
+    assert json.loads(environment["MODAK_INPUT_SHAPES"]) == shapes
+    assert sorted(p.name for p in (out / "app").iterdir()) == [hostile.plan.loaded.job.entrypoint.files[0]]
+
+
+@pytest.mark.parametrize("which, loc, value", [
+    ("job", ("name",), "x$(touch PWNED)"),
+    ("job", ("name",), "two\nlines"),
+    ("job", ("data", "mount"), "/data'`touch PWNED`"),
+    ("job", ("entrypoint", "requirements", 0), "numpy; touch PWNED"),
+    ("target", ("scheduler", "partition"), "debug --wrap='touch PWNED'"),
+    ("target", ("scheduler", "account"), "{{ 7*7 }}"),
+    ("target", ("container", "registry"), "registry.example.org/$(touch PWNED)"),
+    ("target", ("container", "base_images", "debian"), "debian:{% raw %}"),
+])
+def test_spec_rejects_hostile_constrained_fields(tmp_path: Path, which: str, loc: tuple, value: str) -> None:
+    specs = {"job": {"apiVersion": "modak/v1", "kind": "Job", "name": "ok", "target": "target.yaml",
+                     "task": "inference", "model": {"onnx": "model.onnx"},
+                     "entrypoint": {"requirements": ["numpy"]}, "data": {"location": "/d"}},
+             "target": {"apiVersion": "modak/v1", "kind": "Target", "name": "lab",
+                        "cpu": {"microarchitecture": "zen4", "cores_per_socket": 2}, "memory": {"size_gb": 8}}}
+    node = specs[which]
+    for key in loc[:-1]:
+        node = node.setdefault(key, {})
+    node[loc[-1]] = value
+    for name, spec in specs.items():
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(InputError) as error:
+        load_job(tmp_path / "job.yaml")
+    assert error.value.exit_code == EXIT_BAD_INPUT
+    assert error.value.field == ".".join(map(str, loc))
+    assert error.value.file == str(tmp_path / f"{which}.yaml") and error.value.line
+
+
+def _threads(script: Path, cgroup: Path, env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
+    command = command or ("printenv", "MODAK_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    return subprocess.run([str(script), *command], env={"PATH": os.environ["PATH"], "MODAK_CGROUP_ROOT": str(cgroup),
+                                                        **env}, capture_output=True, text=True, check=True)
+
+
+NPROC = None  # expected: the CPUs `nproc` reports
+
+
+@pytest.mark.parametrize("env, cgroup, expected", [
+    ({"SLURM_CPUS_PER_TASK": "3", "MODAK_THREADS_POLICY": "half"}, {}, 1),
+    ({"SLURM_CPUS_PER_TASK": "3", "MODAK_THREADS_POLICY": "all"}, {}, 3),
+    ({"SLURM_CPUS_PER_TASK": "3", "MODAK_THREADS_POLICY": "8"}, {}, 3),
+    ({"SLURM_CPUS_PER_TASK": "3", "MODAK_THREADS_POLICY": "2"}, {}, 2),
+    ({"SLURM_CPUS_PER_TASK": "3"}, {"cpu.max": "100000 100000\n"}, 3),
+    ({"NCPUS": "6", "MODAK_THREADS_POLICY": "half"}, {}, 3),
+    ({"MODAK_THREADS_POLICY": "all"}, {"cpu.max": "200000 100000\n"}, 2),
+    ({"MODAK_THREADS_POLICY": "all"}, {"cpu.max": "50000 100000\n"}, 1),
+    ({"MODAK_THREADS_POLICY": "all"}, {"cpu.max": "max 100000\n"}, NPROC),
+    ({"MODAK_THREADS_POLICY": "all"}, {"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4),
+    ({"MODAK_THREADS_POLICY": "all"}, {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, NPROC),
+    ({}, {}, NPROC),
+])
+def test_entrypoint_threads(rendered: dict[str, Rendered], tmp_path: Path, env: dict[str, str],
+                            cgroup: dict[str, str], expected: int | None) -> None:
+    for name, content in cgroup.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(content)
+    if expected is NPROC:
+        expected = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+    result = _threads(rendered["slurm"].out / "entrypoint.sh", tmp_path, env)
+    assert result.stdout.split() == [str(expected)] * 4
+    assert result.stderr == ""
+
+
+def test_entrypoint_preload_and_verbose(rendered: dict[str, Rendered], tmp_path: Path) -> None:
+    script = rendered["slurm"].out / "entrypoint.sh"
+    missing = _threads(script, tmp_path, {"MODAK_PRELOAD": "libmodak-missing.so.1"}, "printenv", "OMP_NUM_THREADS")
+    assert "libmodak-missing.so.1 not found" in missing.stderr and missing.stdout.strip()
+    found = _threads(script, tmp_path, {"MODAK_PRELOAD": "libc.so.6", "SLURM_CPUS_PER_TASK": "3",
+                                        "MODAK_THREADS_POLICY": "half", "MODAK_VERBOSE": "1"}, "printenv", "LD_PRELOAD")
+    library = found.stdout.strip()
+    assert library.startswith("/usr/lib") and library.endswith("/libc.so.6") and Path(library).exists()
+    assert found.stderr == ("modak: 3 CPUs (SLURM_CPUS_PER_TASK), threads policy half: 1 threads, "
+                            f"LD_PRELOAD={library}\n")
+
+
+def _without_default_bases(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (folder / "recipes").mkdir()
+    (folder / "recipes" / "base_images.yaml").write_text("cuda: docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04\n")
+    monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: folder / kind)
+
+
+@pytest.mark.parametrize("make, change, field", [
+    (slurm_case, lambda folder, mp: (folder / "certs" / "proxy.crt").unlink(), "python.ca_bundle"),
+    (slurm_case, lambda folder, mp: (folder / "wheelhouse" / "internal_tool-1.0-py3-none-any.whl").unlink(),
+     "python.wheelhouse"),
+    (slurm_case, lambda folder, mp: (folder / "model.onnx.data").unlink(), "model.onnx"),
+    (bash_case, _without_default_bases, "container.base_images"),
+])
+def test_unusable_build_inputs_are_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any,
+                                                change: Any, field: str) -> None:
+    plan, source = make(tmp_path)
+    change(tmp_path, monkeypatch)
+    with pytest.raises(InputError) as error:
+        build_description(plan, source, CREATED)
+    assert error.value.field == field and error.value.exit_code == EXIT_BAD_INPUT
+
+
+def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:
+    plan, source = slurm_case(tmp_path)
+    job = plan.loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a:b")})
+    with pytest.raises(InputError) as error:
+        build_description(replace(plan, loaded=replace(plan.loaded, job=job)), source, CREATED)
+    assert error.value.field == "data.location"
+
+
+def test_failed_render_leaves_no_output(tmp_path: Path) -> None:
+    plan, source = slurm_case(tmp_path / "spec")
+    (tmp_path / "spec" / "conf" / "settings.toml").unlink()
+    (tmp_path / "spec" / "conf").rmdir()
+    with pytest.raises(InputError) as error:
+        render(plan, source, tmp_path / "out", created=CREATED)
+    assert error.value.field == "entrypoint.files.1" and error.value.exit_code == EXIT_BAD_INPUT
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec"]
+
+
+def test_failed_render_keeps_existing_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, source = pbs_case(tmp_path / "spec")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "Dockerfile").write_text("FROM old\n")
+    (out / "wheels").mkdir()
+    (out / "wheels" / "stale.whl").write_bytes(b"")
+    (out / "bert-gpu.sif").write_text("built image\n")
+    copy = render_module._copy
+
+    def failing_copy(item: Any, root: Path) -> None:
+        if item.path.startswith("model/"):
+            raise OSError("disk full")
+        copy(item, root)
+
+    monkeypatch.setattr(render_module, "_copy", failing_copy)
+    with pytest.raises(OSError):
+        render(plan, source, out, created=CREATED)
+    assert (out / "Dockerfile").read_text() == "FROM old\n"
+    assert sorted(p.name for p in out.iterdir()) == ["Dockerfile", "bert-gpu.sif", "wheels"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "spec"]
+
+    monkeypatch.setattr(render_module, "_copy", copy)
+    written = render(plan, source, out, created=CREATED)
+    assert written == [out / name for name in OUTPUTS]
+    assert (out / "Dockerfile").read_text().startswith("# Generated by modak")
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, "bert-gpu.sif", "modak-lib", "model"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "spec"]
