@@ -17,13 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from modak.bench.harness import BenchSettings, bench, measurement_row
+from modak.bench.harness import BenchSettings, bench, measurement_row, zoo_plan
 from modak.bench.store import PerfStore
 from modak.candidates.catalog import Recipe, load_catalog
-from modak.plan import make_plan
-from modak.spec.loader import LoadedJob, SpecDocument, load_spec
-from modak.spec.models import Job, Target
-from modak.workload.source import load_analysis
+from modak.spec.loader import load_spec
+from modak.spec.models import Target
 
 
 def grid_catalog(grid: dict[str, dict[str, list]], runtimes: set[str] | None) -> dict[str, Recipe]:
@@ -36,12 +34,6 @@ def grid_catalog(grid: dict[str, dict[str, list]], runtimes: set[str] | None) ->
                            for p in recipe.parameters)
         catalog[name] = recipe.model_copy(update={"parameters": parameters})
     return catalog
-
-
-def job_for(model: str, batch: int, task: str, precision: list[str], config: Path) -> tuple[Job, SpecDocument]:
-    job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"campaign-{model}-{task}-b{batch}",
-                              "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision})
-    return job, SpecDocument(config)
 
 
 def main() -> int:
@@ -73,10 +65,7 @@ def main() -> int:
     with PerfStore(args.store) as store:
         done = {r.key for r in store.rows(machine=target.name, status="ok")} if args.resume else set()
         for model, batch, task, recipes in work:
-            job, job_doc = job_for(model, batch, task, config["precision"], args.config)
-            loaded = LoadedJob(job, target, job_doc, target_doc)
-            source, profile = load_analysis(loaded)
-            plan = make_plan(loaded, profile, catalog=recipes)
+            plan, source = zoo_plan(model, batch, task, config["precision"], target, target_doc, recipes)
             todo = [r.candidate for r in plan.ranked
                     if measurement_row(plan, r.candidate, {}).key not in done]
             print(f"[{time.perf_counter() - started:6.0f} s] {model} {task} batch {batch}: {len(todo)} to measure",

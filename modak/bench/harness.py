@@ -23,10 +23,11 @@ from modak.bench.store import Measurement, PerfStore, as_json
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
-from modak.plan import Plan
+from modak.plan import Plan, make_plan
 from modak.runtimes.base import RunRequest
-from modak.spec.models import Precision
-from modak.workload.source import ModelSource
+from modak.spec.loader import LoadedJob, SpecDocument
+from modak.spec.models import Job, Precision, Target
+from modak.workload.source import ModelSource, load_analysis
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -36,6 +37,16 @@ class BenchSettings:
     repeat: int = 20
     budget_s: float = 10.0  # seconds of timed steps per candidate, at most
     timeout_s: float = DEFAULT_TIMEOUT_S  # whole candidate (prepare, tune, check, time), at most
+
+
+def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Target, target_doc: SpecDocument,
+             catalog: dict[str, Recipe] | None = None) -> tuple[Plan, ModelSource]:
+    """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks)."""
+    job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}",
+                              "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision})
+    loaded = LoadedJob(job, target, SpecDocument(target_doc.path), target_doc)
+    source, profile = load_analysis(loaded)
+    return make_plan(loaded, profile, catalog=catalog), source
 
 
 def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:

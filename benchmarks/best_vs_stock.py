@@ -1,0 +1,75 @@
+"""Per workload: the campaign's best configuration vs the stock one (PyTorch eager, framework defaults).
+
+The best configuration is read from the campaign CSV; both are then measured again here, side by side in
+this run, alternating (stock, best, stock, best, ...) so that machine noise hits both alike. The table
+prints each one's median over the rounds and the speedup best/stock.
+
+    python benchmarks/best_vs_stock.py --target perfmodels/targets/ci-epyc-2c.yaml \
+        --data perfmodels/cpu-ci-epyc-2c.csv [--rounds 2] [--models mnist_cnn resnet18]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from modak.bench.harness import BenchSettings, bench, zoo_plan
+from modak.bench.store import PerfStore, read_csv
+from modak.candidates.enumerate import Candidate
+from modak.spec.loader import load_spec
+from modak.spec.models import Precision, Target
+
+STOCK = (("threads", "all"), ("channels_last", False), ("allocator", "default"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--data", type=Path, required=True, help="campaign CSV (perfmodels/cpu-*.csv)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models", nargs="+")
+    parser.add_argument("--task", choices=["inference", "training"])
+    args = parser.parse_args()
+    target, target_doc = load_spec(args.target, Target)
+    rows = [r for r in read_csv(args.data) if r.status == "ok" and r.machine == target.name
+            and (not args.models or r.model in args.models) and (not args.task or r.task == args.task)]
+    best: dict[tuple[str, str, int], object] = {}
+    for row in rows:
+        key = (row.model, row.task, row.batch_size)
+        if key not in best or row.step_median_s < best[key].step_median_s:
+            best[key] = row
+    settings = BenchSettings(repeat=10, budget_s=2.0)
+    print(f"{'workload':<28} {'best configuration':<72} {'stock ms':>9} {'best ms':>9} {'speedup':>8}")
+    speedups = []
+    with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "side-by-side.sqlite") as store:
+        for (model, task, batch), row in sorted(best.items()):
+            plan, source = zoo_plan(model, batch, task, ["fp32", "bf16"], target, target_doc)
+            params = tuple(json.loads(row.params).items())
+            winner = Candidate(row.runtime, row.device, Precision(row.precision), params, row.threads)
+            stock = Candidate("pytorch", "cpu", Precision.fp32, STOCK if "conv" in row.op_class_flops else
+                              tuple(p for p in STOCK if p[0] != "channels_last"), plan.ceilings.cores)
+            times: dict[str, list[float]] = {"stock": [], "best": []}
+            for _ in range(args.rounds):
+                for label, candidate in (("stock", stock), ("best", winner)):
+                    measured = bench(plan, source, [candidate], store, settings)[0]
+                    if measured.step_median_s:
+                        times[label].append(measured.step_median_s)
+            if not times["stock"] or not times["best"]:
+                print(f"{model}/{task}/b{batch}: a configuration failed to run; skipped")
+                continue
+            s, b = statistics.median(times["stock"]), statistics.median(times["best"])
+            speedups.append(s / b)
+            name = f"{row.runtime}/{row.precision} " + " ".join(f"{k}={v}" for k, v in params)
+            print(f"{model + '/' + task + '/b' + str(batch):<28} {name[:72]:<72} {s * 1e3:9.3f} {b * 1e3:9.3f} "
+                  f"{s / b:7.2f}x", flush=True)
+    if speedups:
+        print(f"geometric mean speedup over stock: {statistics.geometric_mean(speedups):.2f}x "
+              f"(median {statistics.median(speedups):.2f}x, {len(speedups)} workloads)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
