@@ -53,8 +53,8 @@ def main() -> int:
     settings = BenchSettings(**config["settings"])
     catalog = grid_catalog(config["grid"], runtimes)
     work: list[tuple[str, int, str, dict[str, Recipe]]] = [
-        (model, batch, task, catalog) for task, models in config["workloads"].items()
-        for model, batches in models.items() for batch in batches if not args.models or model in args.models]
+        (entry["model"], batch, entry["task"], catalog) for entry in config["workloads"]
+        for batch in entry["batches"] if not args.models or entry["model"] in args.models]
     for extra in config.get("extra", []):
         if (runtimes and extra["runtime"] not in runtimes) or (args.models and extra["model"] not in args.models):
             continue

@@ -145,11 +145,11 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
     """A store row from the plan's workload and target and the runner's result."""
     workload, ceilings, job = plan.workload, plan.ceilings, plan.loaded.job
     by_class = workload.by_op_class()
+    device = ceilings.gpu if candidate.device == "gpu" and ceilings.gpu else ceilings.cpu  # where it ran
     return Measurement(
         machine=plan.loaded.target.name, microarchitecture=ceilings.microarchitecture, cores=ceilings.cores,
-        peak_fp32_gflops=ceilings.cpu.peak_gflops[Precision.fp32],
-        peak_bf16_gflops=ceilings.cpu.peak_gflops.get(Precision.bf16),
-        bandwidth_gbs=ceilings.cpu.bandwidth_gbs, gpu=ceilings.gpu.name if ceilings.gpu else None,
+        peak_fp32_gflops=device.peak_gflops[Precision.fp32], peak_bf16_gflops=device.peak_gflops.get(Precision.bf16),
+        bandwidth_gbs=device.bandwidth_gbs, gpu=ceilings.gpu.name if ceilings.gpu else None,
         model=workload.model_name, task=job.task.value, batch_size=job.model.batch_size,
         input_shapes=as_json({k: list(v) for k, v in workload.input_shapes.items()}),
         flops=float(workload.flops), bytes=float(workload.bytes), forward_flops=float(workload.forward_flops),

@@ -22,7 +22,7 @@ SCHEMA_VERSION = 1
 class Measurement:
     """One measured configuration (a row of the store and of the shipped CSV files)."""
 
-    # where
+    # where (peaks and bandwidth of the device the candidate ran on: the CPU node or one GPU)
     machine: str
     microarchitecture: str
     cores: int
