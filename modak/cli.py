@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     def job_args(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("job", type=Path, help="job spec (YAML)")
         sub.add_argument("--target", "-t", type=Path, help="target spec (YAML); overrides the job's 'target'")
+        sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
+                         help="default: learned model where measured data covers the runtime, else roofline")
 
     sub = command("schema", _cmd_schema, "print the JSON Schema of the Job and Target specs")
     sub.add_argument("kind", nargs="?", choices=["job", "target"], help="only this spec")
@@ -75,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("-o", "--output", type=Path, required=True, help="Target YAML to write")
     sub.add_argument("--name", default=None, help="target name (default: the host name)")
     sub.add_argument("--quick", action="store_true", help="smaller problem sizes (seconds, less accurate)")
+
+    sub = command("model", _cmd_model, "fit or evaluate the learned performance model")
+    sub.add_argument("action", choices=["fit", "eval"], help="fit: refit and summarize; eval: cross-validate")
+    sub.add_argument("--store", type=Path, help="local perf store to include (default: $MODAK_STORE or ~/.local/share/modak)")
 
     sub = command("render", _cmd_render, "write Dockerfile, Singularity.def, entrypoint, job script and plan")
     job_args(sub)
@@ -138,9 +144,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
     from modak.plan import make_plan
 
+    from modak.predict.default import default_predictor
+    from modak.predict.roofline import RooflinePredictor
+
     loaded = _load(args)
     source, profile = _analysis(loaded)
-    return source, make_plan(loaded, profile)
+    predictor = RooflinePredictor() if args.predictor == "roofline" else default_predictor()
+    return source, make_plan(loaded, profile, predictor)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -149,6 +159,33 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
     else:
         _print_plan(plan, args.top)
+    return 0
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    import time
+
+    from modak.predict.evaluate import evaluate, format_scores, ok_rows, training_data
+    from modak.predict.learned import LearnedPredictor
+
+    rows, weights = training_data(args.store)
+    usable = ok_rows(rows)
+    if not usable:
+        raise InputError("no measured rows: ship perfmodels/*.csv or run `modak bench` first")
+    if args.action == "eval":
+        print(f"{len(usable)} measured rows, {len({r.model for r in usable})} models, "
+              f"{len({r.machine for r in usable})} target(s)")
+        print(format_scores(evaluate(usable)))
+        return 0
+    start = time.perf_counter()
+    model = LearnedPredictor(rows, weights)
+    seconds = time.perf_counter() - start
+    local = sum(w > 1 for w in weights)
+    print(f"fitted on {model.rows} rows ({local} from the local store) in {seconds:.2f} s; "
+          f"`modak plan` refits the same way at start (no model file is stored or loaded)")
+    for runtime, device in sorted(model.coverage):
+        count = sum(r.runtime == runtime and r.device == device for r in usable)
+        print(f"  covers {runtime}/{device}: {count} rows")
     return 0
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.errors import InputError
-from modak.predict.base import Prediction, Predictor
-from modak.predict.roofline import RooflinePredictor
+from modak.predict.base import Prediction, Predictor, predict_many
+from modak.predict.default import default_predictor
 from modak.spec.hardware import TargetCeilings, target_ceilings
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Task
@@ -81,20 +81,22 @@ def make_plan(loaded: LoadedJob, workload: WorkloadProfile, predictor: Predictor
     """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run."""
     job = loaded.job
     catalog = catalog or load_catalog()
-    predictor = predictor or RooflinePredictor()
+    predictor = predictor or default_predictor()
     ceilings = target_ceilings(loaded.target, loaded.target_doc)
     if job.device is Device.gpu and ceilings.gpu is None:
         raise loaded.job_doc.error(("device",), f"the job needs a GPU but target '{loaded.target.name}' has none")
     space = enumerate_candidates(loaded, ceilings, catalog, frozenset(op.op_class for op in workload.ops))
     pruned = list(space.pruned)
-    ranked: list[RankedCandidate] = []
+    fitting: list[Candidate] = []
     for candidate in space.candidates:
-        recipe = catalog[candidate.runtime]
         reason = _does_not_fit(workload, ceilings, candidate)
         if reason:
             pruned.append(Pruned(candidate.name, reason))
-            continue
-        prediction = predictor.predict(workload, ceilings, candidate, recipe)
+        else:
+            fitting.append(candidate)
+    predictions = predict_many(predictor, workload, ceilings, [(c, catalog[c.runtime]) for c in fitting])
+    ranked: list[RankedCandidate] = []
+    for candidate, prediction in zip(fitting, predictions):
         if prediction is None:
             pruned.append(Pruned(candidate.name, f"predictor '{predictor.name}' has no prediction"))
             continue
@@ -172,6 +174,14 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
                        f"{_ms(amortized)} per step")
     elif p.compile_seconds > 1 and job.objective.metric is not Metric.time_to_solution:
         reasons.append(f"compile/tune time {p.compile_seconds:.1f} s is not counted: the job gives no step count")
+    used: dict[str, set[str]] = {}
+    for r in ranked:
+        used.setdefault(r.prediction.predictor, set()).add(r.candidate.runtime)
+    if len(used) > 1 or "roofline" not in used:
+        reasons.append("predictors: " + "; ".join(f"{name} for {', '.join(sorted(runtimes))}"
+                                                  for name, runtimes in sorted(used.items()))
+                       + (" (roofline where measured data does not cover the runtime on this device class)"
+                          if "roofline" in used else ""))
     if pruned:
         reasons.append(f"{len(pruned)} runtime(s)/candidate(s) left out: "
                        + "; ".join(f"{x.runtime} ({x.reason})" for x in pruned[:6])

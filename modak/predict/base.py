@@ -27,6 +27,9 @@ class Prediction:
         return dict(self.terms)[name]
 
 
+Job = tuple[Candidate, Recipe]
+
+
 class Predictor(Protocol):
     """Predicts a candidate's step time; returns None where it has no basis (the caller falls back)."""
 
@@ -34,6 +37,15 @@ class Predictor(Protocol):
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None: ...
+
+
+def predict_many(predictor: Predictor, workload: WorkloadProfile, ceilings: TargetCeilings,
+                 jobs: list[Job]) -> list[Prediction | None]:
+    """Predictions for many candidates, in one call where the predictor can batch them."""
+    batched = getattr(predictor, "predict_many", None)
+    if batched is not None:
+        return batched(workload, ceilings, jobs)
+    return [predictor.predict(workload, ceilings, candidate, recipe) for candidate, recipe in jobs]
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,15 @@ class FallbackPredictor:
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None:
+        return self.predict_many(workload, ceilings, [(candidate, recipe)])[0]
+
+    def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
+                     jobs: list[Job]) -> list[Prediction | None]:
+        results: list[Prediction | None] = [None] * len(jobs)
         for predictor in self.predictors:
-            prediction = predictor.predict(workload, ceilings, candidate, recipe)
-            if prediction is not None:
-                return prediction
-        return None
+            todo = [i for i, r in enumerate(results) if r is None]
+            if not todo:
+                break
+            for i, prediction in zip(todo, predict_many(predictor, workload, ceilings, [jobs[i] for i in todo])):
+                results[i] = prediction
+        return results

@@ -1,0 +1,20 @@
+"""The predictor `modak plan` uses: the learned model where measured data covers the candidate's runtime
+and device class, the roofline predictor (wide interval) elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modak.predict.base import FallbackPredictor, Predictor
+from modak.predict.roofline import RooflinePredictor
+
+
+def default_predictor(store: Path | None = None) -> Predictor:
+    """Learned model refit from ``perfmodels/*.csv`` and the local store, then roofline fallback."""
+    from modak.predict.evaluate import ok_rows, training_data
+    from modak.predict.learned import LearnedPredictor
+
+    rows, weights = training_data(store)
+    if not ok_rows(rows):
+        return RooflinePredictor()
+    return FallbackPredictor((LearnedPredictor(rows, weights), RooflinePredictor()))

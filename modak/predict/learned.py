@@ -1,0 +1,184 @@
+"""The learned performance model: roofline features + scikit-learn, trained on measured rows.
+
+What it learns is the *utilization* a runtime reaches, ``u = physics bound / measured step time``, where the
+bound is the roofline time of the workload's op classes on the device's measured ceilings (at the candidate's
+threads and precision). Utilization is bounded and transfers across hardware far better than raw latency;
+physics supplies the scale. A random forest predicts log(u); the spread of its trees gives the interval (10th
+to 90th percentile). A second forest predicts the compile/tune seconds.
+
+It is refit from data at load (CSV rows shipped in ``perfmodels/`` plus the local perf store): no pickled
+model is ever loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from modak.bench.store import Measurement
+from modak.candidates.catalog import Recipe, value_key
+from modak.candidates.enumerate import Candidate
+from modak.predict.base import Prediction
+from modak.predict.roofline import RooflinePredictor
+from modak.spec.hardware import TargetCeilings
+from modak.spec.models import Precision
+from modak.workload.analysis import WorkloadProfile
+
+OP_CLASSES = ("conv", "matmul", "elementwise", "normalization", "pooling", "softmax", "reduction", "embedding",
+              "data_movement")
+RUNTIMES = ("onnxruntime", "pytorch", "torch-compile", "tvm", "openvino", "xla")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "int8")
+# Categorical parameters, one-hot encoded; any other parameter is ignored by the model.
+CATEGORICAL = {"graph_optimization": ("all", "extended", "basic", "disabled"), "channels_last": ("true", "false"),
+               "mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+               "performance_hint": ("LATENCY", "THROUGHPUT"), "allocator": ("default", "jemalloc"),
+               "execution_mode": ("sequential", "parallel")}
+TREES = 100
+MIN_ROWS = 5  # rows of a (runtime, device) the model needs before it is trusted for that pair
+_BYTES_SCALE = {"fp32": 1.0, "tf32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.25}
+
+
+@dataclass(frozen=True)
+class Example:
+    """The inputs of one prediction, from a stored row or from (workload, ceilings, candidate)."""
+
+    runtime: str
+    device: str
+    precision: str
+    params: dict[str, Any]
+    threads: int | None
+    cores: int
+    peak_gflops: float  # of the device at this precision (whole node / one GPU)
+    bandwidth_gbs: float
+    task: str
+    batch_size: int
+    flops: float
+    bytes: float
+    forward_flops: float
+    parameters: int
+    nodes: int
+    class_flops: dict[str, float]
+    class_bytes: dict[str, float]
+
+    @cached_property
+    def bound_seconds(self) -> float:
+        """Roofline bound of one step: per op class max(FLOPs / peak, bytes / bandwidth), scaled to the step."""
+        share = (self.threads / self.cores) if (self.device == "cpu" and self.threads) else 1.0
+        peak = self.peak_gflops * 1e9 * share
+        bandwidth = self.bandwidth_gbs * 1e9 * min(1.0, share * 2)
+        step_ratio = self.flops / self.forward_flops if self.forward_flops else 1.0
+        byte_scale = _BYTES_SCALE[self.precision]
+        total = sum(max(self.class_flops.get(c, 0.0) / peak, self.class_bytes.get(c, 0.0) * byte_scale / bandwidth)
+                    for c in set(self.class_flops) | set(self.class_bytes))
+        return max(total * step_ratio, 1e-9)
+
+    def features(self) -> list[float]:
+        total_flops = max(sum(self.class_flops.values()), 1.0)
+        total_bytes = max(sum(self.class_bytes.values()), 1.0)
+        values = [math.log(self.bound_seconds), math.log(max(self.flops, 1.0)), math.log(max(self.bytes, 1.0)),
+                  math.log(max(self.flops, 1.0) / max(self.bytes, 1.0)), math.log(max(self.parameters, 1)),
+                  math.log(self.batch_size), math.log(max(self.nodes, 1)), float(self.task == "training"),
+                  (self.threads or self.cores) / self.cores, math.log(self.peak_gflops), math.log(self.bandwidth_gbs),
+                  float(self.device == "gpu"), math.log(self.bound_seconds / max(self.nodes, 1))]
+        values += [self.class_flops.get(c, 0.0) / total_flops for c in OP_CLASSES]
+        values += [self.class_bytes.get(c, 0.0) / total_bytes for c in OP_CLASSES]
+        values += [float(self.runtime == r) for r in RUNTIMES]
+        values += [float(self.precision == p) for p in PRECISIONS]
+        for name, choices in CATEGORICAL.items():
+            chosen = value_key(self.params[name]) if name in self.params else None
+            values += [float(chosen == c) for c in choices]
+        values.append(math.log1p(float(self.params.get("tuning_trials", 0) or 0)))
+        return values
+
+
+def example_from_row(row: Measurement) -> Example:
+    peak = row.peak_bf16_gflops if row.precision in ("bf16", "fp16") and row.peak_bf16_gflops else row.peak_fp32_gflops
+    return Example(row.runtime, row.device, row.precision, json.loads(row.params), row.threads, row.cores, peak,
+                   row.bandwidth_gbs, row.task, row.batch_size, row.flops, row.bytes, row.forward_flops,
+                   row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes))
+
+
+def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate) -> Example:
+    device = ceilings.gpu if candidate.device == "gpu" and ceilings.gpu else ceilings.cpu
+    by_class = workload.by_op_class()
+    return Example(candidate.runtime, candidate.device, candidate.precision.value, dict(candidate.params),
+                   candidate.threads, ceilings.cores, device.peak_gflops[candidate.precision], device.bandwidth_gbs,
+                   workload.task.value, workload.batch_size, float(workload.flops), float(workload.bytes),
+                   float(workload.forward_flops), workload.parameters, len(workload.ops),
+                   {c: float(g.flops) for c, g in by_class.items()}, {c: float(g.bytes) for c, g in by_class.items()})
+
+
+def _ones() -> Iterable[float]:
+    while True:
+        yield 1.0
+
+
+class LearnedPredictor:
+    """Random-forest utilization model; answers only for (runtime, device) pairs its data covers."""
+
+    name = "learned"
+
+    def __init__(self, rows: Iterable[Measurement], weights: Sequence[float] | None = None, seed: int = 0) -> None:
+        from sklearn.ensemble import RandomForestRegressor
+
+        pairs = [(r, w) for r, w in zip(rows, weights if weights is not None else _ones())
+                 if r.status == "ok" and r.step_median_s]
+        if not pairs:
+            raise ValueError("no successful measurements to learn from")
+        rows_ok = [r for r, _ in pairs]
+        sample_weight = np.array([w for _, w in pairs], dtype=float)
+        examples = [example_from_row(r) for r in rows_ok]
+        X = np.array([e.features() for e in examples])
+        log_utilization = np.log([e.bound_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
+        forest = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
+        self._utilization = RandomForestRegressor(**forest).fit(X, log_utilization, sample_weight=sample_weight)
+        timed = [(x, r.compile_s, w) for x, r, w in zip(X, rows_ok, sample_weight) if r.compile_s is not None]
+        self._compile = RandomForestRegressor(**forest).fit(
+            np.array([t[0] for t in timed]), np.log1p([t[1] for t in timed]), sample_weight=[t[2] for t in timed])
+        counts: dict[tuple[str, str], int] = {}
+        for r in rows_ok:
+            counts[(r.runtime, r.device)] = counts.get((r.runtime, r.device), 0) + 1
+        self.coverage = frozenset(pair for pair, n in counts.items() if n >= MIN_ROWS)
+        self.rows = len(rows_ok)
+        self._roofline = RooflinePredictor()
+
+    def covers(self, candidate: Candidate) -> bool:
+        return (candidate.runtime, candidate.device) in self.coverage
+
+    def predict_examples(self, examples: list[Example]) -> list[tuple[float, float, float, float]]:
+        """(step, low, high, compile) seconds each: the forest's mean, and its trees' 10th/90th percentiles."""
+        if not examples:
+            return []
+        X = np.array([e.features() for e in examples])
+        per_tree = np.stack([tree.predict(X) for tree in self._utilization.estimators_])  # trees x examples
+        compile_s = np.maximum(0.0, np.expm1(self._compile.predict(X)))
+        results = []
+        for i, example in enumerate(examples):
+            bound = example.bound_seconds
+            step = bound / math.exp(float(per_tree[:, i].mean()))
+            low = bound / math.exp(float(np.percentile(per_tree[:, i], 90)))
+            high = bound / math.exp(float(np.percentile(per_tree[:, i], 10)))
+            results.append((step, min(low, step), max(high, step), float(compile_s[i])))
+        return results
+
+    def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
+                recipe: Recipe) -> Prediction | None:
+        return self.predict_many(workload, ceilings, [(candidate, recipe)])[0]
+
+    def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
+                     jobs: list[tuple[Candidate, Recipe]]) -> list[Prediction | None]:
+        covered = [i for i, (candidate, _) in enumerate(jobs) if self.covers(candidate)]
+        examples = [example_from(workload, ceilings, jobs[i][0]) for i in covered]
+        results: list[Prediction | None] = [None] * len(jobs)
+        for i, example, (step, low, high, compile_s) in zip(covered, examples, self.predict_examples(examples)):
+            candidate, recipe = jobs[i]
+            physics = self._roofline.predict(workload, ceilings, candidate, recipe)
+            terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
+                                     ("utilization", example.bound_seconds / step))
+            results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name)
+        return results
