@@ -16,14 +16,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from modak.bench.harness import BenchSettings, bench, zoo_plan
+from modak.bench.harness import BenchSettings, measure_side_by_side, stock_candidate, zoo_plan
 from modak.bench.store import PerfStore, read_csv
 from modak.candidates.enumerate import Candidate
 from modak.spec.loader import load_spec
 from modak.spec.models import Precision, Target
-
-STOCK = (("threads", "all"), ("channels_last", False), ("allocator", "default"))
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,18 +46,12 @@ def main() -> int:
             plan, source = zoo_plan(model, batch, task, ["fp32", "bf16"], target, target_doc)
             params = tuple(json.loads(row.params).items())
             winner = Candidate(row.runtime, row.device, Precision(row.precision), params, row.threads)
-            stock = Candidate("pytorch", "cpu", Precision.fp32, STOCK if "conv" in row.op_class_flops else
-                              tuple(p for p in STOCK if p[0] != "channels_last"), plan.ceilings.cores)
-            times: dict[str, list[float]] = {"stock": [], "best": []}
-            for _ in range(args.rounds):
-                for label, candidate in (("stock", stock), ("best", winner)):
-                    measured = bench(plan, source, [candidate], store, settings)[0]
-                    if measured.step_median_s:
-                        times[label].append(measured.step_median_s)
-            if not times["stock"] or not times["best"]:
+            medians = measure_side_by_side(plan, source, {"stock": stock_candidate(plan), "best": winner},
+                                           args.rounds, settings, store)
+            if None in medians.values():
                 print(f"{model}/{task}/b{batch}: a configuration failed to run; skipped")
                 continue
-            s, b = statistics.median(times["stock"]), statistics.median(times["best"])
+            s, b = medians["stock"], medians["best"]
             speedups.append(s / b)
             name = f"{row.runtime}/{row.precision} " + " ".join(f"{k}={v}" for k, v in params)
             print(f"{model + '/' + task + '/b' + str(batch):<28} {name[:72]:<72} {s * 1e3:9.3f} {b * 1e3:9.3f} "

@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,8 @@ from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
 from modak.plan import Plan, make_plan
+from modak.predict.base import Predictor
+from modak.predict.roofline import RooflinePredictor
 from modak.runtimes.base import RunRequest
 from modak.spec.loader import LoadedJob, SpecDocument
 from modak.spec.models import Job, Precision, Target
@@ -40,13 +43,15 @@ class BenchSettings:
 
 
 def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Target, target_doc: SpecDocument,
-             catalog: dict[str, Recipe] | None = None) -> tuple[Plan, ModelSource]:
+             catalog: dict[str, Recipe] | None = None, predictor: Predictor | None = None,
+             **job_fields: object) -> tuple[Plan, ModelSource]:
     """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks)."""
     job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}",
-                              "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision})
+                              "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision,
+                              **job_fields})
     loaded = LoadedJob(job, target, SpecDocument(target_doc.path), target_doc)
     source, profile = load_analysis(loaded)
-    return make_plan(loaded, profile, catalog=catalog), source
+    return make_plan(loaded, profile, predictor or RooflinePredictor(), catalog), source
 
 
 def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
@@ -164,3 +169,24 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
         peak_rss_mb=result.get("peak_rss_mb"), max_abs_error=result.get("max_abs_error"),
         error=result.get("error"), versions=as_json({**result.get("versions", {}), "host": platform.node()}),
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def measure_side_by_side(plan: Plan, source: ModelSource, candidates: dict[str, Candidate], rounds: int,
+                         settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
+    """Median step time of each labelled candidate, measured in alternation for ``rounds`` rounds so that
+    machine noise hits all alike; None for a candidate that never ran."""
+    times: dict[str, list[float]] = {label: [] for label in candidates}
+    for _ in range(rounds):
+        for label, candidate in candidates.items():
+            row = bench(plan, source, [candidate], store, settings)[0]
+            if row.step_median_s:
+                times[label].append(row.step_median_s)
+    return {label: statistics.median(values) if values else None for label, values in times.items()}
+
+
+def stock_candidate(plan: Plan) -> Candidate:
+    """The stock deployment: PyTorch eager, fp32, framework defaults (all cores, no channels_last)."""
+    params = [("threads", "all"), ("channels_last", False), ("allocator", "default")]
+    if "conv" not in {op.op_class for op in plan.workload.ops}:
+        params = [p for p in params if p[0] != "channels_last"]
+    return Candidate("pytorch", "cpu", Precision.fp32, tuple(params), plan.ceilings.cores)

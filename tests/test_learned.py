@@ -1,0 +1,125 @@
+"""The learned model: it recovers a known utilization, answers only where data covers it, the plan falls back
+to the roofline elsewhere and says so, and local rows outweigh shipped ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from modak.bench.harness import measurement_row
+from modak.bench.store import Measurement, PerfStore
+from modak.plan import make_plan
+from modak.predict.base import FallbackPredictor
+from modak.predict.evaluate import evaluate, training_data
+from modak.predict.learned import LearnedPredictor, example_from, example_from_row
+from modak.predict.roofline import RooflinePredictor
+from modak.spec.loader import load_job
+from modak.workload.source import load_analysis
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+# The "truth" of the synthetic data: each runtime reaches a fixed fraction of the roofline bound.
+UTILIZATION = {"onnxruntime": 0.5, "openvino": 0.6, "pytorch": 0.1, "torch-compile": 0.3}
+
+
+@pytest.fixture(scope="module")
+def plans():
+    """Roofline plans of the CNN at three batch sizes (the candidates synthetic rows are made for)."""
+    loaded = load_job(CNN)
+    result = []
+    for batch in (1, 8, 64):
+        job = loaded.job.model_copy(update={"model": loaded.job.model.model_copy(update={"batch_size": batch})})
+        batch_loaded = replace(loaded, job=job)
+        _, profile = load_analysis(batch_loaded)
+        result.append(make_plan(batch_loaded, profile, RooflinePredictor()))
+    return result
+
+
+def synthetic_rows(plans, runtimes=tuple(UTILIZATION), model="mnist_cnn") -> list[Measurement]:
+    rows = []
+    for plan in plans:
+        for ranked in plan.ranked:
+            candidate = ranked.candidate
+            if candidate.runtime not in runtimes:
+                continue
+            row = measurement_row(plan, candidate, {"status": "ok", "repeats": 5, "compile_s": 1.0})
+            bound = example_from_row(row).bound_seconds
+            step = bound / UTILIZATION[candidate.runtime]
+            rows.append(replace(row, model=model, step_median_s=step, step_p10_s=step, step_p90_s=step))
+    return rows
+
+
+def test_learned_model_recovers_a_known_utilization(plans) -> None:
+    model = LearnedPredictor(synthetic_rows(plans))
+    plan = plans[1]
+    for ranked in plan.ranked[:12]:
+        candidate = ranked.candidate
+        if candidate.runtime not in UTILIZATION:
+            continue
+        example = example_from(plan.workload, plan.ceilings, candidate)
+        step, low, high, compile_s = model.predict_examples([example])[0]
+        assert step == pytest.approx(example.bound_seconds / UTILIZATION[candidate.runtime], rel=0.15)
+        assert low <= step <= high and compile_s == pytest.approx(1.0, rel=0.2)
+
+
+def test_plan_uses_learned_where_covered_and_roofline_elsewhere(plans) -> None:
+    covered = ("onnxruntime", "pytorch")
+    model = LearnedPredictor(synthetic_rows(plans, covered))
+    assert model.coverage == {("onnxruntime", "cpu"), ("pytorch", "cpu")}
+    plan = plans[2]
+    replanned = make_plan(plan.loaded, plan.workload, FallbackPredictor((model, RooflinePredictor())))
+    used = {r.candidate.runtime: r.prediction.predictor for r in replanned.ranked}
+    assert used["onnxruntime"] == used["pytorch"] == "learned"
+    assert used["openvino"] == used["torch-compile"] == "roofline"
+    learned_row = next(r for r in replanned.to_dict()["candidates"] if r["predictor"] == "learned")
+    assert {"roofline_bound_s", "utilization", "compute_s"} <= set(learned_row["roofline"])
+    assert any(reason.startswith("predictors: learned for onnxruntime, pytorch; roofline for")
+               for reason in replanned.reasons)
+    # The learned ranking follows the synthetic truth: onnxruntime (0.5) before pytorch (0.1).
+    order = [r.candidate.runtime for r in replanned.ranked if r.candidate.runtime in covered]
+    assert order.index("onnxruntime") < order.index("pytorch")
+
+
+def test_uncovered_runtime_gets_no_learned_prediction(plans) -> None:
+    model = LearnedPredictor(synthetic_rows(plans, ("onnxruntime",)))
+    tvm = next(r for r in plans[0].ranked if r.candidate.runtime == "tvm")
+    assert model.predict(plans[0].workload, plans[0].ceilings, tvm.candidate, None) is None
+
+
+def test_no_rows_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        LearnedPredictor([])
+
+
+def test_local_rows_replace_and_outweigh_shipped(plans, tmp_path: Path, monkeypatch) -> None:
+    shipped = synthetic_rows(plans[:1], ("onnxruntime",))
+    local = [replace(r, step_median_s=r.step_median_s * 2) for r in shipped[:2]]
+    monkeypatch.setattr("modak.predict.evaluate.shipped_rows", lambda: shipped)
+    store = tmp_path / "local.sqlite"
+    with PerfStore(store) as perf:
+        perf.add(local)
+    rows, weights = training_data(store)
+    assert len(rows) == len(shipped)  # the two local rows replaced their shipped twins
+    assert sorted(weights)[-2:] == [3.0, 3.0] and rows[-1].step_median_s == local[-1].step_median_s
+
+
+def test_leave_one_model_out_scores_held_out_rows(plans) -> None:
+    rows = synthetic_rows(plans, model="mnist_cnn") + synthetic_rows(plans, model="cnn_twin")
+    scores = {s.predictor: s for s in evaluate(rows)}
+    learned = scores["learned"]
+    assert learned.scheme == "leave-one-model-out" and learned.rows == len(rows) and learned.uncovered == 0
+    assert learned.mape < 0.15 and learned.regret_median < 0.05 and learned.kendall_tau_median > 0.5
+
+
+def test_model_eval_cli_reports_the_metrics(plans, tmp_path: Path) -> None:
+    store = tmp_path / "perf.sqlite"
+    with PerfStore(store) as perf:
+        perf.add(synthetic_rows(plans, model="mnist_cnn") + synthetic_rows(plans, model="cnn_twin"))
+    result = subprocess.run([sys.executable, "-m", "modak", "model", "eval", "--store", str(store)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "leave-one-model-out" in result.stdout and "MAPE" in result.stdout and "regret" in result.stdout
