@@ -156,7 +156,9 @@ def test_github_action_render(tmp_path, plan):
     assert json.loads((tmp_path / "rendered" / "plan.json").read_text()) == plan
     rendered = json.loads((tmp_path / out["json-file"]).read_text())
     assert_valid("render.schema.json", rendered)
-    assert out["image"] == "" and out["verdict"] == ""  # render builds no image; verdict is check's
+    # The reference a build would tag: written into the rendered job script too.
+    assert out["image"] == rendered["image"] and out["image"] in (tmp_path / "rendered" / "job.sh").read_text()
+    assert out["verdict"] == ""  # verdict is check's
 
 
 def test_gitlab_template_render(tmp_path, plan):

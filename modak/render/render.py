@@ -125,8 +125,11 @@ def render_text(ir: BuildDescription, output: str) -> str:
     return environment(family).get_template(template).render(ir=ir, job=ir.job)
 
 
-def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None = None) -> list[Path]:
+def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None = None,
+           ir: BuildDescription | None = None) -> list[Path]:
     """Write the build context of the plan's choice to ``out_dir``; the generated files, in :data:`OUTPUTS` order.
+
+    ``ir`` is the plan's build description when the caller already made it (``created`` is then unused).
 
     Everything is rendered into a temporary sibling folder first; only then are modak's entries of an existing
     ``out_dir`` replaced (other files there are kept), so a failure leaves ``out_dir`` as it was.
@@ -134,7 +137,7 @@ def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None =
     out_dir = Path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError("exists and is not a folder", out_dir)
-    ir = build_description(plan, source, created)
+    ir = ir or build_description(plan, source, created)
     texts = {name: render_text(ir, name) for name in OUTPUTS if name != "plan.json"}
     texts["plan.json"] = json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
