@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Provision what modak's tests and quickstart need on a fresh Debian 12 machine (run as root):
-# Python packages, Podman with a Docker-compatible API socket, and a local Debian base image.
+# Python packages, Podman with a Docker-compatible API socket, a local Debian base image, a local registry
+# (docker-registry on 127.0.0.1:5000, plain HTTP) and a single-node Slurm (munge, slurmctld, slurmd).
 # Idempotent: each step checks whether it is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 MODAK_PODMAN_SOCKET=${MODAK_PODMAN_SOCKET:-/run/modak/podman.sock}
 BASE_IMAGE=${MODAK_BASE_IMAGE:-localhost/debian-base:bookworm}
+MODAK_REGISTRY_PORT=${MODAK_REGISTRY_PORT:-5000}
 
 log() { printf '[provision] %s\n' "$*" >&2; }
 
@@ -66,12 +68,153 @@ base_image() {
   fi
 }
 
+opera() {
+  # xOpera (TOSCA orchestrator) for the TOSCA integration tests, in its own venv: `pip install opera` fails on
+  # Python 3.11 (opera 0.7.0 pins pyyaml<=5.4.1), so its dependencies come first and opera without them.
+  local venv=${MODAK_OPERA_VENV:-/opt/modak-opera}
+  if [ -x "$venv/bin/opera" ] && [ -x "$venv/bin/ansible-playbook" ] && "$venv/bin/opera" --version >/dev/null 2>&1; then
+    return 0
+  fi
+  log "installing xOpera 0.7.0 into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "pyyaml>=6" "ansible-core>=2.16,<2.20" "shtab>=1.5.5"
+  "$venv/bin/pip" install -q --no-deps opera==0.7.0 opera-tosca-parser==0.2.2
+  "$venv/bin/opera" --version >/dev/null
+}
+
+install_missing() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    log "apt-get install ${missing[*]}"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+build_packages() {
+  # modak build talks to Docker and Podman through the Docker SDK.
+  python3 -c 'import docker' 2>/dev/null || python3 -m pip install -q "docker>=7"
+}
+
+registries_conf() {
+  # The local registry speaks plain HTTP on loopback: tell Podman (and buildah, skopeo) it is insecure.
+  # Runs before podman_service: a running service keeps the registries.conf it read first.
+  mkdir -p /etc/containers/registries.conf.d
+  local conf=/etc/containers/registries.conf.d/50-modak-local-registry.conf
+  if [ ! -f "$conf" ]; then
+    cat > "$conf" <<CONF
+# Written by modak's .ci/provision.sh: the local test registry (docker-registry on loopback, no TLS).
+[[registry]]
+location = "localhost:$MODAK_REGISTRY_PORT"
+insecure = true
+
+[[registry]]
+location = "127.0.0.1:$MODAK_REGISTRY_PORT"
+insecure = true
+CONF
+  fi
+}
+
+registry() {
+  # Debian's docker-registry (distribution 2.8) on 127.0.0.1:$MODAK_REGISTRY_PORT only, no TLS.
+  install_missing docker-registry
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet docker-registry 2>/dev/null; then
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true  # the package's own one listens on all interfaces
+  fi
+  mkdir -p /etc/modak /var/lib/modak-registry
+  cat > /etc/modak/registry.yml <<CONF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: /var/lib/modak-registry
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$MODAK_REGISTRY_PORT
+CONF
+  if ! curl -sf "http://127.0.0.1:$MODAK_REGISTRY_PORT/v2/" >/dev/null 2>&1; then
+    log "starting docker-registry on 127.0.0.1:$MODAK_REGISTRY_PORT"
+    nohup docker-registry serve /etc/modak/registry.yml >/var/log/modak-registry.log 2>&1 </dev/null &
+    for _ in $(seq 50); do
+      curl -sf "http://127.0.0.1:$MODAK_REGISTRY_PORT/v2/" >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    curl -sf "http://127.0.0.1:$MODAK_REGISTRY_PORT/v2/" >/dev/null || { log "docker-registry did not start"; return 1; }
+  fi
+}
+
+slurm() {
+  # A single-node Slurm: munge, slurmctld and slurmd on this host; jobs run as the user who submits them.
+  install_missing slurmctld slurmd slurm-client munge
+  local host cpus state=/var/spool/modak-slurm conf
+  host=$(hostname -s)
+  cpus=$(nproc)
+  mkdir -p "$state/ctld" "$state/d" /etc/slurm /run/munge
+  if [ ! -s /etc/munge/munge.key ]; then
+    mungekey -c >/dev/null 2>&1
+  fi
+  chown -R munge:munge /etc/munge /run/munge 2>/dev/null || true
+  chmod 0400 /etc/munge/munge.key
+  if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+    log "starting munged"
+    munged --force
+  fi
+  conf="# Written by modak's .ci/provision.sh: a single-node Slurm for tests.
+ClusterName=local
+SlurmctldHost=$host
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmUser=root
+SlurmctldPort=16817
+SlurmdPort=16818
+StateSaveLocation=$state/ctld
+SlurmdSpoolDir=$state/d
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd.pid
+SlurmctldLogFile=/var/log/modak-slurmctld.log
+SlurmdLogFile=/var/log/modak-slurmd.log
+ReturnToService=2
+MinJobAge=3600
+NodeName=$host CPUs=$cpus RealMemory=2000 State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
+  if [ "$(cat /etc/slurm/slurm.conf 2>/dev/null)" != "$conf" ]; then
+    printf '%s\n' "$conf" > /etc/slurm/slurm.conf
+  fi
+  if ! pgrep -x slurmctld >/dev/null; then
+    log "starting slurmctld"
+    nohup slurmctld -D >/dev/null 2>&1 </dev/null &
+  fi
+  if ! pgrep -x slurmd >/dev/null; then
+    log "starting slurmd"
+    nohup slurmd -D >/dev/null 2>&1 </dev/null &
+  fi
+  for _ in $(seq 100); do
+    sinfo -h -N -o '%T' 2>/dev/null | grep -Eq '^(idle|mixed|allocated)' && return 0
+    sleep 0.3
+  done
+  log "Slurm reports no usable node: $(sinfo -h -N -o '%N %T %E' 2>&1)"
+  return 1
+}
+
 main() {
   python_packages
+  build_packages
   apt_packages
   podman_config
+  registries_conf
   podman_service
   base_image
+  registry
+  slurm
+  opera
   log "ready: DOCKER_HOST=unix://$MODAK_PODMAN_SOCKET, base image $BASE_IMAGE"
 }
 

@@ -86,6 +86,36 @@ def _parser() -> argparse.ArgumentParser:
     job_args(sub)
     sub.add_argument("-o", "--output", type=Path, required=True, help="output folder (a build context)")
     sub.add_argument("--json", action="store_true", help="print what was written as JSON")
+
+    sub = command("build", _cmd_build, "render, build, label, smoke-test and optionally push and submit the image")
+    job_args(sub)
+    sub.add_argument("-o", "--output", type=Path, help="output folder (default out/<job name>)")
+    sub.add_argument("--engine", choices=["docker", "podman", "apptainer"],
+                     help="container engine (default: the target's container.engine)")
+    sub.add_argument("--push", action="store_true", help="push to the target's registry, pull back, check labels")
+    sub.add_argument("--no-smoke", dest="smoke", action="store_false", help="skip the image's self-test")
+    sub.add_argument("--submit", action="store_true", help="then submit the job script (see `modak submit`)")
+    sub.add_argument("--oci-archive", type=Path, metavar="FILE",
+                     help="also save the image as a docker-archive tar (apptainer build x.sif docker-archive://FILE)")
+    sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
+
+    sub = command("submit", _cmd_submit, "render the job and submit its job script (sbatch, qsub or bash)")
+    job_args(sub)
+    sub.add_argument("-o", "--output", type=Path, help="output folder (default out/<job name>)")
+    sub.add_argument("--wait", nargs="?", type=float, const=3600.0, default=None, metavar="SECONDS",
+                     help="wait for the job to end (at most SECONDS, default 3600)")
+    sub.add_argument("--json", action="store_true", help="print the submission as JSON")
+
+    sub = command("check", _cmd_check, "fail (exit 9) when the job's step time regressed against a baseline")
+    job_args(sub)
+    sub.add_argument("--baseline", type=Path, required=True, metavar="FILE",
+                     help="baseline JSON: written by --update, or the output of `modak plan --json`")
+    sub.add_argument("--threshold", type=float, default=0.10,
+                     help="allowed slowdown as a fraction (default 0.10: 10%%)")
+    sub.add_argument("--measured", type=Path, metavar="FILE",
+                     help="`modak bench --json` output: also compare the measured step time")
+    sub.add_argument("--update", action="store_true", help="write the current state as the new baseline (exit 0)")
+    sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
     return parser
 
 
@@ -190,16 +220,125 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
+    from modak.render.ir import build_description
     from modak.render.render import render
 
     source, plan = _make_plan(args)
-    written = render(plan, source, args.output)
+    ir = build_description(plan, source)
+    written = render(plan, source, args.output, ir=ir)
     if args.json:
         print(json.dumps({"schema_version": 1, "output": str(args.output), "choice": plan.choice.candidate.name,
-                          "files": sorted(str(p) for p in written)}, indent=2))
+                          "image": ir.image.ref, "files": sorted(str(p) for p in written)}, indent=2))
     else:
         print(f"chose {plan.choice.candidate.name}")
         print(f"wrote {len(written)} files to {args.output}: " + ", ".join(sorted(p.name for p in written)))
+    return 0
+
+
+class _BuildProgress:
+    """The build's progress on stderr. On a terminal: a bar over the build's steps with the current step and its
+    latest log line; otherwise one line per phase and per step (CI logs)."""
+
+    def __init__(self) -> None:
+        self.console = _console(stderr=True)
+        self.live = self.console.is_terminal
+        self.progress: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _BuildProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def _bar(self) -> Any:
+        if self.progress is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TextColumn("[dim]{task.fields[line]}"),
+                                     console=self.console, transient=True)
+            self.task = self.progress.add_task("modak build", total=None, line="")
+            self.progress.start()
+        return self.progress
+
+    def phase(self, text: str) -> None:
+        if self.live:
+            self._bar().console.print(f"modak: {text}", highlight=False)
+            self._bar().update(self.task, description=text[:40], line="", total=None, completed=0)
+        else:
+            print(f"modak: {text}", file=sys.stderr, flush=True)
+
+    def step(self, step: Any) -> None:
+        if self.live:
+            self._bar().update(self.task, total=step.total, completed=step.number - 1,
+                               description=f"step {step.number}/{step.total}", line=step.instruction[:70])
+        else:
+            print(f"modak: step {step.number}/{step.total}: {step.instruction[:120]}", file=sys.stderr, flush=True)
+
+    def line(self, text: str) -> None:
+        if self.live and text.strip():
+            self._bar().update(self.task, line=text.strip()[:70])
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from modak.build.pipeline import BuildOptions, build_job, default_output
+    from modak.build.submit import submit
+
+    source, plan = _make_plan(args)
+    out_dir = args.output or default_output(plan)
+    options = BuildOptions(engine=args.engine, push=args.push, smoke=args.smoke, oci_archive=args.oci_archive)
+    with _BuildProgress() as progress:
+        result = build_job(plan, source, out_dir, options, progress)
+    if args.submit:
+        job = result.ir.job
+        submission = submit(out_dir / "job.sh", job.scheduler, job.log_file)
+        result.job_id, result.submission = submission.job_id, submission.to_dict()
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        return 0
+    data = result.to_dict()
+    print(f"chose {data['choice']['candidate']}")
+    print(f"built {data['image']['ref']} ({data['image']['id']}) in {data['seconds'].get('total', 0):.1f} s; "
+          f"log {data['build_log']}")
+    if data["requirements_lock"]:
+        lock = data["requirements_lock"]
+        print(f"requirements lock: {lock['packages']} packages, {lock['digest']} ({lock['file']})")
+    if data["smoke_test"]:
+        smoke = data["smoke_test"]
+        print(f"smoke test: {smoke['runtime']} ran one step in {smoke['step_seconds'] * 1e3:.3g} ms with "
+              f"{smoke['threads']} threads (predicted {data['predicted_step_seconds'] * 1e3:.3g} ms)")
+    if data["pushed"]:
+        print(f"pushed {data['pushed']['ref']} ({data['pushed']['digest']})")
+    if data["oci_archive"]:
+        print(f"saved {data['oci_archive']}")
+    if result.submission:
+        print(f"submitted job {result.job_id}; output: {result.submission['output']}")
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from modak.build.pipeline import default_output
+    from modak.build.submit import submit, wait
+    from modak.render.ir import build_description
+    from modak.render.render import render
+
+    source, plan = _make_plan(args)
+    out_dir = (args.output or default_output(plan)).absolute()
+    render(plan, source, out_dir)
+    job = build_description(plan, source).job
+    submission = submit(out_dir / "job.sh", job.scheduler, job.log_file)
+    if args.wait is not None:
+        wait(submission, timeout=args.wait)
+    if args.json:
+        print(json.dumps({"schema_version": 1, **submission.to_dict()}, indent=2, sort_keys=True))
+    else:
+        print(f"submitted {submission.script} with {submission.command[0]}: job {submission.job_id}")
+        if submission.state:
+            print(f"job {submission.job_id} ended: {submission.state}"
+                  + (f" (exit {submission.exit_code})" if submission.exit_code is not None else ""))
+        print(f"output: {submission.output}")
     return 0
 
 
@@ -260,6 +399,25 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     print(probe_comment(result), end="")
     print(f"wrote {args.output}")
     return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from modak.errors import EXIT_REGRESSION
+    from modak.integrations.check import check, choice_line, format_table
+
+    _, plan = _make_plan(args)
+    result = check(plan.to_dict(), args.baseline, args.threshold, args.measured, args.update)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        print(result.message(), file=sys.stderr)
+    else:
+        print(result.message())
+        if result.comparisons:
+            _console().print(format_table(result))
+        print(choice_line(result))
+        for note in result.notes:
+            print(f"note: {note}")
+    return EXIT_REGRESSION if result.regressed and not args.update else 0
 
 
 def _short(value: Any) -> str:

@@ -8,6 +8,13 @@ from pathlib import Path
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
+EXIT_MEASUREMENT_FAILED = 3  # the runner: a measured candidate failed
+EXIT_ENGINE_UNAVAILABLE = 4  # no container engine to talk to
+EXIT_BUILD_FAILED = 5  # a build step failed (the log names it)
+EXIT_SMOKE_FAILED = 6  # the built image's self-test failed or ran another runtime
+EXIT_SUBMIT_FAILED = 7  # the scheduler refused the job script
+EXIT_PUSH_FAILED = 8  # the registry refused the image (or pulling it back failed)
+EXIT_REGRESSION = 9  # `modak check`: the step time regressed beyond the threshold against the baseline
 EXIT_INTERRUPTED = 130
 
 
@@ -36,3 +43,50 @@ class InputError(ModakError):
             location = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
         field = f"{self.field}: " if self.field else ""
         return f"{location}{field}{self.message}"
+
+
+class EngineUnavailable(ModakError):
+    """The container engine cannot be reached or is not installed (exit code 4)."""
+
+    exit_code = EXIT_ENGINE_UNAVAILABLE
+
+
+class BuildFailed(ModakError):
+    """A build step failed: names the step and where the full log is (exit code 5)."""
+
+    exit_code = EXIT_BUILD_FAILED
+
+    def __init__(self, message: str, step: str | None = None, log: Path | None = None) -> None:
+        self.step = step
+        self.log = log
+        super().__init__(message)
+
+
+class SmokeTestFailed(ModakError):
+    """The image's self-test did not print the expected JSON (exit code 6)."""
+
+    exit_code = EXIT_SMOKE_FAILED
+
+
+class SubmitFailed(ModakError):
+    """The scheduler did not accept the job script (exit code 7)."""
+
+    exit_code = EXIT_SUBMIT_FAILED
+
+
+class PushFailed(ModakError):
+    """Pushing the image (or pulling it back) failed (exit code 8)."""
+
+    exit_code = EXIT_PUSH_FAILED
+
+
+class Interrupted(ModakError):
+    """Ctrl-C during a long step, reported with what was kept (exit code 130)."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+class RegressionDetected(ModakError):
+    """``modak check``: predicted or measured step time regressed beyond the threshold (exit code 9)."""
+
+    exit_code = EXIT_REGRESSION

@@ -11,6 +11,7 @@ filters (see :mod:`modak.render.render`).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ MODEL_DIR = "/opt/modak/model"
 MODEL_FILE = "model.onnx"
 ENTRYPOINT = "/opt/modak/entrypoint.sh"
 PLAN_FILE = "/opt/modak/plan.json"
+LOCK_FILE = "/opt/modak/requirements.lock"  # what pip resolved (``pip freeze --all`` in the pip step)
 APP_DIR = "/opt/app"
 WORK_DIR = "/tmp/modak"  # writable under Docker, Podman and Apptainer (whose images are read-only)
 # Where the CA bundle and the wheelhouse are visible during the pip step only: a bind mount in a Dockerfile,
@@ -52,9 +54,10 @@ CONTEXT_ENTRIES = (LIB_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_C
 
 BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 # What modak's runner (copied into every image) imports beyond the recipes' pins, per model format: it reads
-# the ONNX graph to make inputs, and for zoo models imports modak.workload.zoo (which uses the spec models).
+# the ONNX graph to make inputs, and for zoo models imports modak.workload.zoo (which uses the spec models and,
+# through modak.workload.analysis, PyYAML).
 # A recipe's own pin of the same project wins.
-RUNNER_REQUIREMENTS = {"onnx": ("onnx==1.23.2",), "torch": ("onnx==1.23.2", "pydantic==2.13.4")}
+RUNNER_REQUIREMENTS = {"onnx": ("onnx==1.23.2",), "torch": ("onnx==1.23.2", "pydantic==2.13.4", "pyyaml==6.0.3")}
 DEFAULT_COMMAND = ("python3", "-m", "modak.runner", "--self-test")
 USER_NAME = "modak"
 USER_UID = 1000
@@ -176,6 +179,7 @@ class BuildDescription:
     path_prepend: str = f"{VENV}/bin"
     entrypoint: str = ENTRYPOINT
     plan_file: str = PLAN_FILE
+    lock_file: str = LOCK_FILE
     workdir: str = APP_DIR
     user: str = USER_NAME
     uid: int = USER_UID
@@ -232,7 +236,8 @@ def _pip_step(plan: Plan, context: list[ContextItem]) -> PipStep:
     pins += [r for r in RUNNER_REQUIREMENTS[recipe.model_format] if _project(r) not in pinned]
     pins += [_compact(r) for r in (job.entrypoint.requirements if job.entrypoint else [])]
     ca_bundle, wheelhouse = _python_build_files(plan.loaded, context)
-    extra = ([needs.pip_index_url] if needs.pip_index_url else []) + list(python.extra_index_urls)
+    recipe_index = [needs.pip_index_url] if needs.pip_index_url and python.recipe_indexes else []
+    extra = recipe_index + list(python.extra_index_urls)
     return PipStep(requirements=tuple(_unique(pins)), index_url=python.index_url,
                    extra_index_urls=tuple(_unique(extra)), ca_bundle=ca_bundle, wheelhouse=wheelhouse)
 
@@ -268,7 +273,7 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
     """OCI annotations and modak's decision (runtime, parameters, target, prediction, plan digest)."""
     job, target = plan.loaded.job, plan.loaded.target
     candidate, prediction = plan.choice.candidate, plan.choice.prediction
-    created = created or datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    created = created or _created(plan.loaded)
     return (
         ("org.opencontainers.image.title", job.name),
         ("org.opencontainers.image.description",
@@ -286,6 +291,28 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
         ("io.modak.predictor", prediction.predictor),
         ("io.modak.plan-digest", plan.digest()),
     )
+
+
+def _created(loaded: LoadedJob) -> str:
+    """The ``created`` label: ``$SOURCE_DATE_EPOCH`` when set, else the newest modification time of the job's
+    own inputs (job and target files, the ONNX file, the entrypoint files).
+
+    Not the time of rendering: the label is a layer of the image, and a render of unchanged inputs must produce
+    the same Dockerfile so that a rebuild reuses every cached layer.
+    """
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch.isdigit():
+        stamp = float(epoch)
+    else:
+        paths = [loaded.job_doc.path, loaded.target_doc.path]
+        job = loaded.job
+        if job.model.onnx is not None:
+            paths.append(loaded.job_doc.resolve(job.model.onnx))
+        paths += [loaded.job_doc.resolve(f) for f in (job.entrypoint.files if job.entrypoint else [])]
+        stamps = [p.stat().st_mtime for p in paths if p.exists()]
+        stamp = max(stamps) if stamps else 0.0
+    moment = datetime.fromtimestamp(int(stamp), UTC)
+    return moment.isoformat().replace("+00:00", "Z")
 
 
 def _repository(name: str) -> str:

@@ -32,6 +32,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Callable
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from modak.workload.source import ModelSource
 
 OUTPUTS = ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh", "plan.json")
+DOCKERIGNORE = ".dockerignore"  # limits the build context to what modak wrote (not build logs, SIFs, ...)
 _EXECUTABLE = frozenset({"entrypoint.sh", "job.sh"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -150,6 +152,10 @@ def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None =
             path.chmod(0o755 if name in _EXECUTABLE else 0o644)
         for item in ir.context:
             _copy(item, staging)
+        (staging / DOCKERIGNORE).write_text(
+            "# Written by modak: the build context is the generated files only.\n*\n"
+            + "".join(f"!{name}\n" for name in (*OUTPUTS, *CONTEXT_ENTRIES)))
+        _set_times(staging, dict(ir.labels).get("org.opencontainers.image.created", "1970-01-01T00:00:00Z"))
         _install(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -177,6 +183,15 @@ def _normalize(path: Path) -> None:
     path.chmod(0o755 if path.stat().st_mode & stat.S_IXUSR else 0o644)
 
 
+def _set_times(root: Path, created: str) -> None:
+    """Give every rendered file the ``created`` label's time: COPY cache keys include file times, so an
+    unchanged context then reuses every cached layer, and the image's files get reproducible times."""
+    stamp = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+    for folder, folders, files in os.walk(root, topdown=False):  # children first: a folder's time is set last
+        for entry in (*files, *folders):
+            os.utime(Path(folder, entry), (stamp, stamp), follow_symlinks=False)
+
+
 def _install(staging: Path, out_dir: Path) -> None:
     """Move the rendered entries into ``out_dir``, first moving its old modak entries aside into ``staging``."""
     if not out_dir.exists():
@@ -184,7 +199,7 @@ def _install(staging: Path, out_dir: Path) -> None:
         return
     old = Path(tempfile.mkdtemp(prefix=".old.", dir=staging))
     new = [entry for entry in staging.iterdir() if entry != old]
-    for name in {*OUTPUTS, *CONTEXT_ENTRIES}:
+    for name in {*OUTPUTS, *CONTEXT_ENTRIES, DOCKERIGNORE}:
         if os.path.lexists(out_dir / name):
             (out_dir / name).rename(old / name)
     for entry in new:

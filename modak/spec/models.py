@@ -190,6 +190,9 @@ class PythonPackages(Strict):
     extra_index_urls: list[Url] = Field(default_factory=list)
     wheelhouse: str | None = Field(None, description="Folder of wheels, relative to the target file.")
     ca_bundle: str | None = Field(None, description="CA bundle for TLS-intercepting proxies, used only while building.")
+    recipe_indexes: bool = Field(
+        True, description="Use the extra indexes runtime recipes name (e.g. PyTorch's CPU wheel index); false on "
+                          "sites that cannot reach them (serve those wheels from index_url or the wheelhouse).")
 
 
 class Target(Strict):

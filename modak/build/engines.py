@@ -1,0 +1,581 @@
+"""Container engines behind one interface.
+
+* :class:`DockerEngine` talks the Docker Engine API through the ``docker`` SDK. The same code drives Docker
+  and Podman's Docker-compatible service (``podman system service``). The endpoint is ``DOCKER_HOST`` when
+  set; otherwise Docker's default socket for ``docker`` and :data:`PODMAN_SOCKET` for ``podman``.
+* :class:`ApptainerEngine` runs the ``apptainer`` (or ``singularity``) command line, unprivileged
+  (``--fakeroot``), with ``--nv`` for GPUs.
+
+Builds stream their log line by line into a :class:`BuildLog` (a file plus callbacks for progress), never
+waiting for the whole build. A build produces an *untagged* image; the caller tags it only once everything it
+checks has passed, so a failed or interrupted build never leaves a tag behind (Podman may finish a build whose
+client went away, but nothing names the result).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
+
+ENGINES = ("docker", "podman", "apptainer")
+PODMAN_SOCKET = "unix:///run/modak/podman.sock"
+START_HINT = {
+    "podman": "start Podman's Docker-compatible service with `.ci/provision.sh podman_service` "
+              "(or `podman system service --time=0 unix:///run/modak/podman.sock &`) or point DOCKER_HOST at one",
+    "docker": "start Docker with `systemctl start docker` or point DOCKER_HOST at a running daemon",
+    "apptainer": "install Apptainer (https://apptainer.org/docs/admin/main/installation.html), or build with "
+                 "--engine podman and convert: `modak build --oci-archive image.tar` then "
+                 "`apptainer build image.sif docker-archive://image.tar`",
+}
+_STEP = re.compile(r"^(?:STEP|Step) (\d+)/(\d+) ?: ?(.*)$")
+_BUILT = re.compile(r"^Successfully built ([0-9a-f]{12,64})\s*$")
+_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
+
+
+@dataclass(frozen=True)
+class Step:
+    number: int
+    total: int
+    instruction: str
+
+    def __str__(self) -> str:
+        return f"step {self.number}/{self.total} ({_shorten(self.instruction, 120)})"
+
+
+class BuildLog:
+    """The full log of one build: appended to ``path`` as it arrives, the current step tracked.
+
+    ``on_line`` sees every line, ``on_step`` every new step (number, total, instruction).
+    """
+
+    def __init__(self, path: Path | None = None, on_line: Callable[[str], None] | None = None,
+                 on_step: Callable[[Step], None] | None = None) -> None:
+        self.path = path
+        self.on_line = on_line
+        self.on_step = on_step
+        self.step: Step | None = None
+        self.steps: list[Step] = []
+        self.tail: deque[str] = deque(maxlen=40)
+        self._partial = ""
+        self._file: TextIO | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("w", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        if self._file:
+            self._file.write(text)
+            self._file.flush()
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            self._line(line)
+
+    def note(self, text: str) -> None:
+        """A line of modak's own (``# modak: ...``)."""
+        self.write(f"# modak: {text}\n")
+
+    def _line(self, line: str) -> None:
+        line = line.rstrip("\r")
+        self.tail.append(line)
+        match = _STEP.match(line)
+        if match:
+            self.step = Step(int(match[1]), int(match[2]), match[3].strip())
+            self.steps.append(self.step)
+            if self.on_step:
+                self.on_step(self.step)
+        if self.on_line:
+            self.on_line(line)
+
+    def close(self) -> None:
+        if self._partial:
+            self._line(self._partial)
+            self._partial = ""
+        if self._file:
+            self._file.close()
+            self._file = None
+
+    def where(self) -> str:
+        return str(self.step) if self.step else "before the first step"
+
+    def failure(self, reason: str) -> BuildFailed:
+        """A :class:`BuildFailed` naming the current step, the reason and the log file."""
+        log = f"; full log: {self.path}" if self.path else ""
+        return BuildFailed(f"build failed at {self.where()}: {_shorten(reason, 400)}{log}",
+                           step=str(self.step) if self.step else None, log=self.path)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    tags: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    size: int | None = None
+    repo_digests: tuple[str, ...] = ()
+
+
+class Engine(ABC):
+    """A container engine: build a context into an image, run it, and move it between places."""
+
+    name: str
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise :class:`EngineUnavailable` (one line, with how to start one) when the engine cannot be used."""
+
+    @abstractmethod
+    def endpoint(self) -> str:
+        """Where the engine is (a socket URL or a binary), for messages and reports."""
+
+    @abstractmethod
+    def build(self, context: Path, log: BuildLog, dockerfile: str = "Dockerfile", no_cache: bool = False) -> str:
+        """Build ``context`` and return the new image's id (untagged); failures raise :class:`BuildFailed`."""
+
+    @abstractmethod
+    def tag(self, image: str, ref: str) -> None:
+        """Name ``image`` ``ref``."""
+
+    @abstractmethod
+    def inspect(self, ref: str) -> ImageInfo | None:
+        """The image, or None when there is none by that name."""
+
+    @abstractmethod
+    def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        """Run ``image`` (its entrypoint, with ``command`` instead of its default one) and wait for it."""
+
+    @abstractmethod
+    def read_file(self, image: str, path: str) -> bytes | None:
+        """A file's content from the image, or None when the image has no such file."""
+
+    def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
+        """``image`` with extra labels and files (image path -> host path) on top; the new image's id."""
+        raise ModakError(f"the {self.name} engine cannot add labels to a built image")
+
+    def push(self, ref: str, log: BuildLog | None = None) -> str | None:
+        """Push ``ref`` to its registry; the manifest digest when the engine reports it."""
+        raise PushFailed(f"the {self.name} engine cannot push images")
+
+    def pull(self, ref: str) -> ImageInfo:
+        raise PushFailed(f"the {self.name} engine cannot pull images")
+
+    def save(self, ref: str, path: Path) -> None:
+        """Write ``ref`` as a docker-archive tar file (what ``apptainer build x.sif docker-archive://`` reads)."""
+        raise ModakError(f"the {self.name} engine cannot save images as archives")
+
+    def remove(self, ref: str) -> None:
+        """Remove the name ``ref`` (and the image when nothing else names it); nothing when absent."""
+
+
+def make_engine(name: str) -> Engine:
+    """The engine called ``name`` (docker, podman or apptainer)."""
+    if name in ("docker", "podman"):
+        return DockerEngine(name)
+    if name == "apptainer":
+        return ApptainerEngine()
+    raise ModakError(f"unknown container engine {name!r} (one of {', '.join(ENGINES)})")
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``registry/path/name:tag`` as (repository, tag); a missing tag is ``latest``."""
+    repository, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return repository, tag
+
+
+class DockerEngine(Engine):
+    """Docker, or Podman's Docker-compatible service, through the Docker Engine API."""
+
+    def __init__(self, name: str = "podman", base_url: str | None = None, timeout: int = 600) -> None:
+        self.name = name
+        self.base_url = base_url or os.environ.get("DOCKER_HOST") or (PODMAN_SOCKET if name == "podman" else None)
+        self.timeout = timeout
+        self._client: Any = None
+
+    def endpoint(self) -> str:
+        return self.base_url or "unix:///var/run/docker.sock"
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self.check()
+        return self._client
+
+    def check(self) -> None:
+        if self._client is not None:
+            return
+        try:
+            import docker
+        except ImportError as exc:
+            raise EngineUnavailable(f"the docker Python SDK is not installed ({exc}): pip install 'docker>=7'") \
+                from None
+        try:
+            client = docker.DockerClient(base_url=self.endpoint(), timeout=self.timeout)
+            client.ping()
+        except Exception as exc:  # DockerException, requests' ConnectionError, ...
+            raise EngineUnavailable(f"{self.name} engine not reachable at {self.endpoint()} "
+                                    f"({_shorten(_reason(exc), 200)}); {START_HINT[self.name]}") from None
+        self._client = client
+
+    def build(self, context: Path, log: BuildLog, dockerfile: str = "Dockerfile", no_cache: bool = False) -> str:
+        import docker
+
+        log.note(f"building {context} with {self.name} at {self.endpoint()}")
+        image_id = None
+        try:
+            stream = self.client.api.build(path=str(context), dockerfile=dockerfile, rm=True, forcerm=True,
+                                           decode=True, pull=False, nocache=no_cache)
+            for chunk in stream:
+                image_id = self._chunk(chunk, log) or image_id
+        except BuildFailed:
+            raise
+        except docker.errors.DockerException as exc:
+            raise log.failure(_reason(exc)) from None
+        except OSError as exc:  # the connection broke (requests' errors are OSErrors)
+            raise log.failure(f"lost the connection to {self.name}: {_reason(exc)}") from None
+        if not image_id:
+            raise log.failure("the engine ended the build without naming an image")
+        info = self.inspect(image_id)
+        if info is None:
+            raise log.failure(f"the engine reported image {image_id}, which does not exist")
+        log.note(f"built image {info.id}")
+        return info.id
+
+    @staticmethod
+    def _chunk(chunk: Mapping[str, Any], log: BuildLog) -> str | None:
+        """Log one decoded chunk of the build stream; the image id when the chunk names it."""
+        if "error" in chunk or "errorDetail" in chunk:
+            message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message") or json.dumps(chunk)
+            log.write(f"{message}\n")
+            raise log.failure(str(message).strip())
+        image_id = None
+        if isinstance(chunk.get("aux"), Mapping) and chunk["aux"].get("ID"):
+            image_id = str(chunk["aux"]["ID"])
+        text = chunk.get("stream")
+        if text is None and chunk.get("status"):
+            text = f"{chunk['status']} {chunk.get('progress', '')}".rstrip() + "\n"
+        if text:
+            log.write(text)
+            for line in text.splitlines():
+                match = _BUILT.match(line)
+                if match and not image_id:
+                    image_id = match[1]
+        return image_id
+
+    def tag(self, image: str, ref: str) -> None:
+        repository, tag = split_ref(ref)
+        if not self.client.api.tag(image, repository, tag, force=True):
+            raise ModakError(f"{self.name} did not tag {image} as {ref}")
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        import docker
+
+        try:
+            data = self.client.api.inspect_image(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.NotFound:
+            return None
+        config = data.get("Config") or {}
+        return ImageInfo(id=data["Id"], tags=tuple(data.get("RepoTags") or ()), labels=config.get("Labels") or {},
+                         size=data.get("Size"), repo_digests=tuple(data.get("RepoDigests") or ()))
+
+    def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        import docker
+
+        options: dict[str, Any] = {"environment": dict(env or {}), "detach": True}
+        if not network:
+            options["network_mode"] = "none"
+        if gpus:
+            options["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        container = self.client.containers.create(image, list(command) if command is not None else None, **options)
+        try:
+            container.start()
+            timed_out = False
+            try:
+                status = container.wait(timeout=timeout)
+                code = int(status.get("StatusCode", 1))
+            except OSError:  # requests' ReadTimeout / ConnectionError: the container is still running
+                timed_out, code = True, 124
+                container.kill()
+                container.wait(timeout=30)
+            stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            return RunResult(code, stdout, stderr, timed_out)
+        finally:
+            container.remove(force=True)
+
+    def read_file(self, image: str, path: str) -> bytes | None:
+        import docker
+
+        container = self.client.containers.create(image, ["true"], network_mode="none")
+        try:
+            stream, _ = container.get_archive(path)
+            data = b"".join(stream)
+        except docker.errors.NotFound:
+            return None
+        finally:
+            container.remove(force=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            member = next((m for m in archive.getmembers() if m.isfile()), None)
+            handle = archive.extractfile(member) if member else None
+            return handle.read() if handle else None
+
+    def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
+        """A second tiny stage, ``FROM image`` with COPY and LABEL lines only: cheap, and cached when unchanged."""
+        from modak.render.render import dockerfile_str, json_array
+
+        with tempfile.TemporaryDirectory(prefix="modak-stage.") as folder:
+            root = Path(folder)
+            lines = [f"FROM {image}"]
+            for index, (destination, source) in enumerate(sorted(files.items())):
+                name = f"file{index}"
+                (shutil.copytree if source.is_dir() else shutil.copy)(source, root / name)
+                lines.append(f"COPY --chown=1000:1000 {json_array([name, destination])}")
+            if labels:
+                lines.append("LABEL " + " ".join(f"{key}={dockerfile_str(value)}" for key, value in labels.items()))
+            (root / "Dockerfile").write_text("\n".join(lines) + "\n")
+            return self.build(root, log)
+
+    def insecure(self, ref: str) -> bool:
+        """Whether ``ref``'s registry is on loopback, which Docker treats as plain HTTP by default.
+
+        Podman needs to be told (``tlsVerify=false``) unless its registries.conf marks the registry insecure,
+        and its service reads registries.conf only once, when it starts.
+        """
+        host = ref.split("/", 1)[0] if "/" in ref else ""
+        hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        return hostname in ("localhost", "[::1]") or hostname.startswith("127.")
+
+    def push(self, ref: str, log: BuildLog | None = None) -> str | None:
+        import docker
+
+        repository, tag = split_ref(ref)
+        api = self.client.api
+        digest = None
+        try:
+            if self.name == "podman" and self.insecure(ref):
+                response = api._post(api._url("/images/{0}/push", repository),
+                                     params={"tag": tag, "tlsVerify": "false"},
+                                     headers={"X-Registry-Auth": "e30="}, stream=True)  # "{}": no credentials
+                api._raise_for_status(response)
+                chunks = api._stream_helper(response, decode=True)
+            else:
+                chunks = api.push(repository, tag=tag, stream=True, decode=True)
+            for chunk in chunks:
+                if "error" in chunk or "errorDetail" in chunk:
+                    message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
+                    raise PushFailed(f"pushing {ref} failed: {_shorten(str(message).strip(), 400)}")
+                aux = chunk.get("aux")
+                if isinstance(aux, Mapping) and aux.get("Digest"):
+                    digest = str(aux["Digest"])
+                text = chunk.get("status") or chunk.get("stream") or ""
+                found = _DIGEST.search(text)
+                if found and digest is None:
+                    digest = found[1]
+                if log and text:
+                    log.write(text if text.endswith("\n") else text + "\n")
+        except docker.errors.DockerException as exc:
+            raise PushFailed(f"pushing {ref} failed: {_shorten(_reason(exc), 400)}") from None
+        return digest
+
+    def pull(self, ref: str) -> ImageInfo:
+        import docker
+
+        repository, tag = split_ref(ref)
+        api = self.client.api
+        try:
+            if self.name == "podman" and self.insecure(ref):
+                # Podman's Docker-compatible pull ignores tlsVerify; its own API takes it.
+                response = api._post(f"{api.base_url}/v4.0.0/libpod/images/pull",
+                                     params={"reference": f"{repository}:{tag}", "tlsVerify": "false"}, stream=True)
+                api._raise_for_status(response)
+                chunks = api._stream_helper(response, decode=True)
+            else:
+                chunks = api.pull(repository, tag=tag, stream=True, decode=True)
+            for chunk in chunks:
+                if chunk.get("error") or chunk.get("errorDetail"):
+                    message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
+                    raise PushFailed(f"pulling {ref} failed: {_shorten(str(message).strip(), 400)}")
+        except docker.errors.DockerException as exc:
+            raise PushFailed(f"pulling {ref} failed: {_shorten(_reason(exc), 400)}") from None
+        info = self.inspect(ref)
+        if info is None:
+            raise PushFailed(f"pulled {ref}, but the engine has no image by that name")
+        return info
+
+    def save(self, ref: str, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        try:
+            with partial.open("wb") as handle:
+                for chunk in self.client.images.get(ref).save(named=True):
+                    handle.write(chunk)
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def remove(self, ref: str) -> None:
+        import docker
+
+        try:
+            self.client.api.remove_image(ref, force=False, noprune=False)
+        except docker.errors.NotFound:
+            pass
+
+
+class ApptainerEngine(Engine):
+    """Apptainer (or SingularityCE) through its command line, unprivileged: ``build --fakeroot``, ``--nv``.
+
+    Images are SIF files; "tagging" moves a finished build from its temporary name to the final one.
+    """
+
+    name = "apptainer"
+
+    def __init__(self, binary: str | None = None) -> None:
+        self.binary = binary or shutil.which("apptainer") or shutil.which("singularity")
+
+    def endpoint(self) -> str:
+        return self.binary or "apptainer (not found)"
+
+    def check(self) -> None:
+        if not self.binary:
+            raise EngineUnavailable(f"neither apptainer nor singularity is on PATH; {START_HINT['apptainer']}")
+
+    def _stream(self, argv: Sequence[str], log: BuildLog, cwd: Path | None = None) -> int:
+        log.note("$ " + " ".join(argv))
+        process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   errors="replace", stdin=subprocess.DEVNULL)
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+            return process.wait()
+        except BaseException:
+            process.terminate()
+            process.wait()
+            raise
+
+    def build(self, context: Path, log: BuildLog, dockerfile: str = "Singularity.def", no_cache: bool = False) -> str:
+        self.check()
+        assert self.binary
+        if dockerfile == "Dockerfile":
+            dockerfile = "Singularity.def"
+        handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=context)
+        os.close(handle)
+        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, dockerfile], log, cwd=context)
+        if code != 0:
+            Path(partial).unlink(missing_ok=True)
+            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+        return partial
+
+    def build_from_archive(self, archive: Path, sif: Path, log: BuildLog) -> None:
+        """A SIF from a docker-archive tar (``modak build --oci-archive`` on a machine with Podman or Docker)."""
+        self.check()
+        assert self.binary
+        code = self._stream([self.binary, "build", "--fakeroot", "--force", str(sif), f"docker-archive://{archive}"],
+                            log)
+        if code != 0:
+            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+
+    def tag(self, image: str, ref: str) -> None:
+        Path(image).replace(ref)
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        if not Path(ref).is_file():
+            return None
+        self.check()
+        assert self.binary
+        result = subprocess.run([self.binary, "inspect", "--json", "--labels", ref], capture_output=True, text=True)
+        labels: dict[str, str] = {}
+        if result.returncode == 0:
+            try:
+                data = json.loads(result.stdout)
+                labels = data.get("data", {}).get("attributes", {}).get("labels", {}) or {}
+            except json.JSONDecodeError:
+                pass
+        return ImageInfo(id=str(Path(ref).resolve()), tags=(ref,), labels=labels, size=Path(ref).stat().st_size)
+
+    def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        self.check()
+        assert self.binary
+        argv = [self.binary, "run", "--containall", *(["--nv"] if gpus else [])]
+        for key, value in (env or {}).items():
+            argv += ["--env", f"{key}={value}"]
+        argv += [image, *(command or ())]
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
+                                    stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            return RunResult(124, _text(exc.stdout), _text(exc.stderr), True)
+        return RunResult(result.returncode, result.stdout, result.stderr)
+
+    def read_file(self, image: str, path: str) -> bytes | None:
+        self.check()
+        assert self.binary
+        result = subprocess.run([self.binary, "exec", image, "cat", path], capture_output=True)
+        return result.stdout if result.returncode == 0 else None
+
+    def push(self, ref: str, log: BuildLog | None = None) -> str | None:
+        raise PushFailed("pushing SIF files is not supported by modak; use `apptainer push FILE.sif oras://...`")
+
+    def remove(self, ref: str) -> None:
+        Path(ref).unlink(missing_ok=True)
+
+
+def parse_self_test(stdout: str) -> dict[str, Any] | None:
+    """The self-test's JSON object: the last stdout line that is one."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one line, without the SDK's nested wrappers where they add nothing."""
+    explanation = getattr(exc, "explanation", None)
+    text = str(explanation or exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+

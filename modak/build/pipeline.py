@@ -1,0 +1,300 @@
+"""``modak build``: render -> build -> label -> smoke test -> tag -> push -> archive.
+
+1. **Render** the plan's build context into the output folder (see :mod:`modak.render`), plus a
+   ``.dockerignore`` that keeps modak's own outputs (logs, archives, SIF files) out of the build context.
+2. **Build** it with the chosen engine, streaming the log to ``OUT_DIR/build.log`` and to the progress display.
+3. **Label**: read back the lock of what pip resolved (``/opt/modak/requirements.lock``, written by the pip
+   step), save it as ``OUT_DIR/requirements.lock`` and add the label ``io.modak.requirements-lock`` (its
+   sha256) in a second tiny stage (``FROM`` the built image, ``LABEL`` only: cached when nothing changed).
+   The runtime's tuned artifacts are added in the same stage where there are any (see :func:`tuned_artifacts`).
+4. **Smoke test** (unless ``smoke=False``): run the image's entrypoint with the self-test command; it prints
+   one JSON line (runtime, threads, step time), which must say ``status: ok`` and name the plan's runtime.
+5. **Tag** the image with the plan's reference, only now: a failed or interrupted build, or a failed smoke
+   test, leaves no tag.
+6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels.
+7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
+   docker-archive://FILE`` turns into a SIF on a cluster.
+
+The result is a :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
+documented output (``schema_version`` :data:`SCHEMA_VERSION`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
+from modak.errors import Interrupted, PushFailed, SmokeTestFailed
+from modak.render.ir import DEFAULT_COMMAND, MODEL_FILE, WORK_DIR, BuildDescription, build_description
+from modak.render.render import DOCKERIGNORE, render
+
+if TYPE_CHECKING:
+    from modak.plan import Plan
+    from modak.workload.source import ModelSource
+
+SCHEMA_VERSION = 1
+LOCK_LABEL = "io.modak.requirements-lock"
+ARTIFACTS_LABEL = "io.modak.tuned-artifacts"
+BUILD_LOG = "build.log"
+LOCK_NAME = "requirements.lock"
+SMOKE_NAME = "smoke-test.json"
+SMOKE_LOG = "smoke-test.log"  # the self-test's exit code, stdout and stderr, kept for diagnosis
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    engine: str | None = None  # docker | podman | apptainer; default: the target's container.engine
+    push: bool = False
+    smoke: bool = True
+    oci_archive: Path | None = None
+    smoke_timeout: float = 900.0
+    no_cache: bool = False  # rebuild every layer (benchmarks/build_cache.py's cold build)
+
+
+class Progress:
+    """What the pipeline tells its user while it works (the CLI shows a rich progress display)."""
+
+    def phase(self, text: str) -> None:
+        """A new phase (rendering, building, smoke test, ...)."""
+
+    def step(self, step: Step) -> None:
+        """The build reached a new step."""
+
+    def line(self, text: str) -> None:
+        """One line of the build log."""
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    ir: BuildDescription
+    out_dir: Path
+    engine: Engine
+    image_ref: str = ""
+    image: ImageInfo | None = None
+    lock_digest: str | None = None
+    lock_packages: int | None = None
+    tuned: dict[str, str] = field(default_factory=dict)  # image path -> host path
+    smoke: dict[str, Any] | None = None
+    pushed_ref: str | None = None
+    pushed_digest: str | None = None
+    oci_archive: Path | None = None
+    artifacts: list[Path] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    job_id: str | None = None
+    submission: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``modak build --json`` (schema_version 1); documented in the README."""
+        candidate, prediction = self.plan.choice.candidate, self.plan.choice.prediction
+        image = self.image
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "job": self.plan.loaded.job.name,
+            "target": self.plan.loaded.target.name,
+            "output": str(self.out_dir),
+            "engine": {"name": self.engine.name, "endpoint": self.engine.endpoint()},
+            "image": {
+                "ref": self.image_ref,
+                "id": image.id if image else None,
+                "size_bytes": image.size if image else None,
+                "labels": dict(image.labels) if image else {},
+            },
+            "choice": {"candidate": candidate.name, "runtime": candidate.runtime, "device": candidate.device,
+                       "precision": candidate.precision.value, "parameters": dict(candidate.params)},
+            "predicted_step_seconds": prediction.step_seconds,
+            "requirements_lock": None if self.lock_digest is None else {
+                "digest": self.lock_digest, "packages": self.lock_packages, "file": str(self.out_dir / LOCK_NAME)},
+            "tuned_artifacts": dict(self.tuned),
+            "smoke_test": self.smoke,
+            "pushed": None if self.pushed_ref is None else {"ref": self.pushed_ref, "digest": self.pushed_digest},
+            "oci_archive": str(self.oci_archive) if self.oci_archive else None,
+            "artifacts": sorted(str(p) for p in self.artifacts),
+            "build_log": str(self.out_dir / BUILD_LOG),
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "job_id": self.job_id,
+            "submission": self.submission,
+        }
+
+
+def build_job(plan: Plan, source: ModelSource, out_dir: Path, options: BuildOptions = BuildOptions(),
+              progress: Progress | None = None, engine: Engine | None = None) -> BuildResult:
+    """Render, build, label, smoke-test, tag, push and archive the plan's choice (see the module docstring)."""
+    progress = progress or Progress()
+    out_dir = Path(out_dir).absolute()
+    target = plan.loaded.target
+    engine = engine or make_engine(options.engine or target.container.engine)
+    if options.push and not target.container.registry:
+        raise plan.loaded.target_doc.error(("container",), "--push needs container.registry (where to push)")
+    engine.check()  # before rendering: an unreachable engine changes nothing on disk
+
+    started = time.perf_counter()
+    progress.phase("rendering")
+    ir = build_description(plan, source)
+    written = render(plan, source, out_dir, ir=ir)
+    for stale in (LOCK_NAME, SMOKE_NAME, SMOKE_LOG):  # a previous build's: they must describe this one
+        (out_dir / stale).unlink(missing_ok=True)
+    result = BuildResult(plan, ir, out_dir, engine, artifacts=[*written, out_dir / DOCKERIGNORE])
+    result.seconds["render"] = time.perf_counter() - started
+
+    log = BuildLog(out_dir / BUILD_LOG, on_line=progress.line, on_step=progress.step)
+    result.artifacts.append(out_dir / BUILD_LOG)
+    try:
+        try:
+            progress.phase(f"building with {engine.name}")
+            start = time.perf_counter()
+            image_id = engine.build(out_dir, log, no_cache=options.no_cache)
+            result.seconds["build"] = time.perf_counter() - start
+
+            start = time.perf_counter()
+            image_id = _label(engine, image_id, plan, source, result, log, progress)
+            result.seconds["label"] = time.perf_counter() - start
+        except KeyboardInterrupt:
+            log.note(f"interrupted at {log.where()}")
+            raise Interrupted(f"interrupted at {log.where()}; no image was tagged; full log: {log.path}") from None
+        finally:
+            log.close()
+
+        if options.smoke:
+            progress.phase("smoke test")
+            start = time.perf_counter()
+            result.artifacts.append(out_dir / SMOKE_LOG)
+            result.smoke = smoke_test(engine, image_id, plan, options.smoke_timeout, out_dir / SMOKE_LOG)
+            result.seconds["smoke"] = time.perf_counter() - start
+            (out_dir / SMOKE_NAME).write_text(json.dumps(result.smoke, indent=2, sort_keys=True) + "\n")
+            result.artifacts.append(out_dir / SMOKE_NAME)
+
+        result.image_ref = _image_ref(engine, ir, out_dir)
+        engine.tag(image_id, result.image_ref)
+        result.image = engine.inspect(result.image_ref)
+
+        if options.push:
+            progress.phase(f"pushing {result.image_ref}")
+            start = time.perf_counter()
+            push(engine, result)
+            result.seconds["push"] = time.perf_counter() - start
+
+        if options.oci_archive:
+            progress.phase(f"saving {options.oci_archive}")
+            start = time.perf_counter()
+            archive = Path(options.oci_archive).absolute()
+            engine.save(result.image_ref, archive)
+            result.oci_archive = archive
+            result.artifacts.append(archive)
+            result.seconds["archive"] = time.perf_counter() - start
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted after the build; the image is built but may be untagged") from None
+    result.seconds["total"] = time.perf_counter() - started
+    return result
+
+
+def _image_ref(engine: Engine, ir: BuildDescription, out_dir: Path) -> str:
+    """The image's name: the plan's reference, or for Apptainer the SIF file the job script runs."""
+    if engine.name == "apptainer":
+        return str(out_dir / ir.job.sif)
+    return ir.image.ref
+
+
+def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, result: BuildResult, log: BuildLog,
+           progress: Progress) -> str:
+    """Read the lock back, then add its digest as a label and the tuned artifacts in a second tiny stage."""
+    lock = engine.read_file(image_id, result.ir.lock_file)
+    labels: dict[str, str] = {}
+    if lock is not None:
+        (result.out_dir / LOCK_NAME).write_bytes(lock)
+        result.artifacts.append(result.out_dir / LOCK_NAME)
+        result.lock_digest = "sha256:" + hashlib.sha256(lock).hexdigest()
+        result.lock_packages = sum(1 for line in lock.decode("utf-8", "replace").splitlines()
+                                   if line.strip() and not line.startswith("#"))
+        labels[LOCK_LABEL] = result.lock_digest
+    else:
+        log.note(f"the image has no {result.ir.lock_file}; no {LOCK_LABEL} label")
+    result.tuned = {dest: str(src) for dest, src in tuned_artifacts(plan, source).items()}
+    if result.tuned:
+        labels[ARTIFACTS_LABEL] = ",".join(sorted(result.tuned))
+    if engine.name == "apptainer" or not labels:
+        return image_id  # a SIF's labels come from its definition file alone
+    progress.phase("labelling")
+    return engine.add_layer(image_id, labels, {k: Path(v) for k, v in result.tuned.items()}, log)
+
+
+def tuned_artifacts(plan: Plan, source: ModelSource, bench_workdir: Path | None = None) -> dict[str, Path]:
+    """Tuning results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
+
+    TVM: the MetaSchedule databases that ``modak bench`` left in its work folder for this model and batch
+    (``<workdir>/tvm/tvm-tuning/<model>-b<batch>-<key>/``, see :mod:`modak.runtimes.tvm`). In the image they go
+    to ``/tmp/modak/tvm-tuning/`` (the image's MODAK_WORKDIR), named as the image's runner looks them up, so
+    its prepare applies the stored schedules instead of tuning again. Other runtimes keep nothing worth baking.
+    """
+    candidate = plan.choice.candidate
+    if candidate.runtime != "tvm":
+        return {}
+    folder = (bench_workdir or Path(tempfile.gettempdir()) / "modak-work") / "tvm" / "tvm-tuning"
+    stem = source.zoo or Path(source.onnx_path).stem
+    image_stem = source.zoo or Path(MODEL_FILE).stem
+    batch = plan.loaded.job.model.batch_size
+    found: dict[str, Path] = {}
+    for path in sorted(folder.glob(f"{stem}-b{batch}-*")) if folder.is_dir() else []:
+        key = path.name[len(f"{stem}-b{batch}-"):]
+        if path.is_dir() and (path / "modak-tuned.json").is_file() and key.isalnum():
+            found[f"{WORK_DIR}/tvm-tuning/{image_stem}-b{batch}-{key}"] = path
+    return found
+
+
+def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
+               log: Path | None = None) -> dict[str, Any]:
+    """Run the image's entrypoint with the self-test; its JSON, checked against the plan's choice.
+
+    ``log`` gets the run's exit code, stdout and stderr (whatever the outcome)."""
+    candidate = plan.choice.candidate
+    gpus = plan.ceilings.gpu_count if candidate.device == "gpu" else 0
+    outcome = engine.run(image, DEFAULT_COMMAND, timeout=timeout, gpus=gpus)
+    if log is not None:
+        log.write_text(f"# modak: {' '.join(DEFAULT_COMMAND)} in image {image}: exit {outcome.exit_code}"
+                       f"{' (timed out)' if outcome.timed_out else ''}\n# stdout\n{outcome.stdout}"
+                       f"\n# stderr\n{outcome.stderr}")
+    where = f"image {image}" + (f" (output in {log})" if log is not None else "")
+    report = parse_self_test(outcome.stdout)
+    stderr = " | ".join(line for line in outcome.stderr.strip().splitlines()[-5:] if line.strip())
+    if outcome.timed_out:
+        raise SmokeTestFailed(f"smoke test of {where} did not finish within {timeout:g} s")
+    if report is None:
+        raise SmokeTestFailed(f"smoke test of {where} exited with {outcome.exit_code} and printed no JSON"
+                              + (f": {stderr[-600:]}" if stderr else ""))
+    if outcome.exit_code != 0 or report.get("status") != "ok":
+        raise SmokeTestFailed(f"smoke test of {where} failed (exit {outcome.exit_code}): "
+                              f"{str(report.get('error', report))[:600]}")
+    if report.get("runtime") != candidate.runtime:
+        raise SmokeTestFailed(f"smoke test of {where} ran runtime {report.get('runtime')!r}, but the plan chose "
+                              f"{candidate.runtime!r}")
+    if report.get("device", candidate.device) != candidate.device:
+        raise SmokeTestFailed(f"smoke test of {where} ran on {report.get('device')!r}, but the plan chose "
+                              f"{candidate.device!r}")
+    return report
+
+
+def push(engine: Engine, result: BuildResult) -> None:
+    """Push the tagged image, pull it back and check that the registry's copy has the same labels."""
+    ref = result.image_ref
+    digest = engine.push(ref)
+    pulled = engine.pull(ref)
+    expected = dict(result.image.labels) if result.image else {}
+    differing = sorted(k for k in set(expected) | set(pulled.labels) if expected.get(k) != pulled.labels.get(k))
+    if differing:
+        raise PushFailed(f"pulled {ref} back, but its labels differ: {', '.join(differing)}")
+    if digest is None:
+        digest = next((d.rpartition("@")[2] for d in pulled.repo_digests if d.startswith(ref.rpartition(":")[0])),
+                      None)
+    result.pushed_ref, result.pushed_digest = ref, digest
+
+
+def default_output(plan: Plan) -> Path:
+    """``out/<job name>``, the default output folder of ``modak build`` and ``modak submit``."""
+    return Path("out") / plan.loaded.job.name
+

@@ -1,0 +1,538 @@
+"""``modak build`` and ``modak submit`` for real: images built by Podman's Docker-compatible service from the
+rendered contexts, smoke-run, pushed to a local registry and run by a single-node Slurm.
+
+What the tests need is what ``.ci/provision.sh`` sets up (and CI runs it first): the Podman service
+(``DOCKER_HOST``, default ``unix:///run/modak/podman.sock``), the local base image
+``localhost/debian-base:bookworm``, ``docker-registry`` on 127.0.0.1:5000 and Slurm with partition ``debug``.
+A missing service is a failure with the command that starts it, never a skip. Only Apptainer, which cannot be
+installed on this platform, skips where its binary is needed.
+
+The first build of each image is the expensive part (package downloads); the images are built once per session
+and shared. Later sessions reuse the engine's layer cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test, split_ref
+from modak.build.pipeline import LOCK_LABEL, tuned_artifacts
+from modak.build.submit import Submission, output_file, parse_job_id, wait
+from modak.errors import (EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED, EngineUnavailable,
+                          SubmitFailed)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "mnist-cnn-cpu"
+BASE_IMAGE = "localhost/debian-base:bookworm"
+REGISTRY = "127.0.0.1:5000"
+HOSTILE = ["$(touch /tmp/PWNED)", "`touch /tmp/PWNED`", "; touch /tmp/PWNED", "it's \"quoted\"", "two\nlines",
+           "{{ 7*7 }}", "{% raw %}x{% endraw %}", "back\\slash", "${HOME}", "From: evil %post", "--help"]
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+
+def modak(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """The real CLI in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "modak", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout, cwd=ROOT)
+
+
+def build(*args: str | Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``modak build ... --json``, which must succeed; its JSON."""
+    result = modak("build", *args, "--json", env=env)
+    assert result.returncode == 0, f"modak build failed ({result.returncode}): {result.stderr[-3000:]}"
+    return json.loads(result.stdout)
+
+
+def write_target(folder: Path, name: str, **changes: Any) -> Path:
+    """The CNN example's target (local CPU, local base image, host CA bundle) with top-level changes."""
+    target = yaml.safe_load((EXAMPLE / "target.yaml").read_text())
+    target["name"] = name
+    for key, value in changes.items():
+        target[key] = {**target.get(key, {}), **value} if isinstance(value, dict) else value
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "target.yaml"
+    path.write_text(yaml.safe_dump(target, sort_keys=False))
+    return path
+
+
+def write_job(folder: Path, **changes: Any) -> Path:
+    """The CNN example's job, pointing at ``folder/target.yaml``, with top-level changes."""
+    job = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
+    job.update(changes, target="target.yaml")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def tiny_onnx(path: Path, input_name: str) -> None:
+    """MatMul + Relu with a dynamic batch."""
+    weight = numpy_helper.from_array(np.ones((4, 2), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [input_name, "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, path)
+
+
+def image_labels(engine: DockerEngine, ref: str) -> dict[str, str]:
+    info = engine.inspect(ref)
+    assert info is not None, f"no image {ref}"
+    return dict(info.labels)
+
+
+def registry_labels(ref: str) -> dict[str, str]:
+    """The labels of ``ref`` as the registry stores them (manifest -> config blob), over its HTTP API."""
+    repository, tag = split_ref(ref)
+    host, _, name = repository.partition("/")
+    accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        manifest = json.load(response)
+    with urllib.request.urlopen(f"http://{host}/v2/{name}/blobs/{manifest['config']['digest']}", timeout=30) as blob:
+        config = json.load(blob)
+    return config.get("config", {}).get("Labels") or {}
+
+
+@dataclass(frozen=True)
+class Built:
+    job: Path
+    out: Path
+    data: dict[str, Any]
+
+    @property
+    def ref(self) -> str:
+        return self.data["image"]["ref"]
+
+
+# --- session fixtures ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def engine() -> DockerEngine:
+    """Podman's Docker-compatible service (what CI provisions); a clear failure when it is not there."""
+    engine = DockerEngine("podman")
+    try:
+        engine.check()
+    except EngineUnavailable as exc:
+        pytest.fail(f"{exc} (CI runs .ci/provision.sh first)")
+    if engine.inspect(BASE_IMAGE) is None:
+        pytest.fail(f"the local base image {BASE_IMAGE} is missing: run .ci/provision.sh base_image")
+    return engine
+
+
+@pytest.fixture(scope="session")
+def cnn(engine: DockerEngine, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The bundled example, built, labelled and smoke-tested once for the session."""
+    out = tmp_path_factory.mktemp("cnn") / "out"
+    job = EXAMPLE / "job.yaml"
+    return Built(job, out, build(job, "-o", out))
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheelhouse with the CPU torch wheel, fetched the way pip finds it on this machine (a local find-links
+    folder here: an unpinned or index torch would be the CUDA build)."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                             "--disable-pip-version-check", "-q", "-d", str(folder), "torch==2.13.0"],
+                            capture_output=True, text=True)
+    wheels = list(folder.glob("torch-2.13.0*.whl"))
+    assert result.returncode == 0 and wheels, f"could not get the torch wheel: {result.stderr[-1000:]}"
+    assert "+cpu" in wheels[0].name, f"expected the CPU build of torch, got {wheels[0].name}"
+    return folder
+
+
+@pytest.fixture(scope="session")
+def torch_image(engine: DockerEngine, wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """A PyTorch image whose torch comes from the target's wheelhouse (an offline site's route)."""
+    folder = tmp_path_factory.mktemp("torch")
+    # download.pytorch.org is not reachable here: the wheelhouse is the only source of the CPU torch wheel.
+    write_target(folder, "local-cpu-wheels", python={"wheelhouse": str(wheelhouse), "recipe_indexes": False})
+    job = write_job(folder, name="mlp-torch", model={"zoo": "mlp", "batch_size": 32}, frameworks=["pytorch"],
+                    constraints={"runtimes": ["pytorch"]})
+    out = folder / "out"
+    return Built(job, out, build(job, "-o", out))
+
+
+# --- the bundled example -------------------------------------------------------------------------------------
+
+def test_example_image_is_labelled_locked_and_smoke_tested(cnn: Built, engine: DockerEngine) -> None:
+    data, out = cnn.data, cnn.out
+    plan = json.loads((out / "plan.json").read_text())
+    runtime = data["choice"]["runtime"]
+    assert data["schema_version"] == 1 and data["choice"]["candidate"] == plan["choice"]
+    assert data["engine"]["name"] == "podman"
+    assert data["image"]["ref"].startswith("localhost/modak/mnist-cnn:")
+    # Labels: OCI annotations, modak's decision, and the lock of what pip resolved.
+    labels = image_labels(engine, cnn.ref)
+    assert labels == data["image"]["labels"]
+    assert labels["org.opencontainers.image.title"] == "mnist-cnn"
+    assert labels["io.modak.runtime"] == runtime and labels["io.modak.target"] == "local-cpu"
+    lock = (out / "requirements.lock").read_bytes()
+    assert labels[LOCK_LABEL] == data["requirements_lock"]["digest"] == "sha256:" + hashlib.sha256(lock).hexdigest()
+    assert "numpy==2.4.6" in lock.decode().splitlines()
+    assert engine.read_file(cnn.ref, "/opt/modak/requirements.lock") == lock
+    # The smoke test ran the plan's runtime inside the image, as the non-root user.
+    smoke = data["smoke_test"]
+    assert smoke["status"] == "ok" and smoke["runtime"] == runtime and smoke["device"] == "cpu"
+    assert isinstance(smoke["threads"], int) and smoke["threads"] >= 1 and smoke["step_seconds"] > 0
+    assert json.loads((out / "smoke-test.json").read_text()) == smoke
+    assert engine.client.api.inspect_image(cnn.ref)["Config"]["User"] == "modak"
+    # The build log was streamed to the output folder, step by step.
+    log = (out / "build.log").read_text()
+    assert "STEP 1/" in log and "pip install" in log
+    assert data["build_log"] == str(out / "build.log")
+    assert {str(out / name) for name in ("Dockerfile", "job.sh", "requirements.lock", "build.log")} \
+        <= set(data["artifacts"])
+
+
+def test_rebuild_without_changes_reuses_every_layer(cnn: Built, engine: DockerEngine) -> None:
+    # The first rebuild takes in whatever changed since the session's build (modak's own sources are copied into
+    # the image); the second one has nothing new and must reuse every layer.
+    first = build(cnn.job, "-o", cnn.out, "--no-smoke")
+    start = time.perf_counter()
+    again = build(cnn.job, "-o", cnn.out, "--no-smoke")
+    seconds = time.perf_counter() - start
+    assert again["image"]["id"] == first["image"]["id"], "an unchanged rebuild must give the same image"
+    log = (cnn.out / "build.log").read_text().splitlines()
+    steps = [line for line in log if line.startswith("STEP ")]
+    cached = [line for line in log if line.startswith("--> Using cache")]
+    # Every step after FROM, in the main build and in the label stage, came from the cache.
+    assert len(cached) == len(steps) - 2, "\n".join(log)
+    assert seconds < 60, f"a no-change rebuild took {seconds:.1f} s"
+    print(f"no-change rebuild: {seconds:.1f} s (modak build --no-smoke, end to end)")
+
+
+def test_render_is_deterministic(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        result = modak("render", EXAMPLE / "job.yaml", "-o", tmp_path / name)
+        assert result.returncode == 0, result.stderr
+    for name in ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh", "plan.json"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text(), name
+
+
+# --- a PyTorch image from a wheelhouse ----------------------------------------------------------------------
+
+def test_torch_from_wheelhouse(torch_image: Built, engine: DockerEngine) -> None:
+    data = torch_image.data
+    assert data["choice"]["runtime"] == "pytorch"
+    assert (torch_image.out / "wheels").is_dir() and list((torch_image.out / "wheels").glob("torch-2.13.0+cpu*.whl"))
+    lock = (torch_image.out / "requirements.lock").read_text().splitlines()
+    assert "torch==2.13.0+cpu" in lock, "torch must be the CPU wheel from the wheelhouse"
+    log = (torch_image.out / "build.log").read_text()
+    assert "STEP " in log
+    smoke = data["smoke_test"]
+    assert smoke["status"] == "ok" and smoke["runtime"] == "pytorch"
+    assert smoke["versions"]["torch"] == "2.13.0+cpu"
+    assert image_labels(engine, torch_image.ref)["io.modak.runtime"] == "pytorch"
+    # The CA bundle and the wheelhouse were build-time mounts only: not in the image.
+    assert engine.read_file(torch_image.ref, "/run/modak/ca.crt") is None
+    assert engine.read_file(torch_image.ref, "/opt/modak/lib/modak/runner.py") is not None
+
+
+# --- failures ------------------------------------------------------------------------------------------------
+
+def test_failing_build_step_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine,
+                                                            tmp_path: Path) -> None:
+    write_target(tmp_path, "local-cpu")
+    # Conflicts with the recipe's numpy pin: pip fails inside the RUN step.
+    job = write_job(tmp_path, name="broken-build", entrypoint={"requirements": ["numpy==1.0.0"]})
+    out = tmp_path / "out"
+    plan = json.loads(modak("plan", job, "--json").stdout)
+    result = modak("build", job, "-o", out)
+    assert result.returncode == EXIT_BUILD_FAILED, result.stderr
+    lines = result.stderr.strip().splitlines()  # progress lines (phases, steps), then the error: one line
+    message = lines[-1]
+    assert [line for line in lines if line.startswith("modak: error:")] == [message]
+    assert message.startswith("modak: error: build failed at step 6/")
+    assert "RUN" in message and "pip install" in message and str(out / "build.log") in message
+    log = (out / "build.log").read_text()
+    assert "numpy==1.0.0" in log and "STEP 6/" in log
+    tag = f"localhost/modak/broken-build:{plan['choice'].split('/')[0]}-"
+    assert not [t for t in _all_tags(engine) if t.startswith(tag)], "a failed build must not leave a tag"
+    assert not (out / "smoke-test.json").exists() and not (out / "requirements.lock").exists()
+
+
+def test_ctrl_c_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
+    write_target(tmp_path, "local-cpu")
+    # A requirement of its own makes the pip step new, so the build is still running when Ctrl-C comes.
+    job = write_job(tmp_path, name="interrupted-build", entrypoint={"requirements": ["six==1.16.0"]})
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "modak", "build", str(job), "-o", str(out)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    log = out / "build.log"
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and "STEP 6/" in log.read_text():
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, f"the build ended before it could be interrupted: {process.communicate()}"
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == EXIT_INTERRUPTED, stderr
+    assert "interrupted at step 6/" in stderr and "no image was tagged" in stderr and str(log) in stderr
+    assert "# modak: interrupted at step 6/" in log.read_text()
+    # Podman may finish the build after the client went away: still nothing is tagged.
+    time.sleep(2)
+    assert not [t for t in _all_tags(engine) if t.startswith("localhost/modak/interrupted-build:")]
+
+
+def test_engine_not_reachable(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = modak("build", EXAMPLE / "job.yaml", "-o", out,
+                   env={"DOCKER_HOST": f"unix://{tmp_path}/no-such-podman.sock"})
+    assert result.returncode == EXIT_ENGINE_UNAVAILABLE
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and "not reachable" in message
+    assert ".ci/provision.sh podman_service" in message and "no-such-podman.sock" in message
+    assert not out.exists(), "nothing is written when the engine is not reachable"
+
+
+def test_apptainer_engine(tmp_path: Path) -> None:
+    """Apptainer cannot be installed here (not in Debian 12, not on PyPI): without its binary, asking for it is
+    exit code 4 with how to get one; with it, the example builds and runs as a SIF."""
+    binary = shutil.which("apptainer") or shutil.which("singularity")
+    out = tmp_path / "out"
+    if binary is None:
+        result = modak("build", EXAMPLE / "job.yaml", "-o", out, "--engine", "apptainer")
+        assert result.returncode == EXIT_ENGINE_UNAVAILABLE
+        assert "neither apptainer nor singularity" in result.stderr and "docker-archive://" in result.stderr
+        pytest.skip("no apptainer or singularity binary on this machine (not installable on Debian 12): "
+                    "only the missing-engine path was checked")
+    data = build(EXAMPLE / "job.yaml", "-o", out, "--engine", "apptainer")
+    assert Path(data["image"]["ref"]).is_file() and data["smoke_test"]["status"] == "ok"
+
+
+def _folder_files(engine: DockerEngine, ref: str, folder: str) -> dict[str, bytes]:
+    """The files under ``folder`` in the image, by their path in the archive (the folder's name first).
+
+    The whole folder: Podman's archive API does not find single paths with some of the hostile characters."""
+    import io
+
+    container = engine.client.containers.create(ref, ["true"], network_mode="none")
+    try:
+        stream, _ = container.get_archive(folder)
+        data = b"".join(stream)
+    finally:
+        container.remove(force=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        return {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
+
+
+def _all_tags(engine: DockerEngine) -> list[str]:
+    return [tag for image in engine.client.api.images() for tag in image.get("RepoTags") or ()]
+
+
+# --- hostile strings in a real build -------------------------------------------------------------------------
+
+def test_hostile_strings_stay_data_in_a_real_image(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
+    """Hostile free text (command, file name, model file and input names) in a real build and a real run: the
+    command's arguments arrive verbatim and nothing the strings say is executed."""
+    folder = tmp_path / "spec"
+    bad = "".join(HOSTILE).replace("/", "_")
+    model = Path(f"m {bad}") / f"model {bad.replace(chr(92), '_')}.onnx"  # onnx reads a backslash as a separator
+    tiny_onnx(folder / model, input_name=f"x{bad}")
+    (folder / bad).write_text("user file\n")
+    write_target(folder, "local-cpu")
+    runtime = cnn.data["choice"]["runtime"]  # the same pip layer as the example: only the cheap layers are new
+    job = write_job(folder, name="hostile", model={"onnx": str(model), "batch_size": 2},
+                    constraints={"runtimes": [runtime]},
+                    entrypoint={"command": ["printf", "%s\\0", *HOSTILE], "files": [bad]})
+    assert not Path("/tmp/PWNED").exists(), "remove /tmp/PWNED left by something else first"
+    data = build(job, "-o", tmp_path / "out", "--no-smoke")
+    ref = data["image"]["ref"]
+    assert _folder_files(engine, ref, "/opt/app") == {f"app/{bad}": b"user file\n"}
+    container = engine.client.containers.create(ref, network_mode="none")  # the image's default command
+    try:
+        container.start()
+        assert container.wait(timeout=120)["StatusCode"] == 0
+        stdout = container.logs(stdout=True, stderr=False).decode()
+        changes = [change["Path"] for change in container.diff() or []]
+    finally:
+        container.remove(force=True)
+    assert stdout.split("\0")[:-1] == HOSTILE
+    assert not [path for path in changes if "PWNED" in path], changes
+    assert engine.read_file(ref, "/tmp/PWNED") is None
+    assert not Path("/tmp/PWNED").exists()
+    env = dict(item.split("=", 1) for item in engine.client.api.inspect_image(ref)["Config"]["Env"])
+    assert json.loads(env["MODAK_INPUT_SHAPES"]) == {f"x{bad}": [4]}
+
+
+# --- push to a real registry ---------------------------------------------------------------------------------
+
+def test_push_pull_and_labels(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
+    try:
+        urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=5).close()
+    except OSError as exc:
+        pytest.fail(f"no registry on {REGISTRY} ({exc}): run .ci/provision.sh registry")
+    target = write_target(tmp_path, "local-registry", container={"registry": f"{REGISTRY}/modak-test"})
+    archive = tmp_path / "image.tar"
+    data = build(EXAMPLE / "job.yaml", "--target", target, "-o", tmp_path / "out", "--push", "--no-smoke",
+                 "--oci-archive", archive)
+    ref = data["image"]["ref"]
+    assert ref.startswith(f"{REGISTRY}/modak-test/mnist-cnn:") and data["pushed"]["ref"] == ref
+    assert data["pushed"]["digest"].startswith("sha256:")
+    labels = data["image"]["labels"]
+    # What the registry stores, read over its own HTTP API.
+    assert registry_labels(ref) == labels
+    # Pulled back into the engine after removing the local name.
+    engine.remove(ref)
+    assert engine.inspect(ref) is None
+    assert dict(engine.pull(ref).labels) == labels
+    assert labels["io.modak.target"] == "local-registry" and labels[LOCK_LABEL].startswith("sha256:")
+    # The docker-archive that `apptainer build x.sif docker-archive://FILE` reads.
+    assert data["oci_archive"] == str(archive)
+    with tarfile.open(archive) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert any(ref in (entry.get("RepoTags") or []) or f"{ref.split(':')[0]}:{ref.split(':')[-1]}"
+               in (entry.get("RepoTags") or []) for entry in manifest), manifest
+    archive.unlink()
+
+
+# --- a real scheduler ----------------------------------------------------------------------------------------
+
+def _require_slurm() -> None:
+    try:
+        result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        pytest.fail("Slurm is not installed: run .ci/provision.sh slurm")
+    states = result.stdout.split()
+    if result.returncode != 0 or not any(s.rstrip("*") in ("idle", "mixed", "allocated") for s in states):
+        pytest.fail(f"no usable Slurm node ({result.stderr.strip() or states}): run .ci/provision.sh slurm")
+
+
+def test_slurm_job_runs_the_built_image(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
+    """``modak build --submit`` on a Slurm target: the job script's ``podman run`` (as the submitting user, root,
+    sharing the storage of root's Podman service) runs the image; its output is the self-test's JSON."""
+    _require_slurm()
+    target = write_target(tmp_path, "local-slurm", scheduler={"kind": "slurm", "partition": "debug",
+                                                              "time_limit": "00:10:00"})
+    out = tmp_path / "out"
+    data = build(EXAMPLE / "job.yaml", "--target", target, "-o", out, "--submit")
+    runtime = data["choice"]["runtime"]
+    job_id = data["job_id"]
+    assert job_id and job_id.isdigit() and data["submission"]["scheduler"] == "slurm"
+    submission = wait(Submission("slurm", job_id, out / "job.sh", out, Path(data["submission"]["output"])),
+                      timeout=300)
+    output = Path(data["submission"]["output"])
+    assert output == out / f"mnist-cnn-{job_id}.out"
+    text = output.read_text() if output.exists() else "(no output file)"
+    assert submission.state == "COMPLETED" and submission.exit_code == 0, text
+    report = parse_self_test(text)
+    assert report and report["status"] == "ok" and report["runtime"] == runtime, text
+    assert report["threads"] == 2  # the job's --cpus-per-task, through SLURM_CPUS_PER_TASK into the container
+
+    # `modak submit` alone: renders the same job script and submits it again, waiting for it.
+    again = modak("submit", EXAMPLE / "job.yaml", "--target", target, "-o", out, "--wait", "300", "--json")
+    assert again.returncode == 0, again.stderr
+    second = json.loads(again.stdout)
+    assert second["state"] == "COMPLETED" and second["exit_code"] == 0 and second["job_id"] != job_id
+    assert parse_self_test(Path(second["output"]).read_text())["runtime"] == runtime
+
+
+# --- pieces without an engine --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheduler, stdout, expected", [
+    ("slurm", "12345\n", "12345"), ("slurm", "12345;cluster\n", "12345"),
+    ("pbs", "4711.pbs-server\n", "4711.pbs-server"), ("pbs", "4711[].server\n", "4711[].server"),
+])
+def test_job_id_parsing(scheduler: str, stdout: str, expected: str) -> None:
+    assert parse_job_id(scheduler, stdout) == expected
+
+
+@pytest.mark.parametrize("scheduler, stdout", [("slurm", ""), ("slurm", "Submitted batch job 1\n"), ("pbs", "x y")])
+def test_job_id_parsing_rejects_other_output(scheduler: str, stdout: str) -> None:
+    with pytest.raises(SubmitFailed):
+        parse_job_id(scheduler, stdout)
+
+
+def test_output_file_names(tmp_path: Path) -> None:
+    assert output_file("slurm", "job-%j.out", "42", tmp_path) == tmp_path / "job-42.out"
+    assert output_file("pbs", "job.out", "42.server", tmp_path) == tmp_path / "job.out"
+
+
+def test_build_log_tracks_steps(tmp_path: Path) -> None:
+    seen: list[Step] = []
+    log = BuildLog(tmp_path / "build.log", on_step=seen.append)
+    log.write("STEP 1/3: FROM x\nSTEP 2/3: RUN pip ins")
+    log.write("tall foo\nsome output\n")
+    log.close()
+    assert [(s.number, s.total) for s in seen] == [(1, 3), (2, 3)]
+    assert seen[-1].instruction == "RUN pip install foo"
+    failure = log.failure("exit status 1")
+    assert failure.exit_code == EXIT_BUILD_FAILED and "step 2/3 (RUN pip install foo)" in str(failure)
+    assert (tmp_path / "build.log").read_text().endswith("some output\n")
+
+
+@pytest.mark.parametrize("ref, expected", [
+    ("localhost/modak/x:tag", ("localhost/modak/x", "tag")), ("127.0.0.1:5000/a/b:c", ("127.0.0.1:5000/a/b", "c")),
+    ("127.0.0.1:5000/a/b", ("127.0.0.1:5000/a/b", "latest")),
+])
+def test_split_ref(ref: str, expected: tuple[str, str]) -> None:
+    assert split_ref(ref) == expected
+
+
+def test_tuned_tvm_database_is_found(tmp_path: Path) -> None:
+    """For TVM, the MetaSchedule database `modak bench` left for this model and batch goes into the image."""
+    from modak.plan import make_plan
+    from modak.spec.loader import load_job
+    from modak.workload.source import load_analysis
+
+    folder = tmp_path / "spec"
+    write_target(folder, "local-cpu")
+    job = write_job(folder, constraints={"runtimes": ["tvm"]})
+    loaded = load_job(job)
+    source, profile = load_analysis(loaded)
+    plan = make_plan(loaded, profile)
+    assert plan.choice.candidate.runtime == "tvm"
+    work = tmp_path / "work"
+    database = work / "tvm" / "tvm-tuning" / "mnist_cnn-b64-0123456789ab"
+    database.mkdir(parents=True)
+    (database / "modak-tuned.json").write_text('{"trials": 200}')
+    (work / "tvm" / "tvm-tuning" / "mnist_cnn-b32-0123456789ab").mkdir()  # another batch: not this job's
+    assert tuned_artifacts(plan, source, work) == {"/tmp/modak/tvm-tuning/mnist_cnn-b64-0123456789ab": database}
+
+
+def test_smoke_test_checks_the_runtime(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
+    """The smoke test really runs the image: the example's image, checked against a plan that chose another
+    runtime, fails with exit code 6 and keeps the run's output."""
+    from modak.build.pipeline import smoke_test
+    from modak.errors import EXIT_SMOKE_FAILED, SmokeTestFailed
+    from modak.plan import make_plan
+    from modak.spec.loader import load_job
+    from modak.workload.source import load_analysis
+
+    built = cnn.data["choice"]["runtime"]
+    other = "onnxruntime" if built != "onnxruntime" else "openvino"
+    folder = tmp_path / "spec"
+    write_target(folder, "local-cpu")
+    loaded = load_job(write_job(folder, constraints={"runtimes": [other]}))
+    plan = make_plan(loaded, load_analysis(loaded)[1])
+    log = tmp_path / "smoke-test.log"
+    with pytest.raises(SmokeTestFailed) as error:
+        smoke_test(engine, cnn.ref, plan, timeout=300, log=log)
+    assert error.value.exit_code == EXIT_SMOKE_FAILED
+    assert f"ran runtime '{built}', but the plan chose '{other}'" in str(error.value)
+    assert f'"runtime": "{built}"' in log.read_text()
