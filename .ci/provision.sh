@@ -204,6 +204,19 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
   return 1
 }
 
+chromium() {
+  # A headless browser for tests/test_report.py (the HTML report is opened and its plots checked).
+  local missing=()
+  for pkg in chromium chromium-driver; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    log "apt-get install ${missing[*]}"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
 main() {
   python_packages
   build_packages
@@ -215,6 +228,7 @@ main() {
   registry
   slurm
   opera
+  chromium
   log "ready: DOCKER_HOST=unix://$MODAK_PODMAN_SOCKET, base image $BASE_IMAGE"
 }
 

@@ -116,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="`modak bench --json` output: also compare the measured step time")
     sub.add_argument("--update", action="store_true", help="write the current state as the new baseline (exit 0)")
     sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
+
+    sub = command("report", _cmd_report, "write a self-contained HTML report: rooflines, trajectory, ranked table")
+    job_args(sub)
+    sub.add_argument("-o", "--output", type=Path, required=True, help="HTML file to write")
+    sub.add_argument("--store", type=Path,
+                     help="perf store whose measurements of this workload are shown and learned from "
+                          "(default $MODAK_STORE or ~/.local/share/modak/perf.sqlite)")
     return parser
 
 
@@ -418,6 +425,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for note in result.notes:
             print(f"note: {note}")
     return EXIT_REGRESSION if result.regressed and not args.update else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from modak.plan import make_plan
+    from modak.predict.default import default_predictor
+    from modak.predict.roofline import RooflinePredictor
+    from modak.report import write_report
+
+    loaded = _load(args)
+    source, profile = _analysis(loaded)
+    # The report re-predicts the chosen candidate at other batches and threads: it needs the plan's predictor.
+    predictor = RooflinePredictor() if args.predictor == "roofline" else default_predictor(args.store)
+    plan = make_plan(loaded, profile, predictor)
+    write_report(plan, source, predictor, args.output, args.store)
+    print(f"chose {plan.choice.candidate.name}")
+    print(f"wrote {args.output}")
+    return 0
 
 
 def _short(value: Any) -> str:

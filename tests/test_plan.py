@@ -34,18 +34,25 @@ def plan_for(job: Path, target: Path | None = None):
     return make_plan(loaded, profile)
 
 
-def test_cnn_plan_json_lists_candidates_over_runtimes_with_roofline_terms() -> None:
-    result = subprocess.run([sys.executable, "-m", "modak", "plan", str(CNN), "--json"], capture_output=True, text=True)
+@pytest.mark.parametrize("predictor", ["default", "roofline"])
+def test_cnn_plan_json_lists_candidates_over_runtimes_with_roofline_terms(predictor: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "modak", "plan", str(CNN), "--json", "--predictor", predictor],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     candidates = plan["candidates"]
     assert len(candidates) >= 6 and len({c["runtime"] for c in candidates}) >= 3
+    if predictor == "default":  # the shipped campaign covers every CPU runtime
+        assert {c["predictor"] for c in candidates} == {"learned"}
     for row in candidates:
         terms = row["roofline"]
         assert {"compute_s", "memory_s", "overhead_s", "peak_gflops", "bandwidth_gbs"} <= set(terms)
-        assert row["step_seconds"] == pytest.approx(terms["compute_s"] + terms["memory_s"] + terms["overhead_s"],
-                                                    rel=1e-4)
-        assert row["interval_seconds"][0] < row["step_seconds"] < row["interval_seconds"][1]
+        if row["predictor"] == "roofline":
+            assert row["step_seconds"] == pytest.approx(terms["compute_s"] + terms["memory_s"] + terms["overhead_s"],
+                                                        rel=1e-4)
+        else:
+            assert row["step_seconds"] == pytest.approx(terms["roofline_bound_s"] / terms["utilization"], rel=1e-4)
+        assert row["interval_seconds"][0] <= row["step_seconds"] <= row["interval_seconds"][1]
     objectives = [c["objective_seconds"] for c in candidates]
     assert objectives == sorted(objectives)
     assert plan["choice"] == candidates[0]["name"] and plan["reasons"][0].startswith("chose ")

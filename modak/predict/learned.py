@@ -71,8 +71,16 @@ class Example:
         step_ratio = self.flops / self.forward_flops if self.forward_flops else 1.0
         byte_scale = _BYTES_SCALE[self.precision]
         total = sum(max(self.class_flops.get(c, 0.0) / peak, self.class_bytes.get(c, 0.0) * byte_scale / bandwidth)
-                    for c in set(self.class_flops) | set(self.class_bytes))
+                    for c in sorted(set(self.class_flops) | set(self.class_bytes)))  # fixed order: same sum
         return max(total * step_ratio, 1e-9)
+
+    @cached_property
+    def tuning_seconds(self) -> float:
+        """The tuning budget's cost (trials x seconds per trial of the runtime's recipe)."""
+        from modak.candidates.catalog import load_catalog
+
+        tuning = load_catalog()[self.runtime].tuning
+        return float(self.params.get(tuning.parameter, 0) or 0) * tuning.seconds_per_trial if tuning else 0.0
 
     def features(self) -> list[float]:
         """Features that transfer to unseen models: no per-op-class mix beyond the conv/matmul shares (a
@@ -132,7 +140,9 @@ class LearnedPredictor:
         log_utilization = np.log([e.bound_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
         forest = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
         self._utilization = RandomForestRegressor(**forest).fit(X, log_utilization, sample_weight=sample_weight)
-        timed = [(x, r.compile_s, w) for x, r, w in zip(X, rows_ok, sample_weight) if r.compile_s is not None]
+        # Tuning time is the user's budget times a known cost per trial; the forest learns the rest of compile.
+        timed = [(x, max(0.0, r.compile_s - e.tuning_seconds), w)
+                 for x, e, r, w in zip(X, examples, rows_ok, sample_weight) if r.compile_s is not None]
         self._compile = RandomForestRegressor(**forest).fit(
             np.array([t[0] for t in timed]), np.log1p([t[1] for t in timed]), sample_weight=[t[2] for t in timed])
         counts: dict[tuple[str, str], int] = {}
@@ -146,7 +156,12 @@ class LearnedPredictor:
         return (candidate.runtime, candidate.device) in self.coverage
 
     def predict_examples(self, examples: list[Example]) -> list[tuple[float, float, float, float]]:
-        """(step, low, high, compile) seconds each: the forest's mean, and its trees' 10th/90th percentiles."""
+        """(step, low, high, compile) seconds each: the forest's mean and its trees' 10th/90th percentiles;
+        compile includes the tuning budget's cost.
+
+        Utilization may exceed 1: the probed GEMM peak is not a hard roof for every kernel (the campaign has
+        ONNX Runtime's CNN at 374 GFLOP/s of counted FLOPs against a probed 219.5, as Winograd-style
+        convolutions do fewer FLOPs than 2 x MACs), so predictions are not clamped to it."""
         if not examples:
             return []
         X = np.array([e.features() for e in examples])
@@ -158,7 +173,7 @@ class LearnedPredictor:
             step = bound / math.exp(float(per_tree[:, i].mean()))
             low = bound / math.exp(float(np.percentile(per_tree[:, i], 90)))
             high = bound / math.exp(float(np.percentile(per_tree[:, i], 10)))
-            results.append((step, min(low, step), max(high, step), float(compile_s[i])))
+            results.append((step, min(low, step), max(high, step), float(compile_s[i]) + example.tuning_seconds))
         return results
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
