@@ -20,15 +20,7 @@ python_packages() {
 }
 
 apt_packages() {
-  local missing=()
-  for pkg in podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs libjemalloc2; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-  done
-  if ((${#missing[@]})); then
-    log "apt-get install ${missing[*]}"
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  install_missing podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs libjemalloc2
 }
 
 podman_config() {
@@ -92,11 +84,6 @@ install_missing() {
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
-}
-
-build_packages() {
-  # modak build talks to Docker and Podman through the Docker SDK.
-  python3 -c 'import docker' 2>/dev/null || python3 -m pip install -q "docker>=7"
 }
 
 registries_conf() {
@@ -206,20 +193,11 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
 
 chromium() {
   # A headless browser for tests/test_report.py (the HTML report is opened and its plots checked).
-  local missing=()
-  for pkg in chromium chromium-driver; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-  done
-  if ((${#missing[@]})); then
-    log "apt-get install ${missing[*]}"
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  install_missing chromium chromium-driver
 }
 
 main() {
   python_packages
-  build_packages
   apt_packages
   podman_config
   registries_conf
