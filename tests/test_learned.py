@@ -123,3 +123,23 @@ def test_model_eval_cli_reports_the_metrics(plans, tmp_path: Path) -> None:
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "leave-one-model-out" in result.stdout and "MAPE" in result.stdout and "regret" in result.stdout
+
+
+def test_calibration_rows_from_a_new_machine_correct_its_predictions(plans) -> None:
+    """Machine B is uniformly 2x slower than what machine A's data predicts; its rows at batch 1 and 8
+    (a calibration run) must correct predictions for its held-out batch-64 rows, and leave A's alone."""
+    machine_a = synthetic_rows(plans)
+    machine_b = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5, step_median_s=r.step_median_s * 2)
+                 for r in synthetic_rows(plans)]
+    calibration = [r for r in machine_b if r.batch_size in (1, 8)]
+    held_out = [r for r in machine_b if r.batch_size == 64]
+
+    def error(model: LearnedPredictor, rows: list[Measurement]) -> float:
+        predicted = model.predict_examples([example_from_row(r) for r in rows])
+        return sum(abs(p[0] - r.step_median_s) / r.step_median_s for p, r in zip(predicted, rows)) / len(rows)
+
+    before = LearnedPredictor(machine_a)
+    after = LearnedPredictor(machine_a + calibration)
+    assert before.machine_offsets == {} and len(after.machine_offsets) == 1
+    assert error(before, held_out) > 0.4 and error(after, held_out) < 0.15
+    assert error(after, machine_a) < 0.1  # the reference machine's predictions do not move

@@ -25,6 +25,7 @@ from modak.candidates.catalog import Recipe, value_key
 from modak.candidates.enumerate import Candidate
 from modak.predict.base import Prediction
 from modak.predict.roofline import RooflinePredictor
+from modak.spec.models import Precision
 from modak.spec.hardware import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
 
@@ -36,7 +37,8 @@ CATEGORICAL = {"graph_optimization": ("all", "extended", "basic", "disabled"), "
                "performance_hint": ("LATENCY", "THROUGHPUT"), "allocator": ("default", "jemalloc"),
                "execution_mode": ("sequential", "parallel")}
 TREES = 100
-MIN_ROWS = 5  # rows of a (runtime, device) the model needs before it is trusted for that pair
+MIN_ROWS = 5
+OFFSET_PRIOR_ROWS = 5  # a machine's offset is shrunk by n / (n + this): a few rows move it only part way  # rows of a (runtime, device) the model needs before it is trusted for that pair
 _BYTES_SCALE = {"fp32": 1.0, "tf32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.25}
 
 
@@ -61,6 +63,7 @@ class Example:
     nodes: int
     class_flops: dict[str, float]
     class_bytes: dict[str, float]
+    machine: tuple  # the device's measured description: (device, cores, fp32 GFLOP/s, GB/s)
 
     @cached_property
     def bound_seconds(self) -> float:
@@ -99,11 +102,17 @@ class Example:
         return values
 
 
+def machine_signature(device: str, cores: int, fp32_gflops: float, bandwidth_gbs: float) -> tuple:
+    """What identifies a machine to the model: its device class, cores and measured ceilings."""
+    return (device, cores, round(fp32_gflops, 1), round(bandwidth_gbs, 1))
+
+
 def example_from_row(row: Measurement) -> Example:
     peak = row.peak_bf16_gflops if row.precision in ("bf16", "fp16") and row.peak_bf16_gflops else row.peak_fp32_gflops
     return Example(row.runtime, row.device, row.precision, json.loads(row.params), row.threads, row.cores, peak,
                    row.bandwidth_gbs, row.task, row.batch_size, row.flops, row.bytes, row.forward_flops,
-                   row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes))
+                   row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes),
+                   machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs))
 
 
 def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate) -> Example:
@@ -113,7 +122,9 @@ def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate:
                    candidate.threads, ceilings.cores, device.peak_gflops[candidate.precision], device.bandwidth_gbs,
                    workload.task.value, workload.batch_size, float(workload.flops), float(workload.bytes),
                    float(workload.forward_flops), workload.parameters, len(workload.ops),
-                   {c: float(g.flops) for c, g in by_class.items()}, {c: float(g.bytes) for c, g in by_class.items()})
+                   {c: float(g.flops) for c, g in by_class.items()}, {c: float(g.bytes) for c, g in by_class.items()},
+                   machine_signature(candidate.device, ceilings.cores, device.peak_gflops[Precision.fp32],
+                                     device.bandwidth_gbs))
 
 
 def _ones() -> Iterable[float]:
@@ -139,7 +150,10 @@ class LearnedPredictor:
         X = np.array([e.features() for e in examples])
         log_utilization = np.log([e.bound_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
         forest = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
-        self._utilization = RandomForestRegressor(**forest).fit(X, log_utilization, sample_weight=sample_weight)
+        self.machine_offsets = self._machine_offsets(examples, X, log_utilization, sample_weight, forest)
+        # The forest learns utilization on the reference machine's scale: each machine's offset is taken out.
+        adjusted = log_utilization - np.array([self.machine_offsets.get(e.machine, 0.0) for e in examples])
+        self._utilization = RandomForestRegressor(**forest).fit(X, adjusted, sample_weight=sample_weight)
         # Tuning time is the user's budget times a known cost per trial; the forest learns the rest of compile.
         timed = [(x, max(0.0, r.compile_s - e.tuning_seconds), w)
                  for x, e, r, w in zip(X, examples, rows_ok, sample_weight) if r.compile_s is not None]
@@ -151,6 +165,34 @@ class LearnedPredictor:
         self.coverage = frozenset(pair for pair, n in counts.items() if n >= MIN_ROWS)
         self.rows = len(rows_ok)
         self._roofline = RooflinePredictor()
+
+    @staticmethod
+    def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weight: np.ndarray,
+                         forest: dict[str, Any]) -> dict[tuple, float]:
+        """Per machine, how far its rows sit from what the other machines' data predicts (log utilization).
+
+        What physics and the features leave out about a machine (its memory system, its virtualization, the
+        probe's view of it) shows up as a common offset of all its rows. It is estimated out of sample, from a
+        forest trained without that machine, and shrunk toward zero when the machine has few rows. With data
+        from one machine only there is nothing to compare against, and no offset.
+        """
+        from sklearn.ensemble import RandomForestRegressor
+
+        counts: dict[tuple, int] = {}
+        for e in examples:
+            counts[e.machine] = counts.get(e.machine, 0) + 1
+        if len(counts) < 2:
+            return {}
+        reference = max(sorted(counts), key=lambda m: counts[m])  # the best-known machine anchors the scale
+        offsets = {}
+        for machine in sorted(counts):
+            if machine == reference:
+                continue
+            own = np.array([e.machine == machine for e in examples])
+            others = RandomForestRegressor(**forest).fit(X[~own], y[~own], sample_weight=weight[~own])
+            residual = float(np.median(y[own] - others.predict(X[own])))
+            offsets[machine] = residual * own.sum() / (own.sum() + OFFSET_PRIOR_ROWS)
+        return offsets
 
     def covers(self, candidate: Candidate) -> bool:
         return (candidate.runtime, candidate.device) in self.coverage
@@ -169,10 +211,11 @@ class LearnedPredictor:
         compile_s = np.maximum(0.0, np.expm1(self._compile.predict(X)))
         results = []
         for i, example in enumerate(examples):
+            trees = per_tree[:, i] + self.machine_offsets.get(example.machine, 0.0)
             bound = example.bound_seconds
-            step = bound / math.exp(float(per_tree[:, i].mean()))
-            low = bound / math.exp(float(np.percentile(per_tree[:, i], 90)))
-            high = bound / math.exp(float(np.percentile(per_tree[:, i], 10)))
+            step = bound / math.exp(float(trees.mean()))
+            low = bound / math.exp(float(np.percentile(trees, 90)))
+            high = bound / math.exp(float(np.percentile(trees, 10)))
             results.append((step, min(low, step), max(high, step), float(compile_s[i]) + example.tuning_seconds))
         return results
 
