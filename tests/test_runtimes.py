@@ -29,8 +29,9 @@ NEEDS = {"onnxruntime": ["onnxruntime"], "pytorch": ["torch"], "torch-compile": 
 def needs(runtime: str) -> None:
     # found, not imported: importing torchax is the xla module's job (see modak.runtimes.xla.import_torchax)
     for module in ["onnxruntime", "torch", *NEEDS[runtime]]:  # the reference and the zoo export, then its own
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{runtime} needs the Python package {module}")
+        # Installed by `.ci/provision.sh` (the `runtimes` extra): missing means a broken install, not a skip.
+        assert importlib.util.find_spec(module) is not None, \
+            f"{runtime} needs the Python package {module}: pip install -e '.[test,torch,runtimes]'"
 
 
 def zoo_request(runtime: str, zoo: str, task: str = "inference", *, workdir: Path, **fields) -> RunRequest:
