@@ -27,17 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 import pytest
 import yaml
-from onnx import TensorProto, helper, numpy_helper
 
 from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test, split_ref
 from modak.build.pipeline import LOCK_LABEL, tuned_artifacts
 from modak.build.submit import Submission, output_file, parse_job_id, wait
 from modak.errors import (EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED, EngineUnavailable,
                           SubmitFailed)
+from onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mnist-cnn-cpu"
@@ -82,19 +80,6 @@ def write_job(folder: Path, **changes: Any) -> Path:
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
-
-
-def tiny_onnx(path: Path, input_name: str) -> None:
-    """MatMul + Relu with a dynamic batch."""
-    weight = numpy_helper.from_array(np.ones((4, 2), np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", [input_name, "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
-        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, path)
 
 
 def image_labels(engine: DockerEngine, ref: str) -> dict[str, str]:
@@ -353,7 +338,7 @@ def test_hostile_strings_stay_data_in_a_real_image(cnn: Built, engine: DockerEng
     folder = tmp_path / "spec"
     bad = "".join(HOSTILE).replace("/", "_")
     model = Path(f"m {bad}") / f"model {bad.replace(chr(92), '_')}.onnx"  # onnx reads a backslash as a separator
-    tiny_onnx(folder / model, input_name=f"x{bad}")
+    write_onnx(folder / model, input_name=f"x{bad}")
     (folder / bad).write_text("user file\n")
     write_target(folder, "local-cpu")
     runtime = cnn.data["choice"]["runtime"]  # the same pip layer as the example: only the cheap layers are new

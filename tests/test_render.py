@@ -18,11 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 import pytest
 import yaml
-from onnx import TensorProto, helper, numpy_helper
 from spython.main.parse.parsers import SingularityParser
 
 import modak.render.render as render_module
@@ -35,6 +32,7 @@ from modak.spec.loader import load_job
 from modak.spec.models import DataSpec
 from modak.workload.analysis import analyze
 from modak.workload.source import ModelSource, load_analysis
+from onnx_graphs import write_onnx
 
 GOLDEN = Path(__file__).parent / "golden"
 CREATED = "2025-01-01T00:00:00Z"
@@ -59,19 +57,6 @@ class Preferred:
         step = 0.002 if hit else 0.004
         terms = (("compute_s", step * 0.6), ("memory_s", step * 0.3), ("overhead_s", step * 0.1))
         return Prediction(step, step / 2, step * 2, 0.0, terms, "compute", self.name)
-
-
-def write_onnx(path: Path, input_name: str = "x", external: bool = False) -> None:
-    """A MatMul + Relu graph with a dynamic batch; ``external`` puts its weights in ``<name>.data``."""
-    weight = numpy_helper.from_array(np.ones((4, 2), np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", [input_name, "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny",
-        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, path, save_as_external_data=external, location=f"{path.name}.data", size_threshold=0)
 
 
 def make_plan_for(folder: Path, job: dict[str, Any], target: dict[str, Any], prefer: Preferred,

@@ -9,7 +9,6 @@ from typing import Any
 
 import yaml
 
-from modak.errors import InputError
 from modak.paths import data_dir
 from modak.spec.loader import SpecDocument
 from modak.spec.models import Precision, Target
