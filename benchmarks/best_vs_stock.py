@@ -4,8 +4,8 @@ The best configuration is read from the campaign CSV; both are then measured aga
 this run, alternating (stock, best, stock, best, ...) so that machine noise hits both alike. The table
 prints each one's median over the rounds and the speedup best/stock.
 
-    python benchmarks/best_vs_stock.py --target perfmodels/targets/ci-epyc-2c.yaml \
-        --data perfmodels/cpu-ci-epyc-2c.csv [--rounds 2] [--models mnist_cnn resnet18]
+    python benchmarks/best_vs_stock.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
+        --data perfmodels/cpu-ci-epyc-2c-b.csv [--rounds 2] [--models mnist_cnn resnet18]
 """
 
 from __future__ import annotations

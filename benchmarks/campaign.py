@@ -4,8 +4,8 @@ Every configuration goes through the same harness as ``modak bench`` (one fresh 
 checked against the fp32 reference before timing) into a perf store, which is then exported to CSV under
 ``perfmodels/``. ``--resume`` skips configurations the store already measured successfully.
 
-    python benchmarks/campaign.py --target perfmodels/targets/ci-epyc-2c.yaml \
-        --store perfmodels/campaign.sqlite --export perfmodels/cpu-ci-epyc-2c.csv --resume
+    python benchmarks/campaign.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
+        --store perfmodels/campaign-b.sqlite --export perfmodels/cpu-ci-epyc-2c-b.csv --resume
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ row of that workload's model, the plan picks a candidate, and then the pick, the
 eager, framework defaults) and the campaign's measured best are measured side by side in this run,
 alternating. Prints the pick's speedup over stock and its regret against the measured best.
 
-    python benchmarks/decision_quality.py --target perfmodels/targets/ci-epyc-2c.yaml \
-        --data perfmodels/cpu-ci-epyc-2c.csv [--models mnist_cnn resnet18] [--rounds 2]
+    python benchmarks/decision_quality.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
+        --data perfmodels/cpu-ci-epyc-2c-b.csv [--models mnist_cnn resnet18] [--rounds 2]
 """
 
 from __future__ import annotations

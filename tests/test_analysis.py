@@ -64,6 +64,10 @@ def test_bert_base_matches_published_counts(profile):
     assert len(matmuls) == 12 * 8 and p.by_op_type()["Softmax"].count == 12
     assert p.parameters == pytest.approx(110e6, rel=0.01)
     assert p.by_op_class()["embedding"].count == 3  # word, position and token-type tables
+    # A lookup reads the rows it gathers, not its table (the word table alone is 30522 x 768 x 4 = 94 MB):
+    # per table 128 int64 ids, 128 rows of 768 fp32 read (token type: its whole 2-row table) and written.
+    rows = 128 * 768 * 4
+    assert p.by_op_class()["embedding"].bytes == 3 * 128 * 8 + 2 * rows + 2 * 768 * 4 + 3 * rows
 
 
 # --- a graph computed by hand ---------------------------------------------------------------------------

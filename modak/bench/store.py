@@ -129,15 +129,20 @@ class PerfStore:
 
     def export_csv(self, path: Path, **where: object) -> int:
         """Write matching rows to ``path`` (atomically); returns how many."""
-        from modak.paths import write_atomic
-
         rows = self.rows(**where)
-        write_atomic(path, _to_csv(rows))
+        write_csv(path, rows)
         return len(rows)
 
     def import_csv(self, path: Path) -> int:
         """Add the rows of a CSV written by :meth:`export_csv`."""
         return self.add(read_csv(path))
+
+
+def write_csv(path: Path, rows: list[Measurement]) -> None:
+    """Write rows as CSV of the store's columns, atomically."""
+    from modak.paths import write_atomic
+
+    write_atomic(path, _to_csv(rows))
 
 
 def _to_csv(rows: list[Measurement]) -> str:

@@ -37,6 +37,7 @@ class Scores:
     regret_median: float
     regret_p90: float
     workloads: int
+    interval_coverage: float  # share of measured times inside the predicted 80% interval (NaN: no interval)
 
 
 def shipped_rows() -> list[Measurement]:
@@ -74,6 +75,7 @@ def evaluate(rows: list[Measurement]) -> list[Scores]:
     results = []
     for scheme, group_of in schemes:
         learned: dict[int, float] = {}
+        intervals: dict[int, tuple[float, float]] = {}
         baseline: dict[int, float] = {}
         uncovered = 0
         for group in sorted({group_of(r) for r in rows}):
@@ -86,11 +88,12 @@ def evaluate(rows: list[Measurement]) -> list[Scores]:
             uncovered += len(test) - len(covered)
             predictions = model.predict_examples([example_from_row(r) for _, r in covered])
             utilization = _median_utilization(train)
-            for (i, r), (step, *_rest) in zip(covered, predictions):
+            for (i, r), (step, low, high, _compile) in zip(covered, predictions):
                 learned[i] = step
+                intervals[i] = (low, high)
                 baseline[i] = example_from_row(r).bound_seconds / utilization[(r.runtime, r.device)]
-        for name, predicted in (("learned", learned), ("roofline/median-utilization", baseline)):
-            results.append(_score(scheme, name, rows, predicted, uncovered))
+        results.append(_score(scheme, "learned", rows, learned, uncovered, intervals))
+        results.append(_score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}))
     return results
 
 
@@ -101,7 +104,8 @@ def _median_utilization(rows: list[Measurement]) -> dict[tuple[str, str], float]
     return {pair: statistics.median(values) for pair, values in by_pair.items()}
 
 
-def _score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int) -> Scores:
+def _score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
+           intervals: dict[int, tuple[float, float]]) -> Scores:
     from scipy.stats import kendalltau
 
     errors = [abs(predicted[i] - rows[i].step_median_s) / rows[i].step_median_s for i in predicted]
@@ -124,13 +128,16 @@ def _score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int,
     return Scores(scheme, name, len(predicted), uncovered, statistics.mean(errors) if errors else math.nan,
                   statistics.median(taus) if taus else math.nan,
                   statistics.median(regrets) if regrets else math.nan,
-                  float(np.percentile(regrets, 90)) if regrets else math.nan, len(regrets))
+                  float(np.percentile(regrets, 90)) if regrets else math.nan, len(regrets),
+                  statistics.mean(low <= rows[i].step_median_s <= high for i, (low, high) in intervals.items())
+                  if intervals else math.nan)
 
 
 def format_scores(scores: list[Scores]) -> str:
     lines = [f"{'scheme':<22} {'predictor':<28} {'rows':>5} {'uncov':>5} {'MAPE':>8} {'tau med':>8} "
-             f"{'regret med':>10} {'regret p90':>10} {'workloads':>9}"]
+             f"{'regret med':>10} {'regret p90':>10} {'workloads':>9} {'in 80% int':>10}"]
     for s in scores:
         lines.append(f"{s.scheme:<22} {s.predictor:<28} {s.rows:5d} {s.uncovered:5d} {s.mape:8.1%} "
-                     f"{s.kendall_tau_median:8.2f} {s.regret_median:10.1%} {s.regret_p90:10.1%} {s.workloads:9d}")
+                     f"{s.kendall_tau_median:8.2f} {s.regret_median:10.1%} {s.regret_p90:10.1%} {s.workloads:9d} "
+                     + (f"{'-':>10}" if math.isnan(s.interval_coverage) else f"{s.interval_coverage:10.1%}"))
     return "\n".join(lines)

@@ -9,6 +9,7 @@ Cost model (the constants live in ``recipes/hardware/op_classes.yaml`` and :data
   (reductions) or per window element (pooling); gathers and layout ops cost no FLOPs.
 * Bytes assume every node reads all its inputs from memory and writes all its outputs (no fusion, no cache
   reuse); inputs that are initializers or Constant outputs count as weights. Shape and Size read no data.
+  An embedding lookup (a Gather from a weight table) reads the rows it gathers, not the whole table.
 * Training: the backward pass costs :data:`BACKWARD_FLOPS` x the forward FLOPs (gradients with respect to
   activations and weights, the common 2x rule) and moves :data:`BACKWARD_BYTES` x the forward bytes (saved
   activations and incoming gradients read, gradients written); the optimizer update costs per parameter the
@@ -359,6 +360,8 @@ def _node_stats(node: onnx.NodeProto, index: int, types: dict[str, tuple[int, tu
             else:
                 input_bytes += size
     output_bytes = sum(_nbytes(*t) for t in outputs)
+    if op_class == "embedding":
+        weight_bytes = min(weight_bytes, output_bytes)  # the gathered rows
     return OpStats(node.name or f"{node.op_type}_{index}", node.op_type, op_class, macs, flops, input_bytes,
                    weight_bytes, output_bytes)
 

@@ -1,0 +1,55 @@
+"""Refresh the workload columns of campaign CSVs after the analysis' cost model changed.
+
+A stored row carries the workload's features as the analysis computed them when it was measured (FLOPs,
+bytes, per op class, nodes, parameters). When the cost model is corrected, those columns are recomputed
+from the zoo model, batch and task of each row; no measured or machine column is touched.
+
+    python benchmarks/reanalyze.py perfmodels/cpu-*.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from modak.bench.harness import zoo_plan
+from modak.bench.store import Measurement, as_json, read_csv, write_csv
+from modak.spec.loader import load_spec
+from modak.spec.models import Target
+from modak.workload.analysis import WorkloadProfile
+
+TARGETS = Path(__file__).resolve().parents[1] / "perfmodels" / "targets"
+
+
+def workload_columns(profile: WorkloadProfile) -> dict[str, object]:
+    by_class = profile.by_op_class()
+    return {"flops": float(profile.flops), "bytes": float(profile.bytes), "forward_flops": float(profile.forward_flops),
+            "parameters": profile.parameters, "nodes": len(profile.ops),
+            "op_class_flops": as_json({k: g.flops for k, g in by_class.items()}),
+            "op_class_bytes": as_json({k: g.bytes for k, g in by_class.items()})}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("csv", nargs="+", type=Path)
+    args = parser.parse_args()
+    for path in args.csv:
+        rows = list(read_csv(path))
+        columns: dict[tuple, dict[str, object]] = {}
+        refreshed: list[Measurement] = []
+        for row in rows:
+            key = (row.machine, row.model, row.task, row.batch_size)
+            if key not in columns:
+                target, doc = load_spec(TARGETS / f"{row.machine}.yaml", Target)
+                plan, _ = zoo_plan(row.model, row.batch_size, row.task, [row.precision], target, doc)
+                columns[key] = workload_columns(plan.workload)
+            refreshed.append(replace(row, **columns[key]))
+        changed = sum(a != b for a, b in zip(rows, refreshed))
+        write_csv(path, refreshed)
+        print(f"{path}: {changed} of {len(rows)} rows changed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
