@@ -3,6 +3,7 @@ to the roofline elsewhere and says so, and local rows outweigh shipped ones."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,7 +15,7 @@ from modak.bench.harness import measurement_row
 from modak.bench.store import Measurement, PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor
-from modak.predict.evaluate import evaluate, training_data
+from modak.predict.evaluate import evaluate, score, training_data
 from modak.predict.learned import LearnedPredictor, example_from, example_from_row
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.loader import load_job
@@ -113,6 +114,20 @@ def test_leave_one_model_out_scores_held_out_rows(plans) -> None:
     learned = scores["learned"]
     assert learned.scheme == "leave-one-model-out" and learned.rows == len(rows) and learned.uncovered == 0
     assert learned.mape < 0.15 and learned.regret_median < 0.05 and learned.kendall_tau_median > 0.5
+
+
+def test_scores_count_regret_and_interval_coverage(plans) -> None:
+    """Four configurations of one workload measured at 1-4 ms; the prediction takes the 4 ms one for the
+    fastest, so the pick's regret is 4 / 1 - 1; two of the four measured times lie in their interval."""
+    measured = [1e-3, 2e-3, 3e-3, 4e-3]
+    rows = [replace(row, step_median_s=t) for row, t in zip(synthetic_rows(plans[:1]), measured)]
+    predicted = {0: 1e-3, 1: 2e-3, 2: 3e-3, 3: 0.5e-3}
+    intervals = {0: (0.0, math.inf), 1: (4e-3, 6e-3), 2: (3e-3, 3e-3), 3: (0.0, 1e-3)}
+    result = score("scheme", "test", rows, predicted, 1, intervals)
+    assert result.interval_coverage == 0.5 and result.uncovered == 1 and result.workloads == 1
+    assert result.regret_median == pytest.approx(3.0) and result.regret_p90 == pytest.approx(3.0)
+    assert result.mape == pytest.approx(0.875 / 4)
+    assert result.kendall_tau_median == pytest.approx(0.0)  # ranks 2,3,4,1 vs 1,2,3,4: 3 concordant, 3 not
 
 
 def test_model_eval_cli_reports_the_metrics(plans, tmp_path: Path) -> None:

@@ -92,8 +92,8 @@ def evaluate(rows: list[Measurement]) -> list[Scores]:
                 learned[i] = step
                 intervals[i] = (low, high)
                 baseline[i] = example_from_row(r).bound_seconds / utilization[(r.runtime, r.device)]
-        results.append(_score(scheme, "learned", rows, learned, uncovered, intervals))
-        results.append(_score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}))
+        results.append(score(scheme, "learned", rows, learned, uncovered, intervals))
+        results.append(score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}))
     return results
 
 
@@ -104,8 +104,9 @@ def _median_utilization(rows: list[Measurement]) -> dict[tuple[str, str], float]
     return {pair: statistics.median(values) for pair, values in by_pair.items()}
 
 
-def _score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
-           intervals: dict[int, tuple[float, float]]) -> Scores:
+def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
+          intervals: dict[int, tuple[float, float]]) -> Scores:
+    """Metrics of ``predicted`` (row index -> step seconds) against the rows' measured medians."""
     from scipy.stats import kendalltau
 
     errors = [abs(predicted[i] - rows[i].step_median_s) / rows[i].step_median_s for i in predicted]
