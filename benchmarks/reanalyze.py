@@ -13,21 +13,12 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from modak.bench.harness import zoo_plan
-from modak.bench.store import Measurement, as_json, read_csv, write_csv
+from modak.bench.harness import workload_columns, zoo_plan
+from modak.bench.store import Measurement, read_csv, write_csv
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
-from modak.workload.analysis import WorkloadProfile
 
 TARGETS = Path(__file__).resolve().parents[1] / "perfmodels" / "targets"
-
-
-def workload_columns(profile: WorkloadProfile) -> dict[str, object]:
-    by_class = profile.by_op_class()
-    return {"flops": float(profile.flops), "bytes": float(profile.bytes), "forward_flops": float(profile.forward_flops),
-            "parameters": profile.parameters, "nodes": len(profile.ops),
-            "op_class_flops": as_json({k: g.flops for k, g in by_class.items()}),
-            "op_class_bytes": as_json({k: g.bytes for k, g in by_class.items()})}
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from modak.bench.store import Measurement, PerfStore, as_json
 from modak.candidates.catalog import Recipe, load_catalog, value_key
@@ -30,6 +30,7 @@ from modak.predict.roofline import RooflinePredictor
 from modak.runtimes.base import RunRequest
 from modak.spec.loader import LoadedJob, SpecDocument
 from modak.spec.models import Job, Precision, Target
+from modak.workload.analysis import WorkloadProfile
 from modak.workload.source import ModelSource, load_analysis
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -146,10 +147,18 @@ def _run_one(plan: Plan, source: ModelSource, candidate: Candidate, recipe: Reci
         return {"status": "error", "error": f"runner exited with {process.returncode}: {tail}"[:2000]}
 
 
+def workload_columns(workload: WorkloadProfile) -> dict[str, Any]:
+    """A store row's columns that describe the workload (as the analysis computes them)."""
+    by_class = workload.by_op_class()
+    return {"flops": float(workload.flops), "bytes": float(workload.bytes),
+            "forward_flops": float(workload.forward_flops), "parameters": workload.parameters,
+            "nodes": len(workload.ops), "op_class_flops": as_json({k: g.flops for k, g in by_class.items()}),
+            "op_class_bytes": as_json({k: g.bytes for k, g in by_class.items()})}
+
+
 def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measurement:
     """A store row from the plan's workload and target and the runner's result."""
     workload, ceilings, job = plan.workload, plan.ceilings, plan.loaded.job
-    by_class = workload.by_op_class()
     device = ceilings.gpu if candidate.device == "gpu" and ceilings.gpu else ceilings.cpu  # where it ran
     return Measurement(
         machine=plan.loaded.target.name, microarchitecture=ceilings.microarchitecture, cores=ceilings.cores,
@@ -157,10 +166,7 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
         bandwidth_gbs=device.bandwidth_gbs, gpu=ceilings.gpu.name if ceilings.gpu else None,
         model=workload.model_name, task=job.task.value, batch_size=job.model.batch_size,
         input_shapes=as_json({k: list(v) for k, v in workload.input_shapes.items()}),
-        flops=float(workload.flops), bytes=float(workload.bytes), forward_flops=float(workload.forward_flops),
-        parameters=workload.parameters, nodes=len(workload.ops),
-        op_class_flops=as_json({k: group.flops for k, group in by_class.items()}),
-        op_class_bytes=as_json({k: group.bytes for k, group in by_class.items()}),
+        **workload_columns(workload),
         runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
         params=as_json(dict(candidate.params)), threads=candidate.threads,
         status=result.get("status", "error"), step_median_s=result.get("step_median_s"),
