@@ -16,7 +16,7 @@ from modak.bench.store import Measurement, PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score, training_data
-from modak.predict.learned import LearnedPredictor, example_from, example_from_row
+from modak.predict.learned import LearnedPredictor, example_from, example_from_row, shrunk_offset
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.loader import load_job
 from modak.workload.source import load_analysis
@@ -158,3 +158,21 @@ def test_calibration_rows_from_a_new_machine_correct_its_predictions(plans) -> N
     assert before.machine_offsets == {} and len(after.machine_offsets) == 1
     assert error(before, held_out) > 0.4 and error(after, held_out) < 0.15
     assert error(after, machine_a) < 0.1  # the reference machine's predictions do not move
+
+
+def test_machine_offset_needs_workloads_that_agree() -> None:
+    """One workload cannot tell a machine's offset from its own error; agreeing workloads give (nearly) their
+    mean; workloads whose errors scatter around a small mean give nothing."""
+    assert shrunk_offset([0.7]) == 0.0
+    assert shrunk_offset([0.69, 0.70, 0.68, 0.69]) == pytest.approx(0.69, abs=0.02)
+    assert shrunk_offset([0.3, -0.2, 0.25, -0.15]) == 0.0
+    spread2 = (2 * 0.24 ** 2 + 1 * 0.02) / 3  # two workloads at 0.2 and 0.4: prior spread pooled with theirs
+    assert shrunk_offset([0.2, 0.4]) == pytest.approx(0.3 * (1 - spread2 / (2 * 0.09)))
+
+
+def test_one_calibration_workload_moves_no_offset(plans) -> None:
+    machine_a = synthetic_rows(plans)
+    one_workload = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5, step_median_s=r.step_median_s * 2)
+                    for r in synthetic_rows(plans[:1])]
+    assert len({example_from_row(r).workload for r in one_workload}) == 1
+    assert list(LearnedPredictor(machine_a + one_workload).machine_offsets.values()) == [0.0]

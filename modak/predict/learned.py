@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable, Sequence
@@ -37,8 +38,11 @@ CATEGORICAL = {"graph_optimization": ("all", "extended", "basic", "disabled"), "
                "performance_hint": ("LATENCY", "THROUGHPUT"), "allocator": ("default", "jemalloc"),
                "execution_mode": ("sequential", "parallel")}
 TREES = 100
-MIN_ROWS = 5
-OFFSET_PRIOR_ROWS = 5  # a machine's offset is shrunk by n / (n + this): a few rows move it only part way  # rows of a (runtime, device) the model needs before it is trusted for that pair
+MIN_ROWS = 5  # rows of a (runtime, device) the model needs before it is trusted for that pair
+# How far one workload's median log error on a new machine strays from the machine's common offset: the SD
+# of the 26 per-workload medians of the first campaign's machine, predicted from the second one's data.
+WORKLOAD_SPREAD = 0.24
+WORKLOAD_SPREAD_PRIOR = 2  # that spread counts as if seen on this many workloads
 _BYTES_SCALE = {"fp32": 1.0, "tf32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.25}
 
 
@@ -76,6 +80,11 @@ class Example:
         total = sum(max(self.class_flops.get(c, 0.0) / peak, self.class_bytes.get(c, 0.0) * byte_scale / bandwidth)
                     for c in sorted(set(self.class_flops) | set(self.class_bytes)))  # fixed order: same sum
         return max(total * step_ratio, 1e-9)
+
+    @property
+    def workload(self) -> tuple:
+        """What identifies the measured workload (model, batch and task) as the analysis saw it."""
+        return (self.task, self.batch_size, self.nodes, self.parameters, self.flops)
 
     @cached_property
     def tuning_seconds(self) -> float:
@@ -127,6 +136,18 @@ def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate:
                                      device.bandwidth_gbs))
 
 
+def shrunk_offset(workload_medians: list[float]) -> float:
+    """A machine's offset from its workloads' median errors: their mean, shrunk (positive-part James-Stein)
+    by how much of it the workloads' spread (prior ``WORKLOAD_SPREAD``, pooled with theirs) can explain."""
+    k = len(workload_medians)
+    if k < 2:
+        return 0.0
+    mean = statistics.mean(workload_medians)
+    spread2 = ((WORKLOAD_SPREAD_PRIOR * WORKLOAD_SPREAD ** 2 + (k - 1) * statistics.variance(workload_medians))
+               / (WORKLOAD_SPREAD_PRIOR + k - 1))
+    return mean * max(0.0, 1.0 - spread2 / (k * mean * mean)) if mean else 0.0
+
+
 def _ones() -> Iterable[float]:
     while True:
         yield 1.0
@@ -169,12 +190,15 @@ class LearnedPredictor:
     @staticmethod
     def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weight: np.ndarray,
                          forest: dict[str, Any]) -> dict[tuple, float]:
-        """Per machine, how far its rows sit from what the other machines' data predicts (log utilization).
+        """Per machine, the common offset (log utilization) of its rows from what the other machines' data
+        predicts: what physics and the features leave out about a machine, if its workloads agree on it.
 
-        What physics and the features leave out about a machine (its memory system, its virtualization, the
-        probe's view of it) shows up as a common offset of all its rows. It is estimated out of sample, from a
-        forest trained without that machine, and shrunk toward zero when the machine has few rows. With data
-        from one machine only there is nothing to compare against, and no offset.
+        Each workload's median residual (out of sample: from a forest trained without that machine) is one
+        piece of evidence, its rows are not independent ones. On a new machine the workloads' own errors
+        spread by about ``WORKLOAD_SPREAD`` around the common offset, so the mean of k workloads' medians is
+        shrunk James-Stein style, by 1 - spread^2 / (k mean^2), toward zero: one workload alone cannot tell
+        a machine's offset from its own error and moves nothing. With data from one machine only there is
+        nothing to compare against, and no offset.
         """
         from sklearn.ensemble import RandomForestRegressor
 
@@ -190,8 +214,10 @@ class LearnedPredictor:
                 continue
             own = np.array([e.machine == machine for e in examples])
             others = RandomForestRegressor(**forest).fit(X[~own], y[~own], sample_weight=weight[~own])
-            residual = float(np.median(y[own] - others.predict(X[own])))
-            offsets[machine] = residual * own.sum() / (own.sum() + OFFSET_PRIOR_ROWS)
+            by_workload: dict[tuple, list[float]] = {}
+            for e, residual in zip([e for e in examples if e.machine == machine], y[own] - others.predict(X[own])):
+                by_workload.setdefault(e.workload, []).append(float(residual))
+            offsets[machine] = shrunk_offset([float(np.median(v)) for v in by_workload.values()])
         return offsets
 
     def covers(self, candidate: Candidate) -> bool:

@@ -1,0 +1,44 @@
+"""The noise floor of the measurements: how well does one campaign run predict another run of itself?
+
+Re-measure part of the campaign on the same machine into a second CSV, for example
+
+    python benchmarks/campaign.py --target perfmodels/targets/ci-epyc-2c-b.yaml --store /tmp/again.sqlite \
+        --export /tmp/again.csv --models mlp resnet18
+    python benchmarks/repeatability.py perfmodels/cpu-ci-epyc-2c-b.csv /tmp/again.csv
+
+Run A's measured step times are then scored as if they were predictions of run B's, with the same metrics as
+``modak model eval`` (MAPE, Kendall tau per workload, regret of the top-1 pick). No predictor can be expected
+to beat these numbers on run B: they are what the machine's run-to-run variation alone costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from modak.bench.store import read_csv
+from modak.predict.evaluate import format_scores, ok_rows, score
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("first", type=Path, help="campaign CSV of run A")
+    parser.add_argument("second", type=Path, help="campaign CSV of run B (same machine, re-measured)")
+    args = parser.parse_args()
+    first = {r.key: r.step_median_s for r in ok_rows(read_csv(args.first))}
+    second = ok_rows(read_csv(args.second))
+    matched = {i: first[r.key] for i, r in enumerate(second) if r.key in first}
+    if not matched:
+        raise SystemExit(f"no configuration of {args.second} was measured ok in {args.first}")
+    print(f"{len(matched)} configurations measured ok in both runs "
+          f"({len(second) - len(matched)} of run B's are not in run A)")
+    print(format_scores([score("run A predicts run B", "measured (run A)", second, matched,
+                               len(second) - len(matched), {})]))
+    ratios = sorted(second[i].step_median_s / t for i, t in matched.items())
+    print(f"run B / run A step time: median {ratios[len(ratios) // 2]:.2f}, "
+          f"range {ratios[0]:.2f}-{ratios[-1]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
