@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from modak.candidates.catalog import Recipe, load_catalog, value_key
@@ -41,6 +41,7 @@ class Plan:
     ranked: tuple[RankedCandidate, ...]
     pruned: tuple[Pruned, ...]
     reasons: tuple[str, ...]
+    stock: RankedCandidate | None  # the stock deployment (a recipe marked ``stock``), if it can run the job
 
     @property
     def choice(self) -> RankedCandidate:
@@ -110,7 +111,21 @@ def make_plan(loaded: LoadedJob, workload: WorkloadProfile, predictor: Predictor
         why = "; ".join(f"{p.runtime}: {p.reason}" for p in pruned) or "the catalog is empty"
         raise InputError(f"no candidate deployment can run this job ({why})", loaded.job_doc.path)
     ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
-    return Plan(loaded, workload, ceilings, tuple(ranked), tuple(pruned), _reasons(loaded, ranked, pruned))
+    stock = next((r for r in ranked if catalog[r.candidate.runtime].is_stock(r.candidate)), None)
+    kept = stock if stock is not None and not _confidently_faster(ranked[0], stock, job.objective.steps) else None
+    if kept is not None:
+        ranked = [kept] + [r for r in ranked if r is not kept]
+    return Plan(loaded, workload, ceilings, tuple(ranked), tuple(pruned), _reasons(loaded, ranked, pruned, kept),
+                stock)
+
+
+def _confidently_faster(fastest: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:
+    """Whether the fastest predicted candidate beats stock even at the slow end of its interval (its 90th
+    percentile step time, compile amortized as usual) against stock's predicted objective."""
+    if fastest is stock:
+        return True
+    slow = replace(fastest.prediction, step_seconds=fastest.prediction.high_seconds)
+    return objective_seconds(slow, steps) < stock.objective_seconds
 
 
 def objective_seconds(prediction: Prediction, steps: int | None) -> float:
@@ -153,14 +168,22 @@ def _round(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned]) -> tuple[str, ...]:
+def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned],
+             kept_stock: RankedCandidate | None) -> tuple[str, ...]:
     job = loaded.job
     best = ranked[0]
     p = best.prediction
-    share = max(p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")) / p.step_seconds
+    physics = [p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")]  # the roofline's split of a step
+    share = max(physics) / sum(physics)
     reasons = [f"chose {best.candidate.name}: predicted {_ms(p.step_seconds)} per step of batch "
-               f"{job.model.batch_size} ({p.bound}-bound, {share:.0%} of the step), "
+               f"{job.model.batch_size} ({p.bound}-bound: {share:.0%} of the roofline step), "
                f"interval {_ms(p.low_seconds)}-{_ms(p.high_seconds)} ({p.predictor})"]
+    if kept_stock is not None:
+        fastest = min(ranked[1:], key=lambda r: (r.objective_seconds, r.candidate.name))
+        reasons.append(f"kept the stock deployment: the fastest predicted, {fastest.candidate.name} at "
+                       f"{_ms(fastest.objective_seconds)}, is not faster than stock's "
+                       f"{_ms(kept_stock.objective_seconds)} at the slow end of its interval "
+                       f"({_ms(fastest.prediction.high_seconds)} per step): `modak bench` measures both")
     other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)
     if other:
         ratio = other.objective_seconds / best.objective_seconds

@@ -166,3 +166,34 @@ def test_fallback_predictor_uses_the_first_answer() -> None:
     plan = make_plan(load_job(CNN), load_analysis(load_job(CNN))[1],
                      predictor=FallbackPredictor((NoData(), RooflinePredictor())))
     assert {r.prediction.predictor for r in plan.ranked} == {"roofline"}
+
+
+class Scaled:
+    """Roofline predictions with the stock deployment at 10 ms and everything else at ``others`` seconds with
+    an interval of x``width``."""
+
+    name = "scaled"
+
+    def __init__(self, others: float, width: float) -> None:
+        self.others, self.width = others, width
+
+    def predict(self, workload, ceilings, candidate, recipe):
+        physics = RooflinePredictor().predict(workload, ceilings, candidate, recipe)
+        step = 0.010 if recipe.is_stock(candidate) else self.others
+        width = 1.0 if recipe.is_stock(candidate) else self.width
+        return replace(physics, step_seconds=step, low_seconds=step / width, high_seconds=step * width,
+                       compile_seconds=0.0)
+
+
+def test_stock_is_kept_unless_another_candidate_is_confidently_faster() -> None:
+    loaded = load_job(CNN)
+    profile = load_analysis(loaded)[1]
+    uncertain = make_plan(loaded, profile, predictor=Scaled(0.008, 1.5))  # 8 ms, but up to 12 ms: not sure
+    stock = uncertain.choice.candidate
+    assert uncertain.stock is uncertain.choice and load_catalog()["pytorch"].is_stock(stock)
+    assert (stock.runtime, stock.precision, dict(stock.params)) == (
+        "pytorch", Precision.fp32, {"threads": "all", "channels_last": False, "allocator": "default"})
+    assert any(r.startswith("kept the stock deployment") and "12 ms" in r for r in uncertain.reasons)
+    confident = make_plan(loaded, profile, predictor=Scaled(0.008, 1.2))  # up to 9.6 ms: faster than stock
+    assert confident.choice.objective_seconds == pytest.approx(0.008) and confident.stock.objective_seconds == 0.010
+    assert not any(r.startswith("kept the stock") for r in confident.reasons)

@@ -191,8 +191,7 @@ def measure_side_by_side(plan: Plan, source: ModelSource, candidates: dict[str, 
 
 
 def stock_candidate(plan: Plan) -> Candidate:
-    """The stock deployment: PyTorch eager, fp32, framework defaults (all cores, no channels_last)."""
-    params = [("threads", "all"), ("channels_last", False), ("allocator", "default")]
-    if "conv" not in {op.op_class for op in plan.workload.ops}:
-        params = [p for p in params if p[0] != "channels_last"]
-    return Candidate("pytorch", "cpu", Precision.fp32, tuple(params), plan.ceilings.cores)
+    """The stock deployment of the plan (PyTorch eager, fp32, framework defaults: the recipe marked ``stock``)."""
+    if plan.stock is None:
+        raise ValueError(f"the plan for {plan.workload.model_name} has no stock candidate")
+    return plan.stock.candidate

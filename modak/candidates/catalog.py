@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -12,6 +12,9 @@ from modak.errors import InputError
 from modak.paths import data_dir
 from modak.spec.loader import load_spec
 from modak.spec.models import Name, Precision, Requirement, Task
+
+if TYPE_CHECKING:
+    from modak.candidates.enumerate import Candidate
 
 DeviceKind = Literal["cpu", "gpu"]
 ParamValue = bool | int | str
@@ -86,8 +89,18 @@ class Recipe(_Recipe):
     container: dict[DeviceKind, ContainerNeeds]
     parameters: tuple[Parameter, ...] = ()
     tuning: Tuning | None = None
+    stock: bool = Field(False, description="The framework's stock deployment (its first precision, every "
+                                           "parameter at its first value) is what the plan keeps unless "
+                                           "another candidate is confidently faster.")
     performance: dict[DeviceKind, DevicePerformance]
     notes: str = ""
+
+    def is_stock(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` is this recipe's stock deployment."""
+        firsts = {p.name: p.values[0] for p in self.parameters}
+        return (self.stock and candidate.runtime == self.name
+                and candidate.precision is self.precisions[candidate.device][0]
+                and all(k in firsts and firsts[k] == v for k, v in candidate.params))
 
     @property
     def devices(self) -> tuple[DeviceKind, ...]:
