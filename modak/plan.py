@@ -112,11 +112,12 @@ def make_plan(loaded: LoadedJob, workload: WorkloadProfile, predictor: Predictor
         raise InputError(f"no candidate deployment can run this job ({why})", loaded.job_doc.path)
     ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
     stock = next((r for r in ranked if catalog[r.candidate.runtime].is_stock(r.candidate)), None)
-    kept = stock if stock is not None and not _confidently_faster(ranked[0], stock, job.objective.steps) else None
-    if kept is not None:
-        ranked = [kept] + [r for r in ranked if r is not kept]
-    return Plan(loaded, workload, ceilings, tuple(ranked), tuple(pruned), _reasons(loaded, ranked, pruned, kept),
-                stock)
+    fastest = ranked[0]
+    kept_over = fastest if stock is not None and not _confidently_faster(fastest, stock, job.objective.steps) else None
+    if kept_over is not None:
+        ranked = [stock] + [r for r in ranked if r is not stock]
+    return Plan(loaded, workload, ceilings, tuple(ranked), tuple(pruned),
+                _reasons(loaded, ranked, pruned, kept_over), stock)
 
 
 def _confidently_faster(fastest: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:
@@ -169,7 +170,7 @@ def _round(value: float) -> float:
 
 
 def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned],
-             kept_stock: RankedCandidate | None) -> tuple[str, ...]:
+             stock_kept_over: RankedCandidate | None) -> tuple[str, ...]:
     job = loaded.job
     best = ranked[0]
     p = best.prediction
@@ -178,11 +179,11 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
     reasons = [f"chose {best.candidate.name}: predicted {_ms(p.step_seconds)} per step of batch "
                f"{job.model.batch_size} ({p.bound}-bound: {share:.0%} of the roofline step), "
                f"interval {_ms(p.low_seconds)}-{_ms(p.high_seconds)} ({p.predictor})"]
-    if kept_stock is not None:
-        fastest = min(ranked[1:], key=lambda r: (r.objective_seconds, r.candidate.name))
+    if stock_kept_over is not None:  # ranked[0] is the stock deployment
+        fastest = stock_kept_over
         reasons.append(f"kept the stock deployment: the fastest predicted, {fastest.candidate.name} at "
                        f"{_ms(fastest.objective_seconds)}, is not faster than stock's "
-                       f"{_ms(kept_stock.objective_seconds)} at the slow end of its interval "
+                       f"{_ms(best.objective_seconds)} at the slow end of its interval "
                        f"({_ms(fastest.prediction.high_seconds)} per step): `modak bench` measures both")
     other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)
     if other:
