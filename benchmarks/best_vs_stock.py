@@ -16,8 +16,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from modak.bench.harness import BenchSettings, measure_side_by_side, stock_candidate, zoo_plan
-from modak.bench.store import PerfStore, read_csv
+from modak.bench.harness import BenchSettings
+from zoo_jobs import measure_side_by_side, stock_candidate, zoo_plan
+from modak.measurements.store import PerfStore, read_csv
 from modak.candidates.enumerate import Candidate
 from modak.spec.loader import load_spec
 from modak.spec.models import Precision, Target

@@ -26,9 +26,10 @@ from pathlib import Path
 import yaml
 from campaign import grid_catalog
 
-from modak.bench.harness import BenchSettings, bench, zoo_plan
-from modak.bench.probe import probe, to_target
-from modak.bench.store import Measurement, PerfStore, read_csv, write_csv
+from modak.bench.harness import BenchSettings, bench
+from zoo_jobs import zoo_plan
+from modak.hardware.probe import probe, to_target
+from modak.measurements.store import Measurement, PerfStore, read_csv, write_csv
 from modak.predict.evaluate import LOCAL_WEIGHT, ok_rows, shipped_rows
 from modak.predict.learned import LearnedPredictor, example_from_row
 from modak.spec.loader import SpecDocument

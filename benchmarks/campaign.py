@@ -17,8 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from modak.bench.harness import BenchSettings, bench, measurement_row, zoo_plan
-from modak.bench.store import PerfStore
+from modak.bench.harness import BenchSettings, bench, measurement_row
+from zoo_jobs import zoo_plan
+from modak.measurements.store import PerfStore
 from modak.candidates.catalog import Recipe, load_catalog
 from modak.spec.loader import load_spec
 from modak.spec.models import Target

@@ -18,8 +18,9 @@ from pathlib import Path
 from campaign import grid_catalog
 
 import yaml
-from modak.bench.harness import BenchSettings, measure_side_by_side, stock_candidate, zoo_plan
-from modak.bench.store import PerfStore, read_csv
+from modak.bench.harness import BenchSettings
+from zoo_jobs import measure_side_by_side, stock_candidate, zoo_plan
+from modak.measurements.store import PerfStore, read_csv
 from modak.candidates.enumerate import Candidate
 from modak.predict.base import FallbackPredictor
 from modak.predict.learned import LearnedPredictor

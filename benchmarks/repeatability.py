@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from modak.bench.store import read_csv
+from modak.measurements.store import read_csv
 from modak.predict.evaluate import format_scores, ok_rows, score
 
 

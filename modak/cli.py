@@ -141,7 +141,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
-    from modak.workload.zoo import ZOO
+    from modak.image.zoo import ZOO
 
     for entry in ZOO.values():
         shapes = ", ".join(f"{k}{list(v)}" for k, v in entry.input_shapes.items())
@@ -355,7 +355,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from modak.bench.harness import BenchSettings, bench, select_candidates
-    from modak.bench.store import PerfStore
+    from modak.measurements.store import PerfStore
 
     if args.repeat < 1 or args.budget <= 0:
         raise InputError("--repeat must be at least 1 and --budget positive")
@@ -394,7 +394,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from modak.bench.probe import probe, probe_comment, to_target
+    from modak.hardware.probe import probe, probe_comment, to_target
     from modak.paths import write_atomic
     from modak.spec.models import Target
 

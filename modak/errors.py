@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 
 # Documented exit codes (README, "Exit codes").
@@ -90,3 +92,20 @@ class RegressionDetected(ModakError):
     """``modak check``: predicted or measured step time regressed beyond the threshold (exit code 9)."""
 
     exit_code = EXIT_REGRESSION
+
+
+def did_you_mean(name: str, known: Iterable[object], cutoff: float = 0.5, list_known: bool = True) -> str:
+    """``"; did you mean 'X'?"`` for the closest of ``known`` (ignoring case), else the list of them (unless
+    ``list_known`` is false, or there are none). The one suggestion helper of every "unknown name" message."""
+    by_lower = {str(k).lower(): str(k) for k in known}
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=cutoff)
+    if close:
+        return f"; did you mean '{by_lower[close[0]]}'?"
+    return f" (known: {', '.join(sorted(by_lower.values()))})" if by_lower and list_known else ""
+
+
+def short_reason(exc: BaseException) -> str:
+    """The first line of an exception's message, at most 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

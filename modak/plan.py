@@ -12,7 +12,7 @@ from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.errors import InputError
 from modak.predict.base import Prediction, Predictor, predict_many
 from modak.predict.default import default_predictor
-from modak.spec.hardware import TargetCeilings, target_ceilings
+from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Task
 from modak.workload.analysis import WorkloadProfile

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from modak.bench.store import PerfStore, read_csv
+from modak.measurements.store import PerfStore, read_csv
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
 

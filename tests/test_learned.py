@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from modak.bench.harness import measurement_row
-from modak.bench.store import Measurement, PerfStore
+from modak.measurements.store import Measurement, PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score, training_data

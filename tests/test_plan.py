@@ -16,7 +16,7 @@ from modak.errors import InputError
 from modak.plan import make_plan, objective_seconds
 from modak.predict.base import FallbackPredictor, Prediction
 from modak.predict.roofline import RooflinePredictor, tuning_factor
-from modak.spec.hardware import target_ceilings
+from modak.hardware.ceilings import target_ceilings
 from modak.spec.loader import load_job
 from modak.spec.models import Precision
 from modak.workload.analysis import OpStats, WorkloadProfile

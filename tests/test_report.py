@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from modak.bench.harness import measurement_row
-from modak.bench.store import PerfStore
+from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.default import default_predictor
 from modak.predict.roofline import RooflinePredictor

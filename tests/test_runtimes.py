@@ -1,4 +1,4 @@
-"""Every runtime module against the fp32 reference, through ``modak.runner.measure`` on small shapes.
+"""Every runtime module against the fp32 reference, through ``modak.image.runner.measure`` on small shapes.
 
 Inference is checked against ONNX Runtime on the ONNX graph, training (two steps' losses) against PyTorch
 eager; wrong outputs and silently lowered precision must come out as ``incorrect``.
@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modak import runner
-from modak.runtimes.base import TOLERANCE, FunctionSession, RunRequest
-from modak.workload.zoo import export_onnx, get_entry
+from modak.image import runner
+from modak.image.runtimes.base import TOLERANCE, FunctionSession, RunRequest
+from modak.image.zoo import get_entry
+from modak.workload.zoo import export_onnx
 
 # The Python modules each runtime needs; a runtime whose packages are missing is skipped.
 NEEDS = {"onnxruntime": ["onnxruntime"], "pytorch": ["torch"], "torch-compile": ["torch"],
@@ -27,7 +28,7 @@ NEEDS = {"onnxruntime": ["onnxruntime"], "pytorch": ["torch"], "torch-compile": 
 
 
 def needs(runtime: str) -> None:
-    # found, not imported: importing torchax is the xla module's job (see modak.runtimes.xla.import_torchax)
+    # found, not imported: importing torchax is the xla module's job (see modak.image.runtimes.xla.import_torchax)
     for module in ["onnxruntime", "torch", *NEEDS[runtime]]:  # the reference and the zoo export, then its own
         # Installed by `.ci/provision.sh` (the `runtimes` extra): missing means a broken install, not a skip.
         assert importlib.util.find_spec(module) is not None, \
@@ -90,7 +91,7 @@ def test_openvino_bf16_within_its_tolerance(tmp_path):
 
 def test_openvino_step_counts_the_batches_of_a_wave(tmp_path):
     needs("openvino")
-    from modak.runtimes import base, openvino
+    from modak.image.runtimes import base, openvino
 
     sessions = {}
     for hint in ("LATENCY", "THROUGHPUT"):
@@ -121,7 +122,7 @@ def test_wrong_output_is_rejected(task, monkeypatch, tmp_path):
         if task == "inference":  # the reference itself, off by 1% of its largest magnitude
             exact = runner.reference_outputs(request, inputs)
             return FunctionSession(lambda: [o + 0.01 * np.abs(o).max() for o in exact])
-        from modak.runtimes import pytorch
+        from modak.image.runtimes import pytorch
 
         session = pytorch.prepare(request, inputs)
         return FunctionSession(lambda: [loss * 1.01 for loss in session.run()])
@@ -147,9 +148,9 @@ XLA_CASES = {
 }
 _XLA_SCRIPT = """
 import json, sys, types
-from modak import runner
-from modak.runtimes import xla
-from modak.runtimes.base import RunRequest
+from modak.image import runner
+from modak.image.runtimes import xla
+from modak.image.runtimes.base import RunRequest
 
 def lowered(request, inputs):
     return xla.prepare(RunRequest(**{**request.__dict__, "precision": "bf16"}), inputs)
@@ -216,7 +217,7 @@ def _one_layer_onnx(path: Path) -> Path:
 
 def test_tvm_tuning_writes_a_database_that_a_second_prepare_reuses(tmp_path):
     needs("tvm")
-    from modak.runtimes import base, tvm
+    from modak.image.runtimes import base, tvm
 
     request = RunRequest(runtime="tvm", device="cpu", precision="fp32", params={"tuning_trials": 4},
                          threads=None, task="inference", onnx_path=str(_one_layer_onnx(tmp_path / "dense.onnx")),
@@ -242,7 +243,7 @@ def test_tvm_compiles_for_the_host_cpu():
     needs("tvm")
     from tvm.target import codegen
 
-    from modak.runtimes import tvm
+    from modak.image.runtimes import tvm
 
     name = tvm.host_mcpu()
     assert name == "generic" or codegen.llvm_is_valid_cpu(name, codegen.llvm_get_system_triple())
@@ -252,7 +253,7 @@ def test_tvm_compiles_for_the_host_cpu():
 def _run_subprocess(request: RunRequest, tmp_path: Path) -> tuple[int, dict]:
     path = tmp_path / "request.json"
     path.write_text(request.to_json())
-    done = subprocess.run([sys.executable, "-m", "modak.runner", "measure", str(path), "--repeat", "3",
+    done = subprocess.run([sys.executable, "-m", "modak.image.runner", "measure", str(path), "--repeat", "3",
                            "--budget", "0.5"], capture_output=True, text=True, timeout=120)
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 

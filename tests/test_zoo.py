@@ -8,6 +8,7 @@ import onnx
 import pytest
 
 from modak.errors import InputError
+from modak.image import zoo as entries
 from modak.workload import zoo
 
 torch = pytest.importorskip("torch")
@@ -15,46 +16,46 @@ ort = pytest.importorskip("onnxruntime")
 
 
 def test_import_needs_no_torch():
-    code = "import sys, modak.workload.zoo, modak.workload.source; assert 'torch' not in sys.modules"
+    code = "import sys, modak.image.zoo, modak.workload.zoo, modak.workload.source; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_registry():
-    assert zoo.zoo_names() == sorted(["mnist_cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_base",
+    assert entries.zoo_names() == sorted(["mnist_cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_base",
                                       "yolo_small", "dlrm_small", "mlp"])
-    for name in zoo.zoo_names():
-        entry = zoo.get_entry(name)
+    for name in entries.zoo_names():
+        entry = entries.get_entry(name)
         assert entry.name == name and entry.description and entry.tasks
         assert set(entry.input_shapes) == set(entry.input_dtypes)
 
 
 def test_unknown_name_suggests_close_match():
     with pytest.raises(InputError, match="unknown zoo model 'resnet_50'; did you mean 'resnet50'"):
-        zoo.get_entry("resnet_50")
+        entries.get_entry("resnet_50")
     with pytest.raises(InputError, match="known: .*bert_base"):
-        zoo.get_entry("transformer-xl")
+        entries.get_entry("transformer-xl")
 
 
 def test_shape_overrides_are_checked():
-    entry = zoo.get_entry("resnet50")
+    entry = entries.get_entry("resnet50")
     assert entry.shapes({"input": [3, 160, 160]}) == {"input": (3, 160, 160)}
     with pytest.raises(InputError, match="per-sample shape of 3"):
         entry.shapes({"input": [3, 224]})
     with pytest.raises(InputError, match="no input 'image'"):
         entry.shapes({"image": [3, 224, 224]})
     with pytest.raises(InputError, match="multiples of 32"):
-        zoo.get_entry("yolo_small").build({"input": [3, 300, 300]})
+        entries.get_entry("yolo_small").build({"input": [3, 300, 300]})
 
 
 def test_make_inputs():
-    ids = zoo.make_inputs("bert_base", 4)["input_ids"]
+    ids = entries.make_inputs("bert_base", 4)["input_ids"]
     assert ids.shape == (4, 128) and ids.dtype == torch.int64
     assert 0 <= int(ids.min()) and int(ids.max()) < 30522
-    inputs = zoo.make_inputs("dlrm_small", 2)
+    inputs = entries.make_inputs("dlrm_small", 2)
     assert list(inputs) == ["dense", "sparse"]
     assert inputs["dense"].shape == (2, 13) and inputs["sparse"].shape == (2, 26)
     assert int(inputs["sparse"].max()) < 10_000
-    assert torch.equal(zoo.make_inputs("mlp", 2)["input"], zoo.make_inputs("mlp", 2)["input"])
+    assert torch.equal(entries.make_inputs("mlp", 2)["input"], entries.make_inputs("mlp", 2)["input"])
 
 
 def test_export_is_cached_per_shape():
@@ -65,7 +66,7 @@ def test_export_is_cached_per_shape():
     assert not [p for p in path.parent.parent.iterdir() if p.name.startswith(".")]  # no staging folder left
 
 
-@pytest.mark.parametrize("name", zoo.zoo_names())
+@pytest.mark.parametrize("name", entries.zoo_names())
 def test_export_runs_in_onnxruntime_like_pytorch(name):
     path = zoo.export_onnx(name)
     model = onnx.load(path, load_external_data=False)
@@ -74,9 +75,9 @@ def test_export_runs_in_onnxruntime_like_pytorch(name):
     for value in (*model.graph.input, *model.graph.output):
         assert value.type.tensor_type.shape.dim[0].dim_param == "batch"
 
-    inputs = zoo.make_inputs(name, 3)  # not the traced batch of 2: the batch dimension is dynamic
+    inputs = entries.make_inputs(name, 3)  # not the traced batch of 2: the batch dimension is dynamic
     with torch.no_grad():
-        expected = zoo.get_entry(name).build()(*inputs.values()).numpy()
+        expected = entries.get_entry(name).build()(*inputs.values()).numpy()
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

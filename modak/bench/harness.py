@@ -1,6 +1,6 @@
 """Measure candidates for real: one fresh process per candidate, rows stored as soon as they are measured.
 
-Each candidate runs ``python -m modak.runner measure`` with the environment its container entrypoint would
+Each candidate runs ``python -m modak.image.runner measure`` with the environment its container entrypoint would
 set (thread counts, the candidate's parameter environment, a preloaded allocator), so that what is measured
 is what the image would run. Ctrl-C stops the current candidate; everything measured before is kept.
 """
@@ -12,7 +12,6 @@ import glob
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,18 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from modak.bench.store import Measurement, PerfStore, as_json
+from modak.measurements.store import Measurement, PerfStore, as_json
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
-from modak.plan import Plan, make_plan
-from modak.predict.base import Predictor
-from modak.predict.roofline import RooflinePredictor
-from modak.runtimes.base import RunRequest
-from modak.spec.loader import LoadedJob, SpecDocument
-from modak.spec.models import Job, Precision, Target
+from modak.plan import Plan
+from modak.image.runtimes.base import RunRequest
+from modak.spec.models import Precision
 from modak.workload.analysis import WorkloadProfile
-from modak.workload.source import ModelSource, load_analysis
+from modak.workload.source import ModelSource
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -42,17 +38,6 @@ class BenchSettings:
     budget_s: float = 10.0  # seconds of timed steps per candidate, at most
     timeout_s: float = DEFAULT_TIMEOUT_S  # whole candidate (prepare, tune, check, time), at most
 
-
-def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Target, target_doc: SpecDocument,
-             catalog: dict[str, Recipe] | None = None, predictor: Predictor | None = None,
-             **job_fields: object) -> tuple[Plan, ModelSource]:
-    """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks)."""
-    job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}",
-                              "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision,
-                              **job_fields})
-    loaded = LoadedJob(job, target, SpecDocument(target_doc.path), target_doc)
-    source, profile = load_analysis(loaded)
-    return make_plan(loaded, profile, predictor or RooflinePredictor(), catalog), source
 
 
 def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
@@ -131,7 +116,7 @@ def _run_one(plan: Plan, source: ModelSource, candidate: Candidate, recipe: Reci
     request = run_request(plan, source, candidate, workdir / candidate.runtime)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         handle.write(request.to_json())
-    command = [sys.executable, "-m", "modak.runner", "measure", handle.name, "--repeat", str(settings.repeat),
+    command = [sys.executable, "-m", "modak.image.runner", "measure", handle.name, "--repeat", str(settings.repeat),
                "--budget", str(settings.budget_s)]
     try:
         process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=settings.timeout_s)
@@ -175,23 +160,3 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
         peak_rss_mb=result.get("peak_rss_mb"), max_abs_error=result.get("max_abs_error"),
         error=result.get("error"), versions=as_json({**result.get("versions", {}), "host": platform.node()}),
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-
-
-def measure_side_by_side(plan: Plan, source: ModelSource, candidates: dict[str, Candidate], rounds: int,
-                         settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
-    """Median step time of each labelled candidate, measured in alternation for ``rounds`` rounds so that
-    machine noise hits all alike; None for a candidate that never ran."""
-    times: dict[str, list[float]] = {label: [] for label in candidates}
-    for _ in range(rounds):
-        for label, candidate in candidates.items():
-            row = bench(plan, source, [candidate], store, settings)[0]
-            if row.step_median_s:
-                times[label].append(row.step_median_s)
-    return {label: statistics.median(values) if values else None for label, values in times.items()}
-
-
-def stock_candidate(plan: Plan) -> Candidate:
-    """The stock deployment of the plan (PyTorch eager, fp32, framework defaults: the recipe marked ``stock``)."""
-    if plan.stock is None:
-        raise ValueError(f"the plan for {plan.workload.model_name} has no stock candidate")
-    return plan.stock.candidate

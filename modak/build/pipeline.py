@@ -228,7 +228,7 @@ def tuned_artifacts(plan: Plan, source: ModelSource, bench_workdir: Path | None 
     """Tuning results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
 
     TVM: the MetaSchedule databases that ``modak bench`` left in its work folder for this model and batch
-    (``<workdir>/tvm/tvm-tuning/<model>-b<batch>-<key>/``, see :mod:`modak.runtimes.tvm`). In the image they go
+    (``<workdir>/tvm/tvm-tuning/<model>-b<batch>-<key>/``, see :mod:`modak.image.runtimes.tvm`). In the image they go
     to ``/tmp/modak/tvm-tuning/`` (the image's MODAK_WORKDIR), named as the image's runner looks them up, so
     its prepare applies the stored schedules instead of tuning again. Other runtimes keep nothing worth baking.
     """

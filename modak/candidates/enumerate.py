@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 
 from modak.candidates.catalog import DeviceKind, ParamValue, Recipe, value_key
-from modak.spec.hardware import TargetCeilings
+from modak.hardware.ceilings import TargetCeilings
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Precision
 

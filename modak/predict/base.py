@@ -7,7 +7,7 @@ from typing import Protocol
 
 from modak.candidates.catalog import Recipe
 from modak.candidates.enumerate import Candidate
-from modak.spec.hardware import TargetCeilings
+from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
 
 

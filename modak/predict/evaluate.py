@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from modak.bench.store import Measurement, PerfStore, default_store_path, read_csv
+from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
 from modak.paths import data_dir
 from modak.predict.learned import LearnedPredictor, example_from_row
 

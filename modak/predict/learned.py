@@ -21,13 +21,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from modak.bench.store import Measurement
+from modak.measurements.store import Measurement
 from modak.candidates.catalog import Recipe, value_key
 from modak.candidates.enumerate import Candidate
 from modak.predict.base import Prediction
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.models import Precision
-from modak.spec.hardware import TargetCeilings
+from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
 
 RUNTIMES = ("onnxruntime", "pytorch", "torch-compile", "tvm", "openvino", "xla")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from modak.candidates.catalog import Recipe, value_key
 from modak.candidates.enumerate import Candidate
 from modak.predict.base import Prediction
-from modak.spec.hardware import TargetCeilings
+from modak.hardware.ceilings import TargetCeilings
 from modak.spec.models import Precision
 from modak.workload.analysis import WorkloadProfile
 

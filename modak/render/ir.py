@@ -58,7 +58,7 @@ BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 # through modak.workload.analysis, PyYAML).
 # A recipe's own pin of the same project wins.
 RUNNER_REQUIREMENTS = {"onnx": ("onnx==1.23.2",), "torch": ("onnx==1.23.2", "pydantic==2.13.4", "pyyaml==6.0.3")}
-DEFAULT_COMMAND = ("python3", "-m", "modak.runner", "--self-test")
+DEFAULT_COMMAND = ("python3", "-m", "modak.image.runner", "--self-test")
 USER_NAME = "modak"
 USER_UID = 1000
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -11,12 +11,12 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from modak.bench.store import Measurement
+from modak.measurements.store import Measurement
 from modak.candidates.catalog import Recipe, load_catalog
 from modak.errors import ModakError
 from modak.plan import Plan
 from modak.predict.base import Predictor, predict_many
-from modak.spec.hardware import Ceilings
+from modak.hardware.ceilings import Ceilings
 from modak.workload.analysis import WorkloadProfile, analyze
 from modak.workload.source import ModelSource
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from modak.errors import InputError
+from modak.errors import InputError, did_you_mean
 from modak.spec.models import Job, Target
 
 M = TypeVar("M", bound=BaseModel)
@@ -141,9 +140,7 @@ def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]
     kind = error["type"]
     if kind == "extra_forbidden":
         known = _field_names(model, loc[:-1])
-        hint = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-        suggestion = f"; did you mean '{hint[0]}'?" if hint else (f" (known: {', '.join(sorted(known))})" if known else "")
-        return doc.error(loc, f"unknown field{suggestion}")
+        return doc.error(loc, f"unknown field{did_you_mean(str(loc[-1]), known, cutoff=0.6)}")
     if kind == "missing":
         return doc.error(loc, "required field is missing")
     message = error["msg"]

@@ -19,7 +19,6 @@ Cost model (the constants live in ``recipes/hardware/op_classes.yaml`` and :data
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
-from modak.errors import InputError, ModakError
+from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.paths import data_dir
 from modak.spec.models import Task
 
@@ -138,7 +137,7 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
 
     task = Task(task)
     if optimizer not in OPTIMIZERS:
-        raise InputError(f"unknown optimizer '{optimizer}'{suggestion(optimizer, OPTIMIZERS)}")
+        raise InputError(f"unknown optimizer '{optimizer}'{did_you_mean(optimizer, OPTIMIZERS)}")
     if batch_size < 1:
         raise InputError(f"batch size must be positive, got {batch_size}")
     if isinstance(model, (str, Path)):
@@ -180,12 +179,6 @@ def load_model(path: Path) -> onnx.ModelProto:
     except Exception as exc:  # protobuf reports garbage with several exception types
         raise InputError(f"not a valid ONNX model: {short_reason(exc)}", path) from None
 
-
-def short_reason(exc: BaseException) -> str:
-    """The first line of an exception's message, at most 200 characters."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def format_table(profile: WorkloadProfile) -> Table:
@@ -229,7 +222,7 @@ def _skeleton(model: onnx.ModelProto, batch: int, sample_shapes: Mapping[str, An
     unknown = set(sample_shapes) - {vi.name for vi in data_inputs}
     if unknown:
         name = sorted(unknown)[0]
-        raise InputError(f"the model has no input '{name}'{suggestion(name, [vi.name for vi in data_inputs])}")
+        raise InputError(f"the model has no input '{name}'{did_you_mean(name, [vi.name for vi in data_inputs])}")
     inputs, fixed = [], {}
     for vi in data_inputs:
         dims = _fixed_dims(vi, batch, sample_shapes.get(vi.name))
@@ -451,9 +444,3 @@ def _group(ops: tuple[OpStats, ...], key: Any) -> dict[str, OpGroup]:
 def _intensity(flops: int, nbytes: int) -> str:
     return f"{flops / nbytes:.1f}" if nbytes else "-"
 
-
-def suggestion(name: str, known: Any) -> str:
-    """``"; did you mean 'X'?"`` for the closest of ``known`` (ignoring case), else the list of them."""
-    by_lower = {str(k).lower(): str(k) for k in known}
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.5)
-    return f"; did you mean '{by_lower[close[0]]}'?" if close else f" (known: {', '.join(sorted(by_lower.values()))})"

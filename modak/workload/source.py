@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modak.errors import InputError
+from modak.errors import InputError, did_you_mean, short_reason
 from modak.spec.loader import LoadedJob, SpecDocument
+from modak.image.zoo import get_entry
 from modak.workload import zoo
-from modak.workload.analysis import WorkloadProfile, analyze, short_reason, suggestion
+from modak.workload.analysis import WorkloadProfile, analyze
 
 if TYPE_CHECKING:
     import onnx
@@ -57,7 +58,7 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
 
 def _resolve_zoo(name: str, input_shape: Any, doc: SpecDocument) -> ModelSource:
     try:
-        entry = zoo.get_entry(name)
+        entry = get_entry(name)
     except InputError as exc:
         raise doc.error(("model", "zoo"), exc.message) from None
     overrides: dict[str, list[int]] = {}
@@ -109,7 +110,7 @@ def _graph_shapes(model: onnx.ModelProto, input_shape: Any, batch: int, doc: Spe
     elif isinstance(input_shape, dict):
         for key in input_shape:
             if key not in inputs:
-                raise doc.error(_SHAPE + (key,), f"the model has no input '{key}'{suggestion(key, inputs)}")
+                raise doc.error(_SHAPE + (key,), f"the model has no input '{key}'{did_you_mean(key, inputs)}")
         given = dict(input_shape)
     shapes = {}
     for name, vi in inputs.items():

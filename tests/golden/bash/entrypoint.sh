@@ -64,6 +64,6 @@ if [[ ${MODAK_VERBOSE:-0} == 1 ]]; then
 fi
 
 if (( $# == 0 )); then
-    set -- python3 -m modak.runner --self-test
+    set -- python3 -m modak.image.runner --self-test
 fi
 exec "$@"

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from modak.runtimes.base import RunRequest
+from modak.image.runtimes.base import RunRequest
 
 _PRECISION = {"bf16": "bf16", "fp16": "f16"}
 _HINTS = ("LATENCY", "THROUGHPUT")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import yaml
 
+from modak.errors import did_you_mean
 from modak.paths import data_dir
 from modak.spec.loader import SpecDocument
 from modak.spec.models import Precision, Target
@@ -82,9 +82,8 @@ def target_ceilings(target: Target, doc: SpecDocument) -> TargetCeilings:
 
     arch_name = target.cpu.microarchitecture
     if arch_name not in archspec.cpu.TARGETS:
-        hint = difflib.get_close_matches(arch_name, list(archspec.cpu.TARGETS), n=1)
-        suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
-        raise doc.error(("cpu", "microarchitecture"), f"unknown archspec microarchitecture '{arch_name}'{suggestion}")
+        hint = did_you_mean(arch_name, archspec.cpu.TARGETS, cutoff=0.6, list_known=False)
+        raise doc.error(("cpu", "microarchitecture"), f"unknown archspec microarchitecture '{arch_name}'{hint}")
     arch = archspec.cpu.TARGETS[arch_name]
     features = frozenset(arch.features)
     cores = target.cpu.sockets * target.cpu.cores_per_socket
@@ -134,10 +133,8 @@ def _gpu_ceilings(target: Target, doc: SpecDocument) -> tuple[Ceilings, str | No
     entry = catalog.get(canonical, {}) if canonical else {}
     given = gpus.peaks
     if not entry and not (given.fp32_tflops and given.memory_bandwidth_gbs):
-        hint = difflib.get_close_matches(gpus.model, list(aliases), n=1, cutoff=0.5)
-        suggestion = f"; did you mean '{aliases[hint[0]]}'?" if hint else f" (known: {', '.join(catalog)})"
         raise doc.error(("gpus", "model"), f"GPU model '{gpus.model}' is not in the catalog and no peaks are given"
-                        f"{suggestion}")
+                        f"{did_you_mean(gpus.model, [*catalog, *(a for e in catalog.values() for a in e.get('aliases', []))])}")
     peak: dict[Precision, float] = {}
     for precision, key in _GPU_PEAK_KEYS.items():
         value = getattr(given, f"{key}_tops" if key == "int8" else f"{key}_tflops") or entry.get(key)

@@ -5,7 +5,7 @@ nothing is redefined here. A step is one call of the jitted function, waited on 
 ``jax.block_until_ready``:
 
 - inference: the forward pass on the request's batch;
-- training: forward, the loss of :mod:`modak.runtimes.pytorch` (sum over outputs of the mean square),
+- training: forward, the loss of :mod:`modak.image.runtimes.pytorch` (sum over outputs of the mean square),
   gradients over the trainable parameters (``jax.value_and_grad``) and the ``torch.optim.SGD`` update
   (lr 1e-3, momentum 0.9: ``buf = 0.9 * buf + grad; w -= 1e-3 * buf``), all in one XLA program. Buffers
   (BatchNorm running statistics) are carried from step to step as in torch's train mode.
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from modak.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import FunctionSession, RunRequest
 
 LR = 1e-3
 MOMENTUM = 0.9
@@ -47,7 +47,7 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     import jax
 
     torchax = import_torchax()
-    from modak.workload.zoo import get_entry
+    from modak.image.zoo import get_entry
 
     entry = get_entry(request.zoo)
     model = entry.build(request.input_shapes)

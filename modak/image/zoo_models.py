@@ -2,7 +2,7 @@
 
 Imported only when a zoo model is built or exported: importing this module imports torch. Every factory at
 the bottom takes the per-sample input shapes (``{input name: shape}``) and returns a freshly initialized
-module; :mod:`modak.workload.zoo` seeds the random generator around the call.
+module; :mod:`modak.image.zoo` seeds the random generator around the call.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from modak.runtimes.base import FunctionSession, RunRequest
-from modak.runtimes.pytorch import build_session
+from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.pytorch import build_session
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from modak.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import FunctionSession, RunRequest
 
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -24,7 +24,7 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
     """The session for a zoo model; ``wrap`` transforms the module (e.g. ``torch.compile``)."""
     import torch
 
-    from modak.workload.zoo import get_entry
+    from modak.image.zoo import get_entry
 
     if request.zoo is None:
         raise ValueError(f"{request.runtime} runs zoo architectures; this request has only an ONNX file")

@@ -1,7 +1,7 @@
 """Run one candidate in this process and print what happened as JSON.
 
-``python -m modak.runner measure REQUEST.json`` is what ``modak bench`` starts once per candidate (a fresh
-process, so thread settings and memory peaks belong to that candidate alone). ``python -m modak.runner
+``python -m modak.image.runner measure REQUEST.json`` is what ``modak bench`` starts once per candidate (a fresh
+process, so thread settings and memory peaks belong to that candidate alone). ``python -m modak.image.runner
 --self-test`` is the image's smoke test: it reads the configuration the entrypoint exported (MODAK_*), runs
 one step and prints runtime, threads and step time.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from modak.runtimes.base import TOLERANCE, RunRequest, load_runtime, make_inputs, relative_error
+from modak.image.runtimes.base import TOLERANCE, RunRequest, load_runtime, make_inputs, relative_error
 
 _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
              "torchax")
@@ -72,7 +72,7 @@ def measure(request: RunRequest, repeat: int = 20, budget_s: float = 10.0, check
 def reference_outputs(request: RunRequest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """fp32 reference: ONNX Runtime on the ONNX graph (inference) or PyTorch eager (training losses)."""
     if request.task == "training":
-        from modak.runtimes import pytorch
+        from modak.image.runtimes import pytorch
 
         fp32 = RunRequest(**{**request.__dict__, "runtime": "pytorch", "precision": "fp32", "params": {},
                              "device": "cpu"})
@@ -136,7 +136,7 @@ def _versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m modak.runner")
+    parser = argparse.ArgumentParser(prog="python -m modak.image.runner")
     parser.add_argument("--self-test", action="store_true", help="one step of the image's configured runtime")
     parser.add_argument("action", nargs="?", choices=["measure"])
     parser.add_argument("request", nargs="?", type=Path, help="RunRequest JSON file")

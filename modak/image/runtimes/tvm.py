@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from modak.paths import write_atomic
-from modak.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import FunctionSession, RunRequest
 
 MARKER = "modak-tuned.json"
 BUILD_TIMEOUT_S = 60.0  # per candidate build in MetaSchedule (its default, 30 s, is tight on 2 shared cores)
@@ -155,7 +155,7 @@ def _light_tensor_intrinsics() -> None:
     spec = importlib.util.find_spec("tvm.s_tir.tensor_intrin")
     if spec is None or spec.submodule_search_locations is None:
         return
-    package = types.ModuleType(spec.name, "host CPU tensor intrinsics only (see modak.runtimes.tvm)")
+    package = types.ModuleType(spec.name, "host CPU tensor intrinsics only (see modak.image.runtimes.tvm)")
     package.__path__ = list(spec.submodule_search_locations)
     package.__package__ = spec.name
     package.__spec__ = spec

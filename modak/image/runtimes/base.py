@@ -1,9 +1,9 @@
 """The interface every runtime/graph compiler module implements.
 
-A module ``modak.runtimes.<name>`` (the recipe name with ``-`` as ``_``) exposes ``prepare(request,
+A module ``modak.image.runtimes.<name>`` (the recipe name with ``-`` as ``_``) exposes ``prepare(request,
 inputs) -> Session``. ``prepare`` does everything that is paid once (load, compile, tune); ``Session.run``
 is one steady-state step. Parameters and container requirements live in the runtime's recipe
-(``recipes/runtimes/<name>.yaml``); :func:`recipe_of` returns it.
+(``recipes/runtimes/<name>.yaml``), which the host reads; this package never does.
 """
 
 from __future__ import annotations
@@ -58,14 +58,8 @@ class Runtime(Protocol):
 
 def load_runtime(name: str) -> Runtime:
     """The module implementing runtime ``name``."""
-    return importlib.import_module(f"modak.runtimes.{name.replace('-', '_')}")  # type: ignore[return-value]
+    return importlib.import_module(f"modak.image.runtimes.{name.replace('-', '_')}")  # type: ignore[return-value]
 
-
-def recipe_of(name: str) -> Any:
-    """The runtime's recipe: its parameters and container requirements."""
-    from modak.candidates.catalog import load_catalog
-
-    return load_catalog()[name]
 
 
 def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> float:
@@ -110,7 +104,7 @@ def _index_bounds(zoo: str | None) -> dict[str, int]:
     """Exclusive upper bounds of a zoo model's integer inputs (token ids, embedding rows)."""
     if zoo is None:
         return {}
-    from modak.workload.zoo import get_entry
+    from modak.image.zoo import get_entry
 
     return dict(get_entry(zoo).index_bounds or {})
 

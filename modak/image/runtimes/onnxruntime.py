@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from modak.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import FunctionSession, RunRequest
 
 _LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
            "all": "ORT_ENABLE_ALL"}

@@ -1,0 +1,1 @@
+"""Hardware: the target's ceilings (peaks, bandwidth, compiler flags) and the probe that measures them."""

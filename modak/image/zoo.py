@@ -1,0 +1,119 @@
+"""The model zoo: reference architectures defined in code with seeded random weights (nothing is downloaded).
+
+In-image code (no pydantic, PyYAML or build tooling): the image builds a zoo model from its entry at start.
+Importing this module does not import torch; building or feeding a model does. The ONNX export of a zoo model
+(which the analysis reads) is host-side: :mod:`modak.workload.zoo`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from modak.errors import InputError, did_you_mean
+
+if TYPE_CHECKING:
+    import torch
+
+# Bump when an architecture or its initialization changes: it invalidates cached exports (modak.workload.zoo).
+ZOO_VERSION = 2
+SEED = 0
+_BOTH = ("training", "inference")
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One zoo architecture: its inputs (per-sample shapes, dtypes, index ranges) and how to build it."""
+
+    name: str
+    description: str
+    input_shapes: Mapping[str, tuple[int, ...]]
+    input_dtypes: Mapping[str, str]
+    tasks: tuple[str, ...]  # training, inference
+    factory: str  # function in modak.image.zoo_models
+    index_bounds: Mapping[str, int] | None = None  # exclusive upper bound of integer inputs (vocabulary, rows)
+
+    def shapes(self, overrides: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
+        """The default input shapes with ``overrides`` applied; names and ranks are checked."""
+        shapes = dict(self.input_shapes)
+        for key, shape in (overrides or {}).items():
+            if key not in shapes:
+                raise InputError(f"zoo model '{self.name}' has no input '{key}'{did_you_mean(key, shapes)}")
+            shape = tuple(int(d) for d in shape)
+            if len(shape) != len(shapes[key]) or min(shape, default=1) < 1:
+                raise InputError(f"input '{key}' of zoo model '{self.name}' takes a per-sample shape of "
+                                 f"{len(shapes[key])} positive dimensions like {list(shapes[key])}, got {list(shape)}")
+            shapes[key] = shape
+        return shapes
+
+    def build(self, input_shapes: Mapping[str, Any] | None = None) -> torch.nn.Module:
+        """The module with seeded random weights, in eval mode, sized for ``input_shapes``."""
+        import torch
+
+        from modak.image import zoo_models
+
+        shapes = self.shapes(input_shapes)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)
+            try:
+                model = zoo_models.build(self.factory, shapes)
+            except ValueError as exc:
+                raise InputError(f"zoo model '{self.name}': {exc}") from None
+        return model.eval()
+
+
+ZOO: dict[str, ZooEntry] = {e.name: e for e in (
+    ZooEntry("mnist_cnn", "Small CNN for 28x28 digits: 2 conv + max-pool, 2 fully connected (0.4 M params)",
+             {"input": (1, 28, 28)}, {"input": "float32"}, _BOTH, "mnist_cnn"),
+    ZooEntry("mlp", "3-layer perceptron 784-1024-1024-10 (1.9 M params)",
+             {"input": (784,)}, {"input": "float32"}, _BOTH, "mlp"),
+    ZooEntry("resnet18", "ResNet-18 image classifier, 1000 classes (11.7 M params, 1.8 GMAC at 224x224)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "resnet18"),
+    ZooEntry("resnet50", "ResNet-50 v1.5 image classifier, 1000 classes (25.6 M params, 4.1 GMAC at 224x224)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "resnet50"),
+    ZooEntry("mobilenet_v2", "MobileNetV2 (width 1.0) image classifier, 1000 classes (3.5 M params, 0.3 GMAC)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "mobilenet_v2"),
+    ZooEntry("bert_base", "BERT-base encoder (12 layers, hidden 768) with a 2-class head; input: token ids "
+             "(110 M params, 11.2 GMAC at sequence length 128)",
+             {"input_ids": (128,)}, {"input_ids": "int64"}, _BOTH, "bert_base", {"input_ids": 30522}),
+    ZooEntry("yolo_small", "Small YOLO-style detector: CSP backbone, SPPF, PAN neck, 3-scale head, 80 classes "
+             "(1.9 M params)", {"input": (3, 320, 320)}, {"input": "float32"}, _BOTH, "yolo_small"),
+    ZooEntry("dlrm_small", "Small DLRM recommender: 13 dense features, 26 embedding tables of 10k x 64, dot "
+             "interaction, 1 logit (17 M params)", {"dense": (13,), "sparse": (26,)},
+             {"dense": "float32", "sparse": "int64"}, _BOTH, "dlrm_small", {"sparse": 10_000}),
+)}
+
+
+def zoo_names() -> list[str]:
+    """The zoo's architecture names, sorted."""
+    return sorted(ZOO)
+
+
+def get_entry(name: str) -> ZooEntry:
+    """The zoo entry ``name``; an unknown name is an :class:`InputError` with the closest match."""
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise InputError(f"unknown zoo model '{name}'{did_you_mean(name, ZOO)}") from None
+
+
+def make_inputs(name: str, batch: int = 1, shapes: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """Seeded random inputs for ``name`` with a leading batch dimension, keyed by input name in call order.
+
+    Floating-point inputs are standard normal; integer inputs (token ids, embedding indices) are uniform
+    over their valid range.
+    """
+    import torch
+
+    entry = get_entry(name)
+    generator = torch.Generator().manual_seed(SEED + 1)
+    inputs = {}
+    for key, shape in entry.shapes(shapes).items():
+        size = (batch, *shape)
+        if entry.input_dtypes[key] == "int64":
+            inputs[key] = torch.randint(0, (entry.index_bounds or {})[key], size, generator=generator)
+        else:
+            inputs[key] = torch.randn(size, generator=generator, dtype=getattr(torch, entry.input_dtypes[key]))
+    return inputs
+

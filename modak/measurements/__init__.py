@@ -1,0 +1,1 @@
+"""The perf store: measured rows (SQLite, CSV), the data layer under prediction."""
