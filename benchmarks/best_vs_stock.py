@@ -44,10 +44,10 @@ def main() -> int:
     speedups = []
     with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "side-by-side.sqlite") as store:
         for (model, task, batch), row in sorted(best.items()):
-            plan, source = zoo_plan(model, batch, task, ["fp32", "bf16"], target, target_doc)
+            plan = zoo_plan(model, batch, task, ["fp32", "bf16"], target, target_doc)
             params = tuple(json.loads(row.params).items())
             winner = Candidate(row.runtime, row.device, Precision(row.precision), params, row.threads)
-            medians = measure_side_by_side(plan, source, {"stock": stock_candidate(plan), "best": winner},
+            medians = measure_side_by_side(plan, {"stock": stock_candidate(plan), "best": winner},
                                            args.rounds, settings, store)
             if None in medians.values():
                 print(f"{model}/{task}/b{batch}: a configuration failed to run; skipped")

@@ -78,25 +78,24 @@ def main() -> int:
     args = parser.parse_args()
 
     loaded = load_job(args.job, args.target)
-    source, profile = load_analysis(loaded)
-    plan = make_plan(loaded, profile)
+    plan = make_plan(loaded, *load_analysis(loaded))
     engine = make_engine(args.engine or loaded.target.container.engine)
     engine.check()
     out = args.output or Path(tempfile.mkdtemp(prefix="modak-build-cache.")) / loaded.job.name
 
     start = time.perf_counter()
-    build_job(plan, source, out, BuildOptions(engine=engine.name, smoke=False, no_cache=True), engine=engine)
+    build_job(plan, out, BuildOptions(engine=engine.name, smoke=False, no_cache=True), engine=engine)
     cold_s = time.perf_counter() - start
     cold_log = (out / "build.log").read_text()
 
     start = time.perf_counter()
-    warm = build_job(plan, source, out, BuildOptions(engine=engine.name, smoke=False), engine=engine)
+    warm = build_job(plan, out, BuildOptions(engine=engine.name, smoke=False), engine=engine)
     warm_s = time.perf_counter() - start
     log = (out / "build.log").read_text().splitlines()
     steps = sum(line.startswith("STEP ") for line in log)
     cached = sum(line.startswith("--> Using cache") for line in log)
 
-    ir = build_description(plan, source)
+    ir = build_description(plan)
     stock_id = stock_image(engine, ir, out, out / "stock-build.log")
     stock = engine.inspect(stock_id)
     modak_size = warm.image.size if warm.image else None

@@ -32,7 +32,7 @@ from modak.hardware.probe import probe, to_target
 from modak.measurements.store import Measurement, PerfStore, read_csv, write_csv
 from modak.predict.evaluate import LOCAL_WEIGHT, ok_rows, shipped_rows
 from modak.predict.learned import LearnedPredictor, example_from_row
-from modak.spec.loader import SpecDocument
+from modak.spec.document import SpecDocument
 from modak.spec.models import Target
 
 CONFIG = Path(__file__).with_name("campaign.yaml")
@@ -57,8 +57,8 @@ def measure(workloads: list[tuple[str, str, int]], name: str) -> list[Measuremen
     rows: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "local.sqlite") as store:
         for model, task, batch in workloads:
-            plan, source = zoo_plan(model, batch, task, config["precision"], target, doc, catalog)
-            measured = ok_rows(bench(plan, source, [r.candidate for r in plan.ranked], store, settings))
+            plan = zoo_plan(model, batch, task, config["precision"], target, doc, catalog)
+            measured = ok_rows(bench(plan, [r.candidate for r in plan.ranked], store, settings))
             print(f"measured {len(measured)} candidates of {model}/{task}/b{batch}", flush=True)
             rows += measured
     return rows

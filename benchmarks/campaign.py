@@ -66,7 +66,7 @@ def main() -> int:
     with PerfStore(args.store) as store:
         done = {r.key for r in store.rows(machine=target.name, status="ok")} if args.resume else set()
         for model, batch, task, recipes in work:
-            plan, source = zoo_plan(model, batch, task, config["precision"], target, target_doc, recipes)
+            plan = zoo_plan(model, batch, task, config["precision"], target, target_doc, recipes)
             todo = [r.candidate for r in plan.ranked
                     if measurement_row(plan, r.candidate, {}).key not in done]
             print(f"[{time.perf_counter() - started:6.0f} s] {model} {task} batch {batch}: {len(todo)} to measure",
@@ -76,7 +76,7 @@ def main() -> int:
                 timing = f"{row.step_median_s * 1e3:.4g} ms" if row.step_median_s else row.status
                 print(f"    {candidate.name}: {timing}" + (f"  [{row.error[:160]}]" if row.error else ""), flush=True)
 
-            bench(plan, source, todo, store, settings, on_result=report, catalog=recipes)
+            bench(plan, todo, store, settings, on_result=report)
         if args.export:
             count = store.export_csv(args.export, machine=target.name)
             print(f"exported {count} rows to {args.export}")

@@ -52,14 +52,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "side-by-side.sqlite") as store:
         for model, task, batch in workloads:
             learned = LearnedPredictor([r for r in rows if r.model != model])
-            plan, source = zoo_plan(model, batch, task, config["precision"], target, target_doc, catalog,
+            plan = zoo_plan(model, batch, task, config["precision"], target, target_doc, catalog,
                                     FallbackPredictor((learned, RooflinePredictor())))
             same = [r for r in rows if (r.model, r.task, r.batch_size) == (model, task, batch)]
             top = min(same, key=lambda r: r.step_median_s)
             best = Candidate(top.runtime, top.device, Precision(top.precision), tuple(json.loads(top.params).items()),
                              top.threads)
             pick = plan.choice.candidate
-            medians = measure_side_by_side(plan, source, {"stock": stock_candidate(plan), "pick": pick, "best": best},
+            medians = measure_side_by_side(plan, {"stock": stock_candidate(plan), "pick": pick, "best": best},
                                            args.rounds, settings, store)
             if None in medians.values():
                 print(f"{model}/{task}/b{batch}: a configuration failed to run ({medians}); skipped")

@@ -34,7 +34,7 @@ def main() -> int:
             key = (row.machine, row.model, row.task, row.batch_size)
             if key not in columns:
                 target, doc = load_spec(TARGETS / f"{row.machine}.yaml", Target)
-                plan, _ = zoo_plan(row.model, row.batch_size, row.task, [row.precision], target, doc)
+                plan = zoo_plan(row.model, row.batch_size, row.task, [row.precision], target, doc)
                 columns[key] = workload_columns(plan.workload)
             refreshed.append(replace(row, **columns[key]))
         changed = sum(a != b for a, b in zip(rows, refreshed))

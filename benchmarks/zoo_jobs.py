@@ -11,31 +11,33 @@ from modak.measurements.store import PerfStore
 from modak.plan import Plan, make_plan
 from modak.predict.base import Predictor
 from modak.predict.roofline import RooflinePredictor
-from modak.spec.loader import LoadedJob, SpecDocument
+from modak.spec.document import SpecDocument
+from modak.spec.loader import LoadedJob
 from modak.spec.models import Job, Target
-from modak.workload.source import ModelSource, load_analysis
+from modak.spec.resolve import resolve_files
+from modak.workload.source import load_analysis
 
 
 def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Target, target_doc: SpecDocument,
              catalog: dict[str, Recipe] | None = None, predictor: Predictor | None = None,
-             **job_fields: object) -> tuple[Plan, ModelSource]:
+             **job_fields: object) -> Plan:
     """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks)."""
     job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}",
                               "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision,
                               **job_fields})
-    loaded = LoadedJob(job, target, SpecDocument(target_doc.path), target_doc)
-    source, profile = load_analysis(loaded)
-    return make_plan(loaded, profile, predictor or RooflinePredictor(), catalog), source
+    job_doc = SpecDocument(target_doc.path)
+    loaded = LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
+    return make_plan(loaded, *load_analysis(loaded), predictor or RooflinePredictor(), catalog)
 
 
-def measure_side_by_side(plan: Plan, source: ModelSource, candidates: dict[str, Candidate], rounds: int,
+def measure_side_by_side(plan: Plan, candidates: dict[str, Candidate], rounds: int,
                          settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
     """Median step time of each labelled candidate, measured in alternation for ``rounds`` rounds so that
     machine noise hits all alike; None for a candidate that never ran."""
     times: dict[str, list[float]] = {label: [] for label in candidates}
     for _ in range(rounds):
         for label, candidate in candidates.items():
-            row = bench(plan, source, [candidate], store, settings)[0]
+            row = bench(plan, [candidate], store, settings)[0]
             if row.step_median_s:
                 times[label].append(row.step_median_s)
     return {label: statistics.median(values) if values else None for label, values in times.items()}

@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--target", "-t", type=Path, help="target spec (YAML); overrides the job's 'target'")
         sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
                          help="default: learned model where measured data covers the runtime, else roofline")
+        sub.add_argument("--store", type=Path, help="local perf store: its measurements are learned from (and "
+                         "`bench` adds to it); default $MODAK_STORE or ~/.local/share/modak/perf.sqlite")
 
     sub = command("schema", _cmd_schema, "print the JSON Schema of the Job and Target specs")
     sub.add_argument("kind", nargs="?", choices=["job", "target"], help="only this spec")
@@ -70,7 +72,6 @@ def _parser() -> argparse.ArgumentParser:
                      help="all (default), top-K by prediction, or candidate/runtime names")
     sub.add_argument("--repeat", type=int, default=20, help="timed steps per candidate (default 20)")
     sub.add_argument("--budget", type=float, default=10.0, help="seconds of timed steps per candidate, at most")
-    sub.add_argument("--store", type=Path, help="perf store (default $MODAK_STORE or ~/.local/share/modak/perf.sqlite)")
     sub.add_argument("--json", action="store_true", help="print the measured rows as JSON")
 
     sub = command("probe", _cmd_probe, "measure this machine's ceilings and write a Target file")
@@ -120,9 +121,6 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("report", _cmd_report, "write a self-contained HTML report: rooflines, trajectory, ranked table")
     job_args(sub)
     sub.add_argument("-o", "--output", type=Path, required=True, help="HTML file to write")
-    sub.add_argument("--store", type=Path,
-                     help="perf store whose measurements of this workload are shown and learned from "
-                          "(default $MODAK_STORE or ~/.local/share/modak/perf.sqlite)")
     return parser
 
 
@@ -149,22 +147,18 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace) -> Any:
-    from modak.spec.loader import load_job
+def _plan(args: argparse.Namespace, predictor: Any = None) -> Any:
+    from modak import api
 
-    return load_job(args.job, args.target)
-
-
-def _analysis(loaded: Any) -> tuple[Any, Any]:
-    from modak.workload.source import load_analysis
-
-    return load_analysis(loaded)
+    return api.plan_job(args.job, args.target, args.predictor, args.store, using=predictor)
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    from modak import api
     from modak.workload.analysis import format_table
+    from modak.workload.source import load_analysis
 
-    _, profile = _analysis(_load(args))
+    _, profile = load_analysis(api.load(args.job, args.target))
     if args.json:
         print(json.dumps({
             "model": profile.model_name, "task": profile.task.value, "batch_size": profile.batch_size,
@@ -178,20 +172,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_plan(args: argparse.Namespace) -> tuple[Any, Any]:
-    from modak.plan import make_plan
-
-    from modak.predict.default import default_predictor
-    from modak.predict.roofline import RooflinePredictor
-
-    loaded = _load(args)
-    source, profile = _analysis(loaded)
-    predictor = RooflinePredictor() if args.predictor == "roofline" else default_predictor()
-    return source, make_plan(loaded, profile, predictor)
-
-
 def _cmd_plan(args: argparse.Namespace) -> int:
-    _, plan = _make_plan(args)
+    plan = _plan(args)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
     else:
@@ -227,18 +209,18 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    from modak.render.ir import build_description
-    from modak.render.render import render
+    from modak import api
 
-    source, plan = _make_plan(args)
-    ir = build_description(plan, source)
-    written = render(plan, source, args.output, ir=ir)
+    plan = _plan(args)
+    rendered = api.render_plan(plan, args.output)
     if args.json:
-        print(json.dumps({"schema_version": 1, "output": str(args.output), "choice": plan.choice.candidate.name,
-                          "image": ir.image.ref, "files": sorted(str(p) for p in written)}, indent=2))
+        print(json.dumps(api.document({"output": str(args.output), "choice": plan.choice.candidate.name,
+                                       "image": rendered.ir.image.ref,
+                                       "files": sorted(str(p) for p in rendered.files)}), indent=2))
     else:
         print(f"chose {plan.choice.candidate.name}")
-        print(f"wrote {len(written)} files to {args.output}: " + ", ".join(sorted(p.name for p in written)))
+        print(f"wrote {len(rendered.files)} files to {args.output}: "
+              + ", ".join(sorted(p.name for p in rendered.files)))
     return 0
 
 
@@ -290,14 +272,15 @@ class _BuildProgress:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from modak.build.pipeline import BuildOptions, build_job, default_output
+    from modak import api
+    from modak.build.pipeline import BuildOptions
     from modak.build.submit import submit
 
-    source, plan = _make_plan(args)
-    out_dir = args.output or default_output(plan)
+    plan = _plan(args)
+    out_dir = args.output or api.default_output(plan)
     options = BuildOptions(engine=args.engine, push=args.push, smoke=args.smoke, oci_archive=args.oci_archive)
     with _BuildProgress() as progress:
-        result = build_job(plan, source, out_dir, options, progress)
+        result = api.build(plan, out_dir, options, progress)
     if args.submit:
         job = result.ir.job
         submission = submit(out_dir / "job.sh", job.scheduler, job.log_file)
@@ -326,20 +309,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from modak.build.pipeline import default_output
-    from modak.build.submit import submit, wait
-    from modak.render.ir import build_description
-    from modak.render.render import render
+    from modak import api
 
-    source, plan = _make_plan(args)
-    out_dir = (args.output or default_output(plan)).absolute()
-    render(plan, source, out_dir)
-    job = build_description(plan, source).job
-    submission = submit(out_dir / "job.sh", job.scheduler, job.log_file)
-    if args.wait is not None:
-        wait(submission, timeout=args.wait)
+    submission = api.submit(_plan(args), args.output, args.wait)
     if args.json:
-        print(json.dumps({"schema_version": 1, **submission.to_dict()}, indent=2, sort_keys=True))
+        print(json.dumps(api.document(submission.to_dict()), indent=2, sort_keys=True))
     else:
         print(f"submitted {submission.script} with {submission.command[0]}: job {submission.job_id}")
         if submission.state:
@@ -354,18 +328,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from modak.bench.harness import BenchSettings, bench, select_candidates
-    from modak.measurements.store import PerfStore
+    from modak import api
+    from modak.bench.harness import BenchSettings, select_candidates
+    from modak.measurements.store import default_store_path
 
     if args.repeat < 1 or args.budget <= 0:
         raise InputError("--repeat must be at least 1 and --budget positive")
-    source, plan = _make_plan(args)
-    chosen = select_candidates(plan, args.candidates)
+    plan = _plan(args)
+    total = len(select_candidates(plan, args.candidates))
     rows: list[Any] = []
-    with PerfStore(args.store) as store, Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=_console(stderr=True), transient=False) as progress:
-        task = progress.add_task("measuring", total=len(chosen))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=_console(stderr=True), transient=False) as progress:
+        task = progress.add_task("measuring", total=total)
 
         def report(candidate: Any, row: Any) -> None:
             rows.append(row)
@@ -375,13 +349,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             progress.advance(task)
 
         try:
-            for candidate in chosen:
-                progress.update(task, description=candidate.name[:60])
-                bench(plan, source, [candidate], store, BenchSettings(args.repeat, args.budget), on_result=report)
+            _, path = api.bench(plan, args.candidates, BenchSettings(args.repeat, args.budget), args.store,
+                                on_start=lambda c: progress.update(task, description=c.name[:60]),
+                                on_result=report)
         except KeyboardInterrupt:
-            print(f"modak: interrupted; {len(rows)} measurement(s) kept in {store.path}", file=sys.stderr)
+            print(f"modak: interrupted; {len(rows)} measurement(s) kept in {args.store or default_store_path()}",
+                  file=sys.stderr)
             return EXIT_INTERRUPTED
-        path = store.path
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
     ok = sum(r.status == "ok" for r in rows)
@@ -412,7 +386,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from modak.errors import EXIT_REGRESSION
     from modak.integrations.check import check, choice_line, format_table
 
-    _, plan = _make_plan(args)
+    plan = _plan(args)
     result = check(plan.to_dict(), args.baseline, args.threshold, args.measured, args.update)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
@@ -428,17 +402,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from modak.plan import make_plan
-    from modak.predict.default import default_predictor
-    from modak.predict.roofline import RooflinePredictor
+    from modak import api
     from modak.report import write_report
 
-    loaded = _load(args)
-    source, profile = _analysis(loaded)
     # The report re-predicts the chosen candidate at other batches and threads: it needs the plan's predictor.
-    predictor = RooflinePredictor() if args.predictor == "roofline" else default_predictor(args.store)
-    plan = make_plan(loaded, profile, predictor)
-    write_report(plan, source, predictor, args.output, args.store)
+    predictor = api.predictor(args.predictor, args.store)
+    plan = _plan(args, predictor)
+    write_report(plan, predictor, args.output, args.store)
     print(f"chose {plan.choice.candidate.name}")
     print(f"wrote {args.output}")
     return 0

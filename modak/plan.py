@@ -5,17 +5,20 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import Any
 
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.errors import InputError
+from modak.image.deployment import Deployment
 from modak.predict.base import Prediction, Predictor, predict_many
 from modak.predict.default import default_predictor
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Task
 from modak.workload.analysis import WorkloadProfile
+from modak.workload.source import ModelSource
 
 PLAN_SCHEMA_VERSION = 1
 # Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
@@ -33,11 +36,17 @@ class RankedCandidate:
 
 @dataclass(frozen=True)
 class Plan:
-    """Ranked candidates for one job on one target, the choice, and the reasons for it."""
+    """Ranked candidates for one job on one target, the choice, and the reasons for it.
+
+    Self-contained: it carries the job and target (with their resolved files), the model source, and the recipe
+    of every ranked candidate, so that nothing downstream reads the catalog or the specs' files again.
+    """
 
     loaded: LoadedJob
+    source: ModelSource
     workload: WorkloadProfile
     ceilings: TargetCeilings
+    recipes: Mapping[str, Recipe]  # the recipe of every ranked candidate's runtime
     ranked: tuple[RankedCandidate, ...]
     pruned: tuple[Pruned, ...]
     reasons: tuple[str, ...]
@@ -47,8 +56,19 @@ class Plan:
     def choice(self) -> RankedCandidate:
         return self.ranked[0]
 
-    def recipe(self, catalog: dict[str, Recipe] | None = None) -> Recipe:
-        return (catalog or load_catalog())[self.choice.candidate.runtime]
+    def recipe(self, candidate: Candidate | None = None) -> Recipe:
+        """The recipe of ``candidate`` (default: the choice)."""
+        return self.recipes[(candidate or self.choice.candidate).runtime]
+
+    def deployment(self, candidate: Candidate | None = None) -> Deployment:
+        """``candidate`` (default: the choice) as the image and ``modak bench`` run it."""
+        candidate = candidate or self.choice.candidate
+        job = self.loaded.job
+        return Deployment(
+            runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
+            task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
+            batch_size=job.model.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
+            zoo=self.source.zoo)
 
     def to_dict(self) -> dict[str, Any]:
         """Stable, JSON-ready form (``modak plan --json``, ``plan.json``)."""
@@ -68,6 +88,7 @@ class Plan:
             "candidates": [_ranked_dict(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
             "pruned": [{"runtime": p.runtime, "reason": p.reason} for p in self.pruned],
             "choice": self.choice.candidate.name,
+            "deployment": self.deployment().to_dict(),
             "reasons": list(self.reasons),
         }
         return body
@@ -77,8 +98,8 @@ class Plan:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
-def make_plan(loaded: LoadedJob, workload: WorkloadProfile, predictor: Predictor | None = None,
-              catalog: dict[str, Recipe] | None = None) -> Plan:
+def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile, predictor: Predictor | None = None,
+              catalog: Mapping[str, Recipe] | None = None) -> Plan:
     """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run."""
     job = loaded.job
     catalog = catalog or load_catalog()
@@ -116,7 +137,8 @@ def make_plan(loaded: LoadedJob, workload: WorkloadProfile, predictor: Predictor
     kept_over = fastest if stock is not None and not _confidently_faster(fastest, stock, job.objective.steps) else None
     if kept_over is not None:
         ranked = [stock] + [r for r in ranked if r is not stock]
-    return Plan(loaded, workload, ceilings, tuple(ranked), tuple(pruned),
+    recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
+    return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned),
                 _reasons(loaded, ranked, pruned, kept_over), stock)
 
 

@@ -56,8 +56,7 @@ def test_store_csv_round_trip(tmp_path: Path) -> None:
     from modak.workload.source import load_analysis
 
     loaded = load_job(CNN)
-    _, profile = load_analysis(loaded)
-    plan = make_plan(loaded, profile)
+    plan = make_plan(loaded, *load_analysis(loaded))
     ok = measurement_row(plan, plan.choice.candidate, {"status": "ok", "step_median_s": 0.002, "repeats": 5})
     failed = replace(measurement_row(plan, plan.ranked[1].candidate, {"status": "error", "error": 'a "quoted",\nline'}))
     with PerfStore(tmp_path / "a.sqlite") as store:

@@ -489,15 +489,14 @@ def test_tuned_tvm_database_is_found(tmp_path: Path) -> None:
     write_target(folder, "local-cpu")
     job = write_job(folder, constraints={"runtimes": ["tvm"]})
     loaded = load_job(job)
-    source, profile = load_analysis(loaded)
-    plan = make_plan(loaded, profile)
+    plan = make_plan(loaded, *load_analysis(loaded))
     assert plan.choice.candidate.runtime == "tvm"
     work = tmp_path / "work"
     database = work / "tvm" / "tvm-tuning" / "mnist_cnn-b64-0123456789ab"
     database.mkdir(parents=True)
     (database / "modak-tuned.json").write_text('{"trials": 200}')
     (work / "tvm" / "tvm-tuning" / "mnist_cnn-b32-0123456789ab").mkdir()  # another batch: not this job's
-    assert tuned_artifacts(plan, source, work) == {"/tmp/modak/tvm-tuning/mnist_cnn-b64-0123456789ab": database}
+    assert tuned_artifacts(plan, work) == {"/tmp/modak/tvm-tuning/mnist_cnn-b64-0123456789ab": database}
 
 
 def test_smoke_test_checks_the_runtime(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
@@ -514,7 +513,7 @@ def test_smoke_test_checks_the_runtime(cnn: Built, engine: DockerEngine, tmp_pat
     folder = tmp_path / "spec"
     write_target(folder, "local-cpu")
     loaded = load_job(write_job(folder, constraints={"runtimes": [other]}))
-    plan = make_plan(loaded, load_analysis(loaded)[1])
+    plan = make_plan(loaded, *load_analysis(loaded))
     log = tmp_path / "smoke-test.log"
     with pytest.raises(SmokeTestFailed) as error:
         smoke_test(engine, cnn.ref, plan, timeout=300, log=log)

@@ -35,8 +35,7 @@ def plans():
     for batch in (1, 8, 64):
         job = loaded.job.model_copy(update={"model": loaded.job.model.model_copy(update={"batch_size": batch})})
         batch_loaded = replace(loaded, job=job)
-        _, profile = load_analysis(batch_loaded)
-        result.append(make_plan(batch_loaded, profile, RooflinePredictor()))
+        result.append(make_plan(batch_loaded, *load_analysis(batch_loaded), RooflinePredictor()))
     return result
 
 
@@ -72,7 +71,7 @@ def test_plan_uses_learned_where_covered_and_roofline_elsewhere(plans) -> None:
     model = LearnedPredictor(synthetic_rows(plans, covered))
     assert model.coverage == {("onnxruntime", "cpu"), ("pytorch", "cpu")}
     plan = plans[2]
-    replanned = make_plan(plan.loaded, plan.workload, FallbackPredictor((model, RooflinePredictor())))
+    replanned = make_plan(plan.loaded, plan.source, plan.workload, FallbackPredictor((model, RooflinePredictor())))
     used = {r.candidate.runtime: r.prediction.predictor for r in replanned.ranked}
     assert used["onnxruntime"] == used["pytorch"] == "learned"
     assert used["openvino"] == used["torch-compile"] == "roofline"

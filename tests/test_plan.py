@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from modak.candidates.catalog import load_catalog
-from modak.candidates.enumerate import Candidate, resolve_threads
+from modak.candidates.enumerate import Candidate
+from modak.image.deployment import resolve_threads
 from modak.errors import InputError
 from modak.plan import make_plan, objective_seconds
 from modak.predict.base import FallbackPredictor, Prediction
@@ -30,8 +31,7 @@ RESNET = ROOT / "examples" / "resnet50-train-gpu" / "job.yaml"
 
 def plan_for(job: Path, target: Path | None = None):
     loaded = load_job(job, target)
-    _, profile = load_analysis(loaded)
-    return make_plan(loaded, profile)
+    return make_plan(loaded, *load_analysis(loaded))
 
 
 @pytest.mark.parametrize("predictor", ["default", "roofline"])
@@ -163,7 +163,7 @@ def test_fallback_predictor_uses_the_first_answer() -> None:
         def predict(self, *args):
             return None
 
-    plan = make_plan(load_job(CNN), load_analysis(load_job(CNN))[1],
+    plan = make_plan(load_job(CNN), *load_analysis(load_job(CNN)),
                      predictor=FallbackPredictor((NoData(), RooflinePredictor())))
     assert {r.prediction.predictor for r in plan.ranked} == {"roofline"}
 
@@ -187,13 +187,13 @@ class Scaled:
 
 def test_stock_is_kept_unless_another_candidate_is_confidently_faster() -> None:
     loaded = load_job(CNN)
-    profile = load_analysis(loaded)[1]
-    uncertain = make_plan(loaded, profile, predictor=Scaled(0.008, 1.5))  # 8 ms, but up to 12 ms: not sure
+    source, profile = load_analysis(loaded)
+    uncertain = make_plan(loaded, source, profile, predictor=Scaled(0.008, 1.5))  # 8 ms, but up to 12 ms: not sure
     stock = uncertain.choice.candidate
     assert uncertain.stock is uncertain.choice and load_catalog()["pytorch"].is_stock(stock)
     assert (stock.runtime, stock.precision, dict(stock.params)) == (
         "pytorch", Precision.fp32, {"threads": "all", "channels_last": False, "allocator": "default"})
     assert any(r.startswith("kept the stock deployment") and "12 ms" in r for r in uncertain.reasons)
-    confident = make_plan(loaded, profile, predictor=Scaled(0.008, 1.2))  # up to 9.6 ms: faster than stock
+    confident = make_plan(loaded, source, profile, predictor=Scaled(0.008, 1.2))  # up to 9.6 ms: faster than stock
     assert confident.choice.objective_seconds == pytest.approx(0.008) and confident.stock.objective_seconds == 0.010
     assert not any(r.startswith("kept the stock") for r in confident.reasons)

@@ -12,8 +12,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,14 @@ from spython.main.parse.parsers import SingularityParser
 
 import modak.render.render as render_module
 from modak.errors import EXIT_BAD_INPUT, InputError
+from modak.paths import data_dir
 from modak.plan import Plan, make_plan
 from modak.predict.base import Prediction
 from modak.render.ir import BuildDescription, build_description
 from modak.render.render import OUTPUTS, render
 from modak.spec.loader import load_job
 from modak.spec.models import DataSpec
+from modak.spec.resolve import resolve_files
 from modak.workload.analysis import analyze
 from modak.workload.source import ModelSource, load_analysis
 from onnx_graphs import write_onnx
@@ -72,7 +75,7 @@ def make_plan_for(folder: Path, job: dict[str, Any], target: dict[str, Any], pre
                            name=zoo)
     else:
         source, workload = load_analysis(loaded)
-    return make_plan(loaded, workload, predictor=prefer), source
+    return make_plan(loaded, source, workload, predictor=prefer), source
 
 
 def slurm_case(folder: Path) -> tuple[Plan, ModelSource]:
@@ -149,8 +152,9 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rendered]:
     for case, make in CASES.items():
         folder = tmp_path_factory.mktemp(case)
         plan, source = make(folder / "spec")
-        render(plan, source, folder / "out", created=CREATED)
-        results[case] = Rendered(plan, source, build_description(plan, source, CREATED), folder / "out")
+        ir = build_description(plan, CREATED)
+        render(ir, folder / "out")
+        results[case] = Rendered(plan, source, ir, folder / "out")
     return results
 
 
@@ -182,7 +186,9 @@ def test_build_context_is_complete(rendered: dict[str, Rendered]) -> None:
     assert sorted(p.name for p in (out / "model").iterdir()) == ["model.onnx", "model.onnx.data"]
     assert (out / "app" / "serve.py").is_file() and (out / "app" / "conf" / "settings.toml").is_file()
     assert (out / "wheels" / "internal_tool-1.0-py3-none-any.whl").is_file()
-    assert (out / "modak-lib" / "modak" / "runner.py").is_file()
+    assert (out / "modak-lib" / "modak" / "image" / "runner.py").is_file()
+    shipped = {p.relative_to(out / "modak-lib" / "modak").parts[0] for p in (out / "modak-lib" / "modak").rglob("*")}
+    assert shipped == {"__init__.py", "errors.py", "paths.py", "image"}  # the in-image code only
     assert not list((out / "modak-lib").rglob("__pycache__"))
     for name in ("entrypoint.sh", "job.sh"):
         assert (out / name).stat().st_mode & 0o777 == 0o755
@@ -191,11 +197,12 @@ def test_build_context_is_complete(rendered: dict[str, Rendered]) -> None:
     for result in rendered.values():
         for name in ("entrypoint.sh", "job.sh"):
             subprocess.run(["bash", "-n", str(result.out / name)], check=True)
-    env = dict(rendered["slurm"].ir.env)
-    assert env["MODAK_PRELOAD"] == "libjemalloc.so.2" and "libjemalloc2" in slurm.ir.apt_packages
-    assert env["MODAK_THREADS_POLICY"] == "half" and env["MODAK_MODEL"] == "/opt/modak/model/model.onnx"
+    env, deployment = dict(rendered["slurm"].ir.env), plan["deployment"]
+    assert deployment["env"] == {"MODAK_PRELOAD": "libjemalloc.so.2"} and "libjemalloc2" in slurm.ir.apt_packages
+    assert deployment["params"]["threads"] == "half" and env["MODAK_MODEL"] == "/opt/modak/model/model.onnx"
+    assert env["MODAK_PLAN"] == "/opt/modak/plan.json"
     assert env["CFLAGS"] == env["CXXFLAGS"] == "-march=icelake-client -mtune=icelake-client"
-    assert dict(rendered["bash"].ir.env)["MODAK_MODEL"] == "zoo:mlp"
+    assert json.loads(rendered["bash"].text("plan.json"))["deployment"]["zoo"] == "mlp"
     assert rendered["pbs"].ir.base.ref.startswith("docker.io/nvidia/cuda:")
     assert slurm.ir.image.ref.startswith("registry.example.org/ml/resnet-serving:onnxruntime-")
 
@@ -243,7 +250,7 @@ def test_dockerfile_matches_description(rendered: dict[str, Rendered]) -> None:
     order = [text.index(marker) for marker in ("apt-get install", "pip install", '"modak-lib/modak"', '"model"',
                                                '"entrypoint.sh"', '"plan.json"', '"app"', "LABEL ")]
     assert order == sorted(order)
-    assert _docker_env(text)["MODAK_PARAMS"] == dict(ir.env)["MODAK_PARAMS"]
+    assert _docker_env(text)["MODAK_PLAN"] == dict(ir.env)["MODAK_PLAN"]
 
 
 def _fake_engine(folder: Path, name: str) -> dict[str, str]:
@@ -288,15 +295,16 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     target = {"name": "lab", "cpu": {"microarchitecture": "zen4", "cores_per_socket": 2}, "memory": {"size_gb": 8},
               "scheduler": {"kind": "slurm"}, "container": {"engine": "podman"}}
     plan, source = make_plan_for(folder, job, target, Preferred("onnxruntime", "cpu", "fp32"))
-    render(plan, source, root / "out", created=CREATED)
-    return Rendered(plan, source, build_description(plan, source, CREATED), root / "out")
+    ir = build_description(plan, CREATED)
+    render(ir, root / "out")
+    return Rendered(plan, source, ir, root / "out")
 
 
 def test_hostile_strings_stay_data(hostile: Rendered, tmp_path: Path) -> None:
     out, argv = hostile.out, ["printf", "%s\\0", *HOSTILE]
     for name in ("entrypoint.sh", "job.sh"):
         subprocess.run(["bash", "-n", str(out / name)], check=True)
-    env = {"PATH": os.environ["PATH"], "MODAK_CGROUP_ROOT": str(tmp_path)}
+    env = {**_launcher(out), "MODAK_CGROUP_ROOT": str(tmp_path)}
     default = subprocess.run([str(out / "entrypoint.sh")], env=env, cwd=tmp_path, capture_output=True, check=True)
     assert default.stdout.decode().split("\0")[:-1] == HOSTILE
     given = subprocess.run([str(out / "entrypoint.sh"), *argv], env=env, cwd=tmp_path, capture_output=True,
@@ -314,7 +322,7 @@ def test_hostile_strings_stay_data(hostile: Rendered, tmp_path: Path) -> None:
     cmd = [line for line in dockerfile.splitlines() if line.startswith("CMD ")]
     assert len(cmd) == 1 and json.loads(cmd[0][4:]) == argv
     shapes = {f"x{''.join(HOSTILE).replace('/', '_')}": [4]}
-    assert json.loads(_docker_env(dockerfile)["MODAK_INPUT_SHAPES"]) == shapes
+    assert json.loads((out / "plan.json").read_text())["deployment"]["input_shapes"] == shapes
     for path in out.rglob("*"):
         if path.is_file() and "modak-lib" not in path.parts:
             text = _normalized(path.read_text(errors="replace"), hostile.plan)
@@ -326,7 +334,7 @@ def test_hostile_strings_stay_data(hostile: Rendered, tmp_path: Path) -> None:
     recipe = parser.recipe[parser.active_layer]
     assert recipe.fromHeader == hostile.ir.base.ref
     environment = {line.partition("=")[0]: shlex.split(line.partition("=")[2])[0] for line in recipe.environ}
-    assert json.loads(environment["MODAK_INPUT_SHAPES"]) == shapes
+    assert environment["MODAK_PLAN"] == "/opt/modak/plan.json"
     assert sorted(p.name for p in (out / "app").iterdir()) == [hostile.plan.loaded.job.entrypoint.files[0]]
 
 
@@ -359,13 +367,21 @@ def test_spec_rejects_hostile_constrained_fields(tmp_path: Path, which: str, loc
     assert error.value.file == str(tmp_path / f"{which}.yaml") and error.value.line
 
 
-def _threads(script: Path, cgroup: Path, env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
-    command = command or ("printenv", "MODAK_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    return subprocess.run([str(script), *command], env={"PATH": os.environ["PATH"], "MODAK_CGROUP_ROOT": str(cgroup),
-                                                        **env}, capture_output=True, text=True, check=True)
+def _launcher(out: Path) -> dict[str, str]:
+    """What a rendered entrypoint needs outside its image: the in-image package and the plan it applies."""
+    return {"PATH": os.environ["PATH"], "PYTHONPATH": str(out / "modak-lib"), "MODAK_PLAN": str(out / "plan.json")}
+
+
+def _threads(script: Path, cgroup: Path, env: dict[str, str], *command: str,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+    command = command or ("printenv", "MODAK_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                          "TVM_NUM_THREADS")
+    return subprocess.run([str(script), *command], env={**_launcher(script.parent), "MODAK_CGROUP_ROOT": str(cgroup),
+                                                        **env}, capture_output=True, text=True, check=check)
 
 
 NPROC = None  # expected: the CPUs `nproc` reports
+HALF_NPROC = -1  # expected: half of them (the slurm case's plan chose the policy "half")
 
 
 @pytest.mark.parametrize("env, cgroup, expected", [
@@ -373,35 +389,43 @@ NPROC = None  # expected: the CPUs `nproc` reports
     ({"SLURM_CPUS_PER_TASK": "3", "MODAK_THREADS_POLICY": "all"}, {}, 3),
     ({"SLURM_CPUS_PER_TASK": "3", "MODAK_THREADS_POLICY": "8"}, {}, 3),
     ({"SLURM_CPUS_PER_TASK": "3", "MODAK_THREADS_POLICY": "2"}, {}, 2),
-    ({"SLURM_CPUS_PER_TASK": "3"}, {"cpu.max": "100000 100000\n"}, 3),
+    ({"SLURM_CPUS_PER_TASK": "3"}, {"cpu.max": "100000 100000\n"}, 1),  # the plan's policy: half
     ({"NCPUS": "6", "MODAK_THREADS_POLICY": "half"}, {}, 3),
     ({"MODAK_THREADS_POLICY": "all"}, {"cpu.max": "200000 100000\n"}, 2),
     ({"MODAK_THREADS_POLICY": "all"}, {"cpu.max": "50000 100000\n"}, 1),
     ({"MODAK_THREADS_POLICY": "all"}, {"cpu.max": "max 100000\n"}, NPROC),
     ({"MODAK_THREADS_POLICY": "all"}, {"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4),
     ({"MODAK_THREADS_POLICY": "all"}, {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, NPROC),
-    ({}, {}, NPROC),
+    ({}, {}, HALF_NPROC),
 ])
 def test_entrypoint_threads(rendered: dict[str, Rendered], tmp_path: Path, env: dict[str, str],
                             cgroup: dict[str, str], expected: int | None) -> None:
     for name, content in cgroup.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(content)
-    if expected is NPROC:
-        expected = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+    nproc = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+    expected = {NPROC: nproc, HALF_NPROC: max(1, nproc // 2)}.get(expected, expected)
     result = _threads(rendered["slurm"].out / "entrypoint.sh", tmp_path, env)
-    assert result.stdout.split() == [str(expected)] * 4
+    assert result.stdout.split() == [str(expected)] * 5
     assert result.stderr == ""
 
 
 def test_entrypoint_preload_and_verbose(rendered: dict[str, Rendered], tmp_path: Path) -> None:
-    script = rendered["slurm"].out / "entrypoint.sh"
-    missing = _threads(script, tmp_path, {"MODAK_PRELOAD": "libmodak-missing.so.1"}, "printenv", "OMP_NUM_THREADS")
-    assert "libmodak-missing.so.1 not found" in missing.stderr and missing.stdout.strip()
-    found = _threads(script, tmp_path, {"MODAK_PRELOAD": "libc.so.6", "SLURM_CPUS_PER_TASK": "3",
-                                        "MODAK_THREADS_POLICY": "half", "MODAK_VERBOSE": "1"}, "printenv", "LD_PRELOAD")
-    library = found.stdout.strip()
+    out = rendered["slurm"].out
+    script = out / "entrypoint.sh"
+    plan = json.loads((out / "plan.json").read_text())
+    plan["deployment"]["env"] = {"MODAK_PRELOAD": "libmodak-missing.so.1"}
+    (tmp_path / "missing.json").write_text(json.dumps(plan))
+    missing = _threads(script, tmp_path, {"MODAK_PLAN": str(tmp_path / "missing.json")}, "true", check=False)
+    assert missing.returncode == 3 and "libmodak-missing.so.1, which is not installed" in missing.stderr
+    plan["deployment"]["env"] = {"MODAK_PRELOAD": "libc.so.6", "XLA_FLAGS": "--x"}
+    (tmp_path / "found.json").write_text(json.dumps(plan))
+    found = _threads(script, tmp_path, {"MODAK_PLAN": str(tmp_path / "found.json"), "SLURM_CPUS_PER_TASK": "3",
+                                        "MODAK_VERBOSE": "1"}, "printenv", "LD_PRELOAD", "XLA_FLAGS", "MODAK_PRELOAD",
+                     check=False)
+    library, flags = found.stdout.split()
     assert library.startswith("/usr/lib") and library.endswith("/libc.so.6") and Path(library).exists()
+    assert flags == "--x"  # MODAK_PRELOAD itself is not exported: printenv fails on it
     assert found.stderr == ("modak: 3 CPUs (SLURM_CPUS_PER_TASK), threads policy half: 1 threads, "
                             f"LD_PRELOAD={library}\n")
 
@@ -409,45 +433,57 @@ def test_entrypoint_preload_and_verbose(rendered: dict[str, Rendered], tmp_path:
 def _without_default_bases(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (folder / "recipes").mkdir()
     (folder / "recipes" / "base_images.yaml").write_text("cuda: docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04\n")
+    shutil.copy(data_dir("recipes") / "image.yaml", folder / "recipes" / "image.yaml")
     monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: folder / kind)
 
 
-@pytest.mark.parametrize("make, change, field", [
-    (slurm_case, lambda folder, mp: (folder / "certs" / "proxy.crt").unlink(), "python.ca_bundle"),
-    (slurm_case, lambda folder, mp: (folder / "wheelhouse" / "internal_tool-1.0-py3-none-any.whl").unlink(),
-     "python.wheelhouse"),
-    (slurm_case, lambda folder, mp: (folder / "model.onnx.data").unlink(), "model.onnx"),
-    (bash_case, _without_default_bases, "container.base_images"),
+@pytest.mark.parametrize("change, field", [
+    (lambda folder: (folder / "certs" / "proxy.crt").unlink(), "python.ca_bundle"),
+    (lambda folder: (folder / "wheelhouse" / "internal_tool-1.0-py3-none-any.whl").unlink(), "python.wheelhouse"),
+    (lambda folder: (folder / "model.onnx.data").unlink(), "model.onnx"),
+    (lambda folder: shutil.rmtree(folder / "conf"), "entrypoint.files.1"),
 ])
-def test_unusable_build_inputs_are_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any,
-                                                change: Any, field: str) -> None:
-    plan, source = make(tmp_path)
-    change(tmp_path, monkeypatch)
+def test_unusable_build_inputs_are_rejected_when_loading(tmp_path: Path, change: Any, field: str) -> None:
+    """What the build would need is checked by the resolve step, so `modak plan` rejects it already."""
+    slurm_case(tmp_path)
+    change(tmp_path)
     with pytest.raises(InputError) as error:
-        build_description(plan, source, CREATED)
+        load_analysis(load_job(tmp_path / "job.yaml"))
     assert error.value.field == field and error.value.exit_code == EXIT_BAD_INPUT
 
 
-def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:
-    plan, source = slurm_case(tmp_path)
-    job = plan.loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a:b")})
+def test_a_base_image_without_default_is_an_input_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, _ = bash_case(tmp_path)
+    _without_default_bases(tmp_path, monkeypatch)
     with pytest.raises(InputError) as error:
-        build_description(replace(plan, loaded=replace(plan.loaded, job=job)), source, CREATED)
+        build_description(plan, CREATED)
+    assert error.value.field == "container.base_images" and error.value.exit_code == EXIT_BAD_INPUT
+
+
+def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:
+    plan, _ = slurm_case(tmp_path)
+    loaded = plan.loaded
+    job = loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a:b")})
+    with pytest.raises(InputError) as error:
+        resolve_files(job, loaded.target, loaded.job_doc, loaded.target_doc)
     assert error.value.field == "data.location"
 
 
-def test_failed_render_leaves_no_output(tmp_path: Path) -> None:
-    plan, source = slurm_case(tmp_path / "spec")
-    (tmp_path / "spec" / "conf" / "settings.toml").unlink()
-    (tmp_path / "spec" / "conf").rmdir()
-    with pytest.raises(InputError) as error:
-        render(plan, source, tmp_path / "out", created=CREATED)
-    assert error.value.field == "entrypoint.files.1" and error.value.exit_code == EXIT_BAD_INPUT
+def test_failed_render_leaves_no_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, _ = slurm_case(tmp_path / "spec")
+
+    def failing_copy(item: Any, root: Path) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(render_module, "_copy", failing_copy)
+    with pytest.raises(OSError):
+        render(build_description(plan, CREATED), tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec"]
 
 
 def test_failed_render_keeps_existing_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plan, source = pbs_case(tmp_path / "spec")
+    plan, _ = pbs_case(tmp_path / "spec")
+    ir = build_description(plan, CREATED)
     out = tmp_path / "out"
     out.mkdir()
     (out / "Dockerfile").write_text("FROM old\n")
@@ -463,13 +499,13 @@ def test_failed_render_keeps_existing_output(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(render_module, "_copy", failing_copy)
     with pytest.raises(OSError):
-        render(plan, source, out, created=CREATED)
+        render(ir, out)
     assert (out / "Dockerfile").read_text() == "FROM old\n"
     assert sorted(p.name for p in out.iterdir()) == ["Dockerfile", "bert-gpu.sif", "wheels"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "spec"]
 
     monkeypatch.setattr(render_module, "_copy", copy)
-    written = render(plan, source, out, created=CREATED)
+    written = render(ir, out)
     assert written == [out / name for name in OUTPUTS]
     assert (out / "Dockerfile").read_text().startswith("# Generated by modak")
     assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, ".dockerignore", "bert-gpu.sif", "modak-lib",
@@ -480,9 +516,9 @@ def test_failed_render_keeps_existing_output(tmp_path: Path, monkeypatch: pytest
 def test_rendered_files_have_the_created_time(tmp_path: Path) -> None:
     """Every file of the context carries the `created` label's time, so a re-render of unchanged inputs leaves
     the COPY layers' cache keys unchanged."""
-    plan, source = slurm_case(tmp_path)
+    plan, _ = slurm_case(tmp_path)
     out = tmp_path / "out"
-    render(plan, source, out, created=CREATED)
+    render(build_description(plan, CREATED), out)
     stamp = datetime.fromisoformat(CREATED.replace("Z", "+00:00")).timestamp()
     times = {p.stat().st_mtime for p in out.rglob("*")}
     assert times == {stamp}

@@ -122,8 +122,7 @@ def test_cnn_report_renders_in_a_browser(tmp_path: Path) -> None:
 
     # the table lists the plan's candidates, in rank order (the CLI's default predictor, same inputs)
     loaded = load_job(CNN)
-    _, profile = load_analysis(loaded)
-    plan = make_plan(loaded, profile, default_predictor())
+    plan = make_plan(loaded, *load_analysis(loaded), default_predictor())
     assert page.rows == [r.candidate.name for r in plan.ranked]
     assert len(page.rows) >= 6
 
@@ -152,13 +151,13 @@ def test_report_escapes_paths_and_shows_local_measurements(tmp_path: Path) -> No
     loaded = load_job(job)
     source, profile = load_analysis(loaded)
     predictor = RooflinePredictor()
-    plan = make_plan(loaded, profile, predictor)
+    plan = make_plan(loaded, source, profile, predictor)
     store = tmp_path / "perf.sqlite"
     measured = plan.ranked[1].candidate
     with PerfStore(store) as perf:
         perf.add([measurement_row(plan, measured, {"status": "ok", "step_median_s": 2e-3, "step_p10_s": 1.9e-3,
                                                    "step_p90_s": 2.2e-3, "repeats": 10})])
-    output = write_report(plan, source, predictor, tmp_path / "hostile.html", store)
+    output = write_report(plan, predictor, tmp_path / "hostile.html", store)
     html = output.read_text()
     assert "<marquee" not in html and "<i>" not in html
     assert "cnn&lt;marquee&gt;x&lt;marquee&gt;&#34;&amp;" in html
@@ -179,7 +178,7 @@ def test_report_data_follows_the_roofline() -> None:
     loaded = load_job(CNN)
     source, profile = load_analysis(loaded)
     predictor = RooflinePredictor()
-    plan = make_plan(loaded, profile, predictor)
+    plan = make_plan(loaded, source, profile, predictor)
     roof = data.roof_of(plan)
     assert roof.precision == plan.choice.candidate.precision.value and roof.peaks[0][1] >= roof.peak
     ops, skipped = data.op_points(profile, roof)
@@ -192,7 +191,7 @@ def test_report_data_follows_the_roofline() -> None:
     assert chosen.low_gflops < chosen.gflops < chosen.high_gflops
     assert not roof.above(chosen)  # the roofline predictor never beats its own roof
 
-    path = data.trajectory(plan, source, predictor)
+    path = data.trajectory(plan, predictor)
     assert path.seconds < 10 and not path.notes
     assert {p.batch for p in path.points} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
     assert {p.threads for p in path.points} == {1, 2}  # the example target has 2 cores
@@ -206,8 +205,8 @@ def test_report_data_follows_the_roofline() -> None:
     assert len(data.thread_counts(12, 96)) <= data.MAX_THREAD_COUNTS and 12 in data.thread_counts(12, 96)
 
     # the HTML is deterministic for a fixed time (no dates or random ids in the plots)
-    first = render_report(plan, source, predictor, generated_at=_fixed())
-    assert first == render_report(plan, source, predictor, generated_at=_fixed())
+    first = render_report(plan, predictor, generated_at=_fixed())
+    assert first == render_report(plan, predictor, generated_at=_fixed())
 
 
 def _fixed():

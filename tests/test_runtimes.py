@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from modak.image import runner
+from modak.image.deployment import Deployment
 from modak.image.runtimes.base import TOLERANCE, FunctionSession, RunRequest
 from modak.image.zoo import get_entry
 from modak.workload.zoo import export_onnx
@@ -149,6 +151,7 @@ XLA_CASES = {
 _XLA_SCRIPT = """
 import json, sys, types
 from modak.image import runner
+from modak.image.deployment import Deployment
 from modak.image.runtimes import xla
 from modak.image.runtimes.base import RunRequest
 
@@ -251,10 +254,16 @@ def test_tvm_compiles_for_the_host_cpu():
 
 
 def _run_subprocess(request: RunRequest, tmp_path: Path) -> tuple[int, dict]:
-    path = tmp_path / "request.json"
-    path.write_text(request.to_json())
-    done = subprocess.run([sys.executable, "-m", "modak.image.runner", "measure", str(path), "--repeat", "3",
-                           "--budget", "0.5"], capture_output=True, text=True, timeout=120)
+    """``request`` as ``modak bench`` runs it: its deployment through the launcher, then the runner."""
+    deployment = Deployment(runtime=request.runtime, device=request.device, precision=request.precision,
+                            task=request.task, params={**request.params, "threads": request.threads or "all"},
+                            env={}, batch_size=request.batch_size, input_shapes=request.input_shapes, zoo=request.zoo)
+    (tmp_path / "plan.json").write_text(json.dumps({"deployment": deployment.to_dict()}))
+    env = {**os.environ, "MODAK_PLAN": str(tmp_path / "plan.json"), "MODAK_MODEL": request.onnx_path,
+           "MODAK_WORKDIR": request.workdir}
+    done = subprocess.run([sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m",
+                           "modak.image.runner", "measure", "--repeat", "3", "--budget", "0.5"],
+                          capture_output=True, text=True, timeout=120, env=env)
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
 

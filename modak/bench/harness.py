@@ -1,14 +1,14 @@
 """Measure candidates for real: one fresh process per candidate, rows stored as soon as they are measured.
 
-Each candidate runs ``python -m modak.image.runner measure`` with the environment its container entrypoint would
-set (thread counts, the candidate's parameter environment, a preloaded allocator), so that what is measured
-is what the image would run. Ctrl-C stops the current candidate; everything measured before is kept.
+Each candidate runs as ``python -m modak.image.launch -- python -m modak.image.runner measure``: the launcher is
+what the image's entrypoint runs, so the candidate gets the environment its image would set on this allocation
+(thread counts, the parameters' variables, a preloaded allocator) from the same code, and what is measured is
+what ships. Ctrl-C stops the current candidate; everything measured before is kept.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import glob
 import json
 import os
 import platform
@@ -19,15 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from modak.measurements.store import Measurement, PerfStore, as_json
-from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
+from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
+from modak.measurements.store import Measurement, PerfStore, as_json
+from modak.paths import write_atomic
 from modak.plan import Plan
-from modak.image.runtimes.base import RunRequest
 from modak.spec.models import Precision
 from modak.workload.analysis import WorkloadProfile
-from modak.workload.source import ModelSource
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -59,47 +58,26 @@ def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
     return chosen
 
 
-def run_request(plan: Plan, source: ModelSource, candidate: Candidate, workdir: Path) -> RunRequest:
-    """The runner's request for ``candidate`` of ``plan``."""
-    job = plan.loaded.job
-    return RunRequest(
-        runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
-        params=dict(candidate.params), threads=candidate.threads, task=job.task.value,
-        onnx_path=str(source.onnx_path), zoo=source.zoo, batch_size=job.model.batch_size,
-        input_shapes={k: list(v) for k, v in source.input_shapes.items()}, workdir=str(workdir))
+def launch_environment(plan: Plan, candidate: Candidate, plan_file: Path, workdir: Path) -> dict[str, str]:
+    """Where the launcher finds ``candidate``'s deployment, model and work folder (the image bakes the same
+    variables with its own paths); ``plan_file`` gets the deployment."""
+    write_atomic(plan_file, json.dumps({"deployment": plan.deployment(candidate).to_dict()}, sort_keys=True))
+    return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(plan.source.onnx_path), WORKDIR_VARIABLE: str(workdir)}
 
 
-def candidate_env(recipe: Recipe, candidate: Candidate) -> dict[str, str]:
-    """Environment the container entrypoint would export for ``candidate``."""
-    env: dict[str, str] = {}
-    values = dict(candidate.params)
-    for parameter in recipe.parameters:
-        if parameter.name in values:
-            env.update(parameter.env.get(value_key(values[parameter.name]), {}))
-    if candidate.threads:
-        for name in ("MODAK_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS"):
-            env[name] = str(candidate.threads)
-    preload = env.pop("MODAK_PRELOAD", None)
-    if preload:
-        # The entrypoint's search: /usr/lib*/ to depth 2 (e.g. /usr/lib/x86_64-linux-gnu/).
-        found = sorted(glob.glob(f"/usr/lib*/{preload}") + glob.glob(f"/usr/lib*/*/{preload}"))
-        if not found:
-            raise FileNotFoundError(f"{preload} is not installed on this machine (apt-get install libjemalloc2)")
-        env["LD_PRELOAD"] = found[0]
-    return env
+def launch_command(*command: str) -> list[str]:
+    """``command`` started through the image's launcher with this Python."""
+    return [sys.executable, "-m", "modak.image.launch", "--", *command]
 
 
-def bench(plan: Plan, source: ModelSource, candidates: Iterable[Candidate], store: PerfStore,
-          settings: BenchSettings = BenchSettings(), workdir: Path | None = None,
-          on_result: Callable[[Candidate, Measurement], None] | None = None,
-          catalog: dict[str, Recipe] | None = None) -> list[Measurement]:
-    """Measure ``candidates`` one by one, adding each row to ``store`` as soon as it is measured."""
-    catalog = catalog or load_catalog()
+def bench(plan: Plan, candidates: Iterable[Candidate], store: PerfStore, settings: BenchSettings = BenchSettings(),
+          workdir: Path | None = None, on_result: Callable[[Candidate, Measurement], None] | None = None
+          ) -> list[Measurement]:
+    """Measure ``candidates`` of ``plan`` one by one, adding each row to ``store`` as soon as it is measured."""
     workdir = workdir or Path(tempfile.gettempdir()) / "modak-work"
     rows: list[Measurement] = []
     for candidate in candidates:
-        result = _run_one(plan, source, candidate, catalog[candidate.runtime], settings, workdir)
-        row = measurement_row(plan, candidate, result)
+        row = measurement_row(plan, candidate, _run_one(plan, candidate, settings, workdir))
         store.add([row])
         rows.append(row)
         if on_result:
@@ -107,23 +85,16 @@ def bench(plan: Plan, source: ModelSource, candidates: Iterable[Candidate], stor
     return rows
 
 
-def _run_one(plan: Plan, source: ModelSource, candidate: Candidate, recipe: Recipe, settings: BenchSettings,
-             workdir: Path) -> dict:
-    try:
-        env = {**os.environ, **candidate_env(recipe, candidate)}
-    except FileNotFoundError as exc:
-        return {"status": "error", "error": str(exc)}
-    request = run_request(plan, source, candidate, workdir / candidate.runtime)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        handle.write(request.to_json())
-    command = [sys.executable, "-m", "modak.image.runner", "measure", handle.name, "--repeat", str(settings.repeat),
-               "--budget", str(settings.budget_s)]
-    try:
-        process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=settings.timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"timed out after {settings.timeout_s:.0f} s"}
-    finally:
-        os.unlink(handle.name)
+def _run_one(plan: Plan, candidate: Candidate, settings: BenchSettings, workdir: Path) -> dict:
+    with tempfile.TemporaryDirectory(prefix="modak-bench-") as scratch:
+        env = {**os.environ, **launch_environment(plan, candidate, Path(scratch) / "plan.json",
+                                                   workdir / candidate.runtime)}
+        command = launch_command(sys.executable, "-m", "modak.image.runner", "measure", "--repeat",
+                                 str(settings.repeat), "--budget", str(settings.budget_s))
+        try:
+            process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"status": "error", "error": f"timed out after {settings.timeout_s:.0f} s"}
     lines = process.stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
@@ -153,7 +124,7 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
         input_shapes=as_json({k: list(v) for k, v in workload.input_shapes.items()}),
         **workload_columns(workload),
         runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
-        params=as_json(dict(candidate.params)), threads=candidate.threads,
+        params=as_json(dict(candidate.params)), threads=result.get("threads") or candidate.threads,
         status=result.get("status", "error"), step_median_s=result.get("step_median_s"),
         step_p10_s=result.get("step_p10_s"), step_p90_s=result.get("step_p90_s"), repeats=result.get("repeats", 0),
         throughput_per_s=result.get("throughput_per_s"), compile_s=result.get("compile_s"),

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.errors import Interrupted, PushFailed, SmokeTestFailed
-from modak.render.ir import DEFAULT_COMMAND, MODEL_FILE, WORK_DIR, BuildDescription, build_description
+from modak.render.ir import DEFAULT_COMMAND, WORK_DIR, BuildDescription, build_description
 from modak.render.render import DOCKERIGNORE, render
+from modak.workload.source import MODEL_FILE
 
 if TYPE_CHECKING:
     from modak.plan import Plan
-    from modak.workload.source import ModelSource
 
 SCHEMA_VERSION = 1
 LOCK_LABEL = "io.modak.requirements-lock"
@@ -123,7 +123,7 @@ class BuildResult:
         }
 
 
-def build_job(plan: Plan, source: ModelSource, out_dir: Path, options: BuildOptions = BuildOptions(),
+def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
               progress: Progress | None = None, engine: Engine | None = None) -> BuildResult:
     """Render, build, label, smoke-test, tag, push and archive the plan's choice (see the module docstring)."""
     progress = progress or Progress()
@@ -136,8 +136,8 @@ def build_job(plan: Plan, source: ModelSource, out_dir: Path, options: BuildOpti
 
     started = time.perf_counter()
     progress.phase("rendering")
-    ir = build_description(plan, source)
-    written = render(plan, source, out_dir, ir=ir)
+    ir = build_description(plan)
+    written = render(ir, out_dir)
     for stale in (LOCK_NAME, SMOKE_NAME, SMOKE_LOG):  # a previous build's: they must describe this one
         (out_dir / stale).unlink(missing_ok=True)
     result = BuildResult(plan, ir, out_dir, engine, artifacts=[*written, out_dir / DOCKERIGNORE])
@@ -153,7 +153,7 @@ def build_job(plan: Plan, source: ModelSource, out_dir: Path, options: BuildOpti
             result.seconds["build"] = time.perf_counter() - start
 
             start = time.perf_counter()
-            image_id = _label(engine, image_id, plan, source, result, log, progress)
+            image_id = _label(engine, image_id, plan, result, log, progress)
             result.seconds["label"] = time.perf_counter() - start
         except KeyboardInterrupt:
             log.note(f"interrupted at {log.where()}")
@@ -201,8 +201,7 @@ def _image_ref(engine: Engine, ir: BuildDescription, out_dir: Path) -> str:
     return ir.image.ref
 
 
-def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, result: BuildResult, log: BuildLog,
-           progress: Progress) -> str:
+def _label(engine: Engine, image_id: str, plan: Plan, result: BuildResult, log: BuildLog, progress: Progress) -> str:
     """Read the lock back, then add its digest as a label and the tuned artifacts in a second tiny stage."""
     lock = engine.read_file(image_id, result.ir.lock_file)
     labels: dict[str, str] = {}
@@ -215,7 +214,7 @@ def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, resul
         labels[LOCK_LABEL] = result.lock_digest
     else:
         log.note(f"the image has no {result.ir.lock_file}; no {LOCK_LABEL} label")
-    result.tuned = {dest: str(src) for dest, src in tuned_artifacts(plan, source).items()}
+    result.tuned = {dest: str(src) for dest, src in tuned_artifacts(plan).items()}
     if result.tuned:
         labels[ARTIFACTS_LABEL] = ",".join(sorted(result.tuned))
     if engine.name == "apptainer" or not labels:
@@ -224,7 +223,7 @@ def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, resul
     return engine.add_layer(image_id, labels, {k: Path(v) for k, v in result.tuned.items()}, log)
 
 
-def tuned_artifacts(plan: Plan, source: ModelSource, bench_workdir: Path | None = None) -> dict[str, Path]:
+def tuned_artifacts(plan: Plan, bench_workdir: Path | None = None) -> dict[str, Path]:
     """Tuning results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
 
     TVM: the MetaSchedule databases that ``modak bench`` left in its work folder for this model and batch
@@ -236,6 +235,7 @@ def tuned_artifacts(plan: Plan, source: ModelSource, bench_workdir: Path | None 
     if candidate.runtime != "tvm":
         return {}
     folder = (bench_workdir or Path(tempfile.gettempdir()) / "modak-work") / "tvm" / "tvm-tuning"
+    source = plan.source
     stem = source.zoo or Path(source.onnx_path).stem
     image_stem = source.zoo or Path(MODEL_FILE).stem
     batch = plan.loaded.job.model.batch_size
@@ -292,9 +292,3 @@ def push(engine: Engine, result: BuildResult) -> None:
         digest = next((d.rpartition("@")[2] for d in pulled.repo_digests if d.startswith(ref.rpartition(":")[0])),
                       None)
     result.pushed_ref, result.pushed_digest = ref, digest
-
-
-def default_output(plan: Plan) -> Path:
-    """``out/<job name>``, the default output folder of ``modak build`` and ``modak submit``."""
-    return Path("out") / plan.loaded.job.name
-

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_key
 from modak.errors import InputError
 from modak.paths import data_dir
 from modak.spec.loader import load_spec
 from modak.spec.models import Name, Precision, Requirement, Task
 
-if TYPE_CHECKING:
-    from modak.candidates.enumerate import Candidate
 
-DeviceKind = Literal["cpu", "gpu"]
-ParamValue = bool | int | str
 Fraction = Annotated[float, Field(gt=0, le=1)]
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 AptPackage = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]
 
 
@@ -49,11 +48,6 @@ class Parameter(_Recipe):
     env: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="value -> environment variables the entrypoint exports.")
     apt: dict[str, tuple[AptPackage, ...]] = Field(default_factory=dict, description="value -> extra apt packages.")
-
-
-def value_key(value: ParamValue) -> str:
-    """How a parameter value is written as a key in a recipe (``true``/``false`` for booleans)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class Tuning(_Recipe):
@@ -95,6 +89,15 @@ class Recipe(_Recipe):
     performance: dict[DeviceKind, DevicePerformance]
     notes: str = ""
 
+    def chosen(self, candidate: Candidate) -> tuple[tuple[Parameter, str], ...]:
+        """This recipe's parameters that ``candidate`` sets, each with its value as a recipe key."""
+        return tuple((p, value_key(value)) for p in self.parameters
+                     if (value := candidate.param(p.name)) is not None)
+
+    def environment(self, candidate: Candidate) -> dict[str, str]:
+        """The variables ``candidate``'s parameter values set (the entrypoint applies them)."""
+        return {k: v for parameter, key in self.chosen(candidate) for k, v in parameter.env.get(key, {}).items()}
+
     def is_stock(self, candidate: Candidate) -> bool:
         """Whether ``candidate`` is this recipe's stock deployment."""
         firsts = {p.name: p.values[0] for p in self.parameters}
@@ -119,6 +122,12 @@ def load_catalog(folder: Path | None = None) -> dict[str, Recipe]:
         for device, perf in recipe.performance.items():
             if "default" not in perf.compute_efficiency:
                 raise doc.error(("performance", device, "compute_efficiency"), "needs a 'default' entry")
+        for index, parameter in enumerate(recipe.parameters):
+            for value, variables in parameter.env.items():
+                for variable in variables:
+                    if not _ENV_NAME.fullmatch(variable):
+                        raise doc.error(("parameters", index, "env", value),
+                                        f"invalid environment variable name {variable!r}")
         recipes[recipe.name] = recipe
     if not recipes:
         raise InputError("no runtime recipes found", folder)

@@ -5,33 +5,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from modak.candidates.catalog import DeviceKind, ParamValue, Recipe, value_key
+from modak.candidates.candidate import Candidate
+from modak.candidates.catalog import DeviceKind, Recipe
+from modak.image.deployment import resolve_threads
 from modak.hardware.ceilings import TargetCeilings
 from modak.spec.loader import LoadedJob
-from modak.spec.models import Device, Precision
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One deployment: a runtime on a device at a precision with concrete parameter values.
-
-    ``params`` keep symbolic thread values (``all``, ``half``); ``threads`` is their value on the target's
-    cores, used for prediction (the entrypoint recomputes it from the real allocation).
-    """
-
-    runtime: str
-    device: DeviceKind
-    precision: Precision
-    params: tuple[tuple[str, ParamValue], ...]
-    threads: int | None
-
-    @property
-    def name(self) -> str:
-        settings = " ".join(f"{k}={value_key(v)}" for k, v in self.params)
-        return f"{self.runtime}/{self.device}/{self.precision.value}" + (f" {settings}" if settings else "")
-
-    def param(self, name: str, default: ParamValue | None = None) -> ParamValue | None:
-        return dict(self.params).get(name, default)
+from modak.spec.models import Device
 
 
 @dataclass(frozen=True)
@@ -46,15 +25,6 @@ class Pruned:
 class CandidateSpace:
     candidates: tuple[Candidate, ...]
     pruned: tuple[Pruned, ...]
-
-
-def resolve_threads(policy: ParamValue, cores: int) -> int:
-    """Threads for a symbolic policy on ``cores`` cores: ``all``, ``half`` or a number (capped at cores)."""
-    if policy == "all":
-        return cores
-    if policy == "half":
-        return max(1, cores // 2)
-    return max(1, min(int(policy), cores))
 
 
 def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: dict[str, Recipe],

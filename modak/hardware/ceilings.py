@@ -10,7 +10,7 @@ import yaml
 
 from modak.errors import did_you_mean
 from modak.paths import data_dir
-from modak.spec.loader import SpecDocument
+from modak.spec.document import SpecDocument
 from modak.spec.models import Precision, Target
 
 # ISA features that give a CPU native support for a reduced precision (archspec feature names).

@@ -1,9 +1,12 @@
-"""Run one candidate in this process and print what happened as JSON.
+"""Run the deployment in this process and print what happened as JSON.
 
-``python -m modak.image.runner measure REQUEST.json`` is what ``modak bench`` starts once per candidate (a fresh
-process, so thread settings and memory peaks belong to that candidate alone). ``python -m modak.image.runner
---self-test`` is the image's smoke test: it reads the configuration the entrypoint exported (MODAK_*), runs
-one step and prints runtime, threads and step time.
+Both commands read the deployment the launcher applied (:mod:`modak.image.launch`: ``$MODAK_PLAN``,
+``$MODAK_MODEL``, ``$MODAK_WORKDIR`` and the thread count it set), so they run what the image runs:
+
+* ``python -m modak.image.launch -- python -m modak.image.runner measure`` is what ``modak bench`` starts once per
+  candidate (a fresh process, so thread settings and memory peaks belong to that candidate alone);
+* ``python -m modak.image.runner --self-test`` is the image's smoke test: one step, then runtime, threads and
+  step time.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import time
 import traceback
 from importlib import metadata
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE, read_deployment
 from modak.image.runtimes.base import TOLERANCE, RunRequest, load_runtime, make_inputs, relative_error
 
 _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
@@ -86,19 +91,21 @@ def reference_outputs(request: RunRequest, inputs: dict[str, np.ndarray]) -> lis
     return session.run(None, inputs)
 
 
+def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequest:
+    """The run request of the deployment the launcher applied: plan, model file, work folder, threads."""
+    deployment = read_deployment(environ.get(PLAN_VARIABLE, "/opt/modak/plan.json"))
+    threads = environ.get("MODAK_THREADS", "")
+    return RunRequest(
+        runtime=deployment.runtime, device=deployment.device, precision=deployment.precision,
+        params=dict(deployment.params), threads=int(threads) if threads.isdigit() else None, task=deployment.task,
+        onnx_path=environ.get(MODEL_VARIABLE, "/opt/modak/model/model.onnx"), zoo=deployment.zoo,
+        batch_size=deployment.batch_size, input_shapes={k: list(v) for k, v in deployment.input_shapes.items()},
+        workdir=environ.get(WORKDIR_VARIABLE, "/tmp/modak"))
+
+
 def self_test() -> dict[str, Any]:
-    """One step of the configuration the image's entrypoint exported (MODAK_* variables)."""
-    env = os.environ
-    model = env["MODAK_MODEL"]
-    model_dir = Path(env.get("MODAK_MODEL_DIR", "/opt/modak/model"))
-    onnx_path = model if not model.startswith("zoo:") else str(next(model_dir.glob("*.onnx")))
-    threads = int(env["MODAK_THREADS"]) if env.get("MODAK_THREADS") else None
-    request = RunRequest(
-        runtime=env["MODAK_RUNTIME"], device=env.get("MODAK_DEVICE", "cpu"), precision=env.get("MODAK_PRECISION", "fp32"),
-        params=json.loads(env.get("MODAK_PARAMS", "{}")), threads=threads, task=env.get("MODAK_TASK", "inference"),
-        onnx_path=onnx_path, zoo=model[4:] if model.startswith("zoo:") else None,
-        batch_size=int(env.get("MODAK_BATCH_SIZE", "1")), input_shapes=json.loads(env["MODAK_INPUT_SHAPES"]),
-        workdir=env.get("MODAK_WORKDIR", "/opt/modak/work"))
+    """One step of the deployment the launcher applied."""
+    request = request_from_environment()
     inputs = make_inputs(request)
     start = time.perf_counter()
     session = load_runtime(request.runtime).prepare(request, inputs)
@@ -108,7 +115,7 @@ def self_test() -> dict[str, Any]:
     outputs = session.run()
     step_s = (time.perf_counter() - start) / getattr(session, "batches_per_step", 1)
     return {"status": "ok", "runtime": request.runtime, "device": request.device, "precision": request.precision,
-            "params": request.params, "threads": threads, "prepare_seconds": round(prepare_s, 4),
+            "params": request.params, "threads": request.threads, "prepare_seconds": round(prepare_s, 4),
             "step_seconds": round(step_s, 6), "outputs": [list(np.shape(o)) for o in outputs],
             "versions": _versions()}
 
@@ -138,8 +145,7 @@ def _versions() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modak.image.runner")
     parser.add_argument("--self-test", action="store_true", help="one step of the image's configured runtime")
-    parser.add_argument("action", nargs="?", choices=["measure"])
-    parser.add_argument("request", nargs="?", type=Path, help="RunRequest JSON file")
+    parser.add_argument("action", nargs="?", choices=["measure"], help="check, warm up and time the deployment")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--budget", type=float, default=10.0, help="seconds of timed steps at most")
     parser.add_argument("--no-check", action="store_true", help="skip the reference check")
@@ -147,11 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.self_test:
             result = self_test()
-        elif args.action == "measure" and args.request:
-            result = measure(RunRequest.from_json(args.request.read_text()), args.repeat, args.budget,
-                             check=not args.no_check)
+        elif args.action == "measure":
+            request = request_from_environment()
+            result = {**measure(request, args.repeat, args.budget, check=not args.no_check),
+                      "threads": request.threads}
         else:
-            parser.error("give --self-test or: measure REQUEST.json")
+            parser.error("give --self-test or measure")
     except Exception as exc:  # reported as data: the harness records the failure and moves on
         last = traceback.extract_tb(exc.__traceback__)[-1]
         result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000],

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,26 +21,22 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import modak
-from modak.candidates.catalog import Parameter, value_key
-from modak.errors import InputError
+from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
 from modak.paths import data_dir
+from modak.spec.resolve import APP_DIR, DataBind
+from modak.workload.source import MODEL_FILE
 
 if TYPE_CHECKING:
-    import onnx
-
     from modak.plan import Plan
     from modak.spec.loader import LoadedJob
-    from modak.workload.source import ModelSource
 
 # Where things live in the image.
 VENV = "/opt/venv"
 LIB_DIR = "/opt/modak/lib"
 MODEL_DIR = "/opt/modak/model"
-MODEL_FILE = "model.onnx"
 ENTRYPOINT = "/opt/modak/entrypoint.sh"
 PLAN_FILE = "/opt/modak/plan.json"
 LOCK_FILE = "/opt/modak/requirements.lock"  # what pip resolved (``pip freeze --all`` in the pip step)
-APP_DIR = "/opt/app"
 WORK_DIR = "/tmp/modak"  # writable under Docker, Podman and Apptainer (whose images are read-only)
 # Where the CA bundle and the wheelhouse are visible during the pip step only: a bind mount in a Dockerfile,
 # a folder that %post removes in a definition file (%files cannot target /tmp).
@@ -51,13 +46,10 @@ DEF_BUILD_DIR = "/opt/modak-build"
 # The build context's top-level entries: the generated files and the folders and files copied into the images.
 LIB_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT = "modak-lib", "model", "app", "wheels", "ca.crt"
 CONTEXT_ENTRIES = (LIB_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT)
+# The in-image code: modak's package root, the stdlib-only foundations it imports, and modak.image.
+IMAGE_PACKAGE = ("__init__.py", "errors.py", "paths.py", "image")
 
 BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")
-# What modak's runner (copied into every image) imports beyond the recipes' pins, per model format: it reads
-# the ONNX graph to make inputs, and for zoo models imports modak.workload.zoo (which uses the spec models and,
-# through modak.workload.analysis, PyYAML).
-# A recipe's own pin of the same project wins.
-RUNNER_REQUIREMENTS = {"onnx": ("onnx==1.23.2",), "torch": ("onnx==1.23.2", "pydantic==2.13.4", "pyyaml==6.0.3")}
 DEFAULT_COMMAND = ("python3", "-m", "modak.image.runner", "--self-test")
 USER_NAME = "modak"
 USER_UID = 1000
@@ -128,12 +120,6 @@ class Copy:
 
 
 @dataclass(frozen=True)
-class DataBind:
-    source: str  # host path (free text)
-    mount: str
-
-
-@dataclass(frozen=True)
 class JobScript:
     """What the scheduler script needs: directives, the engine and how to start the image."""
 
@@ -175,6 +161,7 @@ class BuildDescription:
     command: tuple[str, ...]
     context: tuple[ContextItem, ...]
     job: JobScript
+    plan_document: str  # plan.json: the plan, with the chosen deployment the entrypoint applies
     venv: str = VENV
     path_prepend: str = f"{VENV}/bin"
     entrypoint: str = ENTRYPOINT
@@ -192,8 +179,8 @@ class BuildDescription:
         return self.build_env + self.runtime_env
 
 
-def build_description(plan: Plan, source: ModelSource, created: str | None = None) -> BuildDescription:
-    """The build description of the plan's chosen candidate; unusable inputs raise :class:`InputError`."""
+def build_description(plan: Plan, created: str | None = None) -> BuildDescription:
+    """The build description of the plan's chosen candidate (the plan's inputs were checked when it was made)."""
     loaded = plan.loaded
     job, target = loaded.job, loaded.target
     candidate = plan.choice.candidate
@@ -205,75 +192,64 @@ def build_description(plan: Plan, source: ModelSource, created: str | None = Non
     registry = target.container.registry
     image = Image(name, tag, f"{registry.rstrip('/') if registry else 'localhost/modak'}/{name}:{tag}")
     base = BaseImage(needs.base, _base_image(needs.base, loaded))
-    chosen = [(p, value_key(candidate.param(p.name))) for p in recipe.parameters if candidate.param(p.name) is not None]
-    apt = [*BASE_APT, *needs.apt, *(pkg for p, key in chosen for pkg in p.apt.get(key, ()))]
+    apt = [*BASE_APT, *needs.apt, *(pkg for p, key in recipe.chosen(candidate) for pkg in p.apt.get(key, ()))]
 
-    context = [ContextItem(Path(modak.__file__).resolve().parent, f"{LIB_CONTEXT}/modak", ("__pycache__", "_data"))]
-    context += _model_items(source, loaded)
-    pip = _pip_step(plan, context)
-    app_items = _app_items(loaded)
-    context += app_items
+    package = Path(modak.__file__).resolve().parent
+    context = [ContextItem(package / entry, f"{LIB_CONTEXT}/modak/{entry}", ("__pycache__",))
+               for entry in IMAGE_PACKAGE]
+    context.append(ContextItem(plan.source.onnx_path, f"{MODEL_CONTEXT}/{MODEL_FILE}"))
+    context += [ContextItem(plan.source.onnx_path.parent / location, f"{MODEL_CONTEXT}/{location}")
+                for location in plan.source.data_files]
+    files = loaded.files
+    if files.ca_bundle:
+        context.append(ContextItem(files.ca_bundle, CA_CONTEXT))
+    context += [ContextItem(wheel, f"{WHEELS_CONTEXT}/{wheel.name}") for wheel in files.wheels]
+    context += [ContextItem(path, f"{APP_CONTEXT}/{path.name}") for path in files.app_files]
     copies = [Copy(f"{LIB_CONTEXT}/modak", f"{LIB_DIR}/modak"), Copy(MODEL_CONTEXT, MODEL_DIR),
               Copy("entrypoint.sh", ENTRYPOINT), Copy("plan.json", PLAN_FILE)]
-    if app_items:
+    if files.app_files:
         copies.append(Copy(APP_CONTEXT, APP_DIR))
     flags = plan.ceilings.compiler_flags()
     command = tuple(job.entrypoint.command) if job.entrypoint and job.entrypoint.command else DEFAULT_COMMAND
+    runtime_env = ((PLAN_VARIABLE, PLAN_FILE), (MODEL_VARIABLE, f"{MODEL_DIR}/{MODEL_FILE}"),
+                   (WORKDIR_VARIABLE, WORK_DIR), ("PYTHONPATH", LIB_DIR))
     return BuildDescription(
         summary=f"job {job.name} on target {target.name}: {candidate.name}",
         image=image, base=base, apt_packages=tuple(_unique(apt)),
-        build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=pip, copies=tuple(copies),
-        runtime_env=_runtime_env(plan, source, chosen), labels=_labels(plan, image, base, created),
-        command=command, context=tuple(context), job=_job_script(plan, image))
+        build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=_pip_step(plan),
+        copies=tuple(copies), runtime_env=runtime_env, labels=_labels(plan, image, base, created),
+        command=command, context=tuple(context), job=_job_script(plan, image),
+        plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n")
 
 
-def _pip_step(plan: Plan, context: list[ContextItem]) -> PipStep:
-    """The recipe's pins, what modak's runner needs, the job's requirements, and the target's package sources."""
+def _pip_step(plan: Plan) -> PipStep:
+    """The recipe's pins, what modak's in-image package needs, the job's requirements, and the target's package
+    sources."""
     recipe, job, python = plan.recipe(), plan.loaded.job, plan.loaded.target.python
     needs = recipe.container[plan.choice.candidate.device]
     pins = [_compact(r) for r in needs.pip]
     pinned = {_project(r) for r in pins}
-    pins += [r for r in RUNNER_REQUIREMENTS[recipe.model_format] if _project(r) not in pinned]
+    pins += [r for r in image_requirements() if _project(r) not in pinned]
     pins += [_compact(r) for r in (job.entrypoint.requirements if job.entrypoint else [])]
-    ca_bundle, wheelhouse = _python_build_files(plan.loaded, context)
     recipe_index = [needs.pip_index_url] if needs.pip_index_url and python.recipe_indexes else []
     extra = recipe_index + list(python.extra_index_urls)
+    files = plan.loaded.files
     return PipStep(requirements=tuple(_unique(pins)), index_url=python.index_url,
-                   extra_index_urls=tuple(_unique(extra)), ca_bundle=ca_bundle, wheelhouse=wheelhouse)
+                   extra_index_urls=tuple(_unique(extra)), ca_bundle=CA_CONTEXT if files.ca_bundle else None,
+                   wheelhouse=WHEELS_CONTEXT if files.wheels else None)
 
 
-def _runtime_env(plan: Plan, source: ModelSource, chosen: list[tuple[Parameter, str]]) -> tuple[tuple[str, str], ...]:
-    """What the runner and the entrypoint read (MODAK_*), the chosen parameter values' variables, PYTHONPATH."""
-    candidate, job, recipe = plan.choice.candidate, plan.loaded.job, plan.recipe()
-    threads = candidate.param("threads")
-    env: dict[str, str] = {
-        "MODAK_RUNTIME": candidate.runtime,
-        "MODAK_DEVICE": candidate.device,
-        "MODAK_PRECISION": candidate.precision.value,
-        "MODAK_TASK": job.task.value,
-        "MODAK_PARAMS": _json(dict(candidate.params)),
-        **({"MODAK_THREADS_POLICY": value_key(threads)} if threads is not None else {}),
-        "MODAK_MODEL": f"{MODEL_DIR}/{MODEL_FILE}" if recipe.model_format == "onnx" else f"zoo:{source.zoo}",
-        "MODAK_MODEL_DIR": MODEL_DIR,
-        "MODAK_BATCH_SIZE": str(job.model.batch_size),
-        "MODAK_INPUT_SHAPES": _json(source.input_shapes),
-        "MODAK_WORKDIR": WORK_DIR,
-    }
-    for parameter, key in chosen:
-        for variable, value in parameter.env.get(key, {}).items():
-            if not _ENV_NAME.fullmatch(variable):
-                raise InputError(f"runtime recipe '{recipe.name}', parameter '{parameter.name}': "
-                                 f"invalid environment variable name {variable!r}")
-            env[variable] = value
-    env["PYTHONPATH"] = LIB_DIR
-    return tuple(env.items())
+def image_requirements() -> tuple[str, ...]:
+    """What modak's in-image package needs in every image (``recipes/image.yaml``); a recipe's own pin of the
+    same project wins."""
+    return tuple(yaml.safe_load((data_dir("recipes") / "image.yaml").read_text())["requirements"])
 
 
 def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> tuple[tuple[str, str], ...]:
     """OCI annotations and modak's decision (runtime, parameters, target, prediction, plan digest)."""
     job, target = plan.loaded.job, plan.loaded.target
     candidate, prediction = plan.choice.candidate, plan.choice.prediction
-    created = created or _created(plan.loaded)
+    created = created or _created(plan)
     return (
         ("org.opencontainers.image.title", job.name),
         ("org.opencontainers.image.description",
@@ -293,7 +269,7 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
     )
 
 
-def _created(loaded: LoadedJob) -> str:
+def _created(plan: Plan) -> str:
     """The ``created`` label: ``$SOURCE_DATE_EPOCH`` when set, else the newest modification time of the job's
     own inputs (job and target files, the ONNX file, the entrypoint files).
 
@@ -304,11 +280,7 @@ def _created(loaded: LoadedJob) -> str:
     if epoch.isdigit():
         stamp = float(epoch)
     else:
-        paths = [loaded.job_doc.path, loaded.target_doc.path]
-        job = loaded.job
-        if job.model.onnx is not None:
-            paths.append(loaded.job_doc.resolve(job.model.onnx))
-        paths += [loaded.job_doc.resolve(f) for f in (job.entrypoint.files if job.entrypoint else [])]
+        paths = [*plan.loaded.files.inputs(), *([plan.source.onnx_path] if plan.source.zoo is None else [])]
         stamps = [p.stat().st_mtime for p in paths if p.exists()]
         stamp = max(stamps) if stamps else 0.0
     moment = datetime.fromtimestamp(int(stamp), UTC)
@@ -333,90 +305,10 @@ def _base_image(logical: str, loaded: LoadedJob) -> str:
     return defaults[logical]
 
 
-def _model_items(source: ModelSource, loaded: LoadedJob) -> list[ContextItem]:
-    """The ONNX file (as ``model/model.onnx``) and the external data files it references."""
-    import onnx
-
-    field = ("model", "onnx") if loaded.job.model.onnx is not None else ("model", "zoo")
-    folder = source.onnx_path.parent
-    items = [ContextItem(source.onnx_path, f"{MODEL_CONTEXT}/{MODEL_FILE}")]
-    model = onnx.load(source.onnx_path, load_external_data=False)
-    locations = sorted({entry.value for tensor in _tensors(model.graph) for entry in tensor.external_data
-                        if entry.key == "location"})
-    for location in locations:
-        path = (folder / location).resolve()
-        if location == MODEL_FILE or not path.is_relative_to(folder.resolve()) or not path.is_file():
-            raise loaded.job_doc.error(field, f"external data {location!r} of {source.onnx_path} must be a file in "
-                                              f"the model's folder (and not named {MODEL_FILE})")
-        items.append(ContextItem(path, f"{MODEL_CONTEXT}/{Path(location).as_posix()}"))
-    return items
-
-
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor stored in ``graph``: initializers and tensor attributes, subgraphs included."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from _tensors(subgraph)
-
-
-def _python_build_files(loaded: LoadedJob, context: list[ContextItem]) -> tuple[str | None, str | None]:
-    """Add the target's CA bundle and wheelhouse to ``context``; their context paths."""
-    python, doc = loaded.target.python, loaded.target_doc
-    ca_bundle = wheelhouse = None
-    if python.ca_bundle:
-        path = doc.resolve(python.ca_bundle)
-        if not path.is_file():
-            raise doc.error(("python", "ca_bundle"), f"file not found: {path}")
-        ca_bundle = CA_CONTEXT
-        context.append(ContextItem(path, ca_bundle))
-    if python.wheelhouse:
-        folder = doc.resolve(python.wheelhouse)
-        wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
-        if not wheels:
-            raise doc.error(("python", "wheelhouse"), f"no *.whl files in {folder}")
-        wheelhouse = WHEELS_CONTEXT
-        context += [ContextItem(wheel, f"{wheelhouse}/{wheel.name}") for wheel in wheels]
-    return ca_bundle, wheelhouse
-
-
-def _app_items(loaded: LoadedJob) -> list[ContextItem]:
-    """The job's entrypoint.files, each copied to /opt/app under its own name."""
-    files = loaded.job.entrypoint.files if loaded.job.entrypoint else []
-    items: list[ContextItem] = []
-    seen: dict[str, int] = {}
-    for index, relative in enumerate(files):
-        path = loaded.job_doc.resolve(relative)
-        loc = ("entrypoint", "files", index)
-        if not path.exists():
-            raise loaded.job_doc.error(loc, f"file not found: {path}")
-        if path.name in seen:
-            raise loaded.job_doc.error(loc, f"entry {seen[path.name]} is also named {path.name!r}: both would be "
-                                            f"{APP_DIR}/{path.name}")
-        seen[path.name] = index
-        items.append(ContextItem(path, f"{APP_CONTEXT}/{path.name}"))
-    return items
-
-
 def _job_script(plan: Plan, image: Image) -> JobScript:
     loaded = plan.loaded
     job, target = loaded.job, loaded.target
     scheduler, engine = target.scheduler, target.container.engine
-    data = None
-    if job.data:
-        location = job.data.location
-        if not location.startswith("/"):
-            location = str(loaded.job_doc.resolve(location))
-        if ":" in location or (engine == "apptainer" and "," in location):
-            raise loaded.job_doc.error(("data", "location"), f"the {engine} bind syntax cannot express a path "
-                                                             "with ':' or ','; use a path (or symbolic link) without")
-        data = DataBind(location, job.data.mount)
     log = {"slurm": f"{job.name}-%j.out", "pbs": f"{job.name}.out", "none": f"{job.name}.log"}[scheduler.kind]
     return JobScript(
         scheduler=scheduler.kind, name=job.name, partition=scheduler.partition, account=scheduler.account,
@@ -424,7 +316,7 @@ def _job_script(plan: Plan, image: Image) -> JobScript:
         nodes=1,  # the plan runs one process on one node
         cpus_per_task=plan.ceilings.cores,
         gpus=plan.ceilings.gpu_count if plan.choice.candidate.device == "gpu" else 0,
-        engine=engine, image=image.ref, sif=f"{image.name}.sif", data=data, log_file=log)
+        engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data, log_file=log)
 
 
 def _pbs_walltime(limit: str) -> str:

@@ -35,18 +35,14 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 import modak
 from modak.errors import InputError
 from modak.paths import data_dir
-from modak.render.ir import CONTEXT_ENTRIES, BuildDescription, ContextItem, build_description
-
-if TYPE_CHECKING:
-    from modak.plan import Plan
-    from modak.workload.source import ModelSource
+from modak.render.ir import CONTEXT_ENTRIES, BuildDescription, ContextItem
 
 OUTPUTS = ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh", "plan.json")
 DOCKERIGNORE = ".dockerignore"  # limits the build context to what modak wrote (not build logs, SIFs, ...)
@@ -127,11 +123,8 @@ def render_text(ir: BuildDescription, output: str) -> str:
     return environment(family).get_template(template).render(ir=ir, job=ir.job)
 
 
-def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None = None,
-           ir: BuildDescription | None = None) -> list[Path]:
-    """Write the build context of the plan's choice to ``out_dir``; the generated files, in :data:`OUTPUTS` order.
-
-    ``ir`` is the plan's build description when the caller already made it (``created`` is then unused).
+def render(ir: BuildDescription, out_dir: Path) -> list[Path]:
+    """Write the build context ``ir`` describes to ``out_dir``; the generated files, in :data:`OUTPUTS` order.
 
     Everything is rendered into a temporary sibling folder first; only then are modak's entries of an existing
     ``out_dir`` replaced (other files there are kept), so a failure leaves ``out_dir`` as it was.
@@ -139,9 +132,8 @@ def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None =
     out_dir = Path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError("exists and is not a folder", out_dir)
-    ir = ir or build_description(plan, source, created)
     texts = {name: render_text(ir, name) for name in OUTPUTS if name != "plan.json"}
-    texts["plan.json"] = json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n"
+    texts["plan.json"] = ir.plan_document
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:

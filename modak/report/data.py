@@ -12,13 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from modak.measurements.store import Measurement
-from modak.candidates.catalog import Recipe, load_catalog
 from modak.errors import ModakError
 from modak.plan import Plan
 from modak.predict.base import Predictor, predict_many
 from modak.hardware.ceilings import Ceilings
 from modak.workload.analysis import WorkloadProfile, analyze
-from modak.workload.source import ModelSource
 
 MAX_BATCHES = 10  # trajectory points per thread count
 MAX_THREAD_COUNTS = 5
@@ -209,8 +207,7 @@ def _thin(values: list[int], keep: set[int], limit: int) -> list[int]:
     return sorted(chosen)
 
 
-def trajectory(plan: Plan, source: ModelSource, predictor: Predictor,
-               catalog: dict[str, Recipe] | None = None, optimizer: str = "sgd_momentum") -> Trajectory:
+def trajectory(plan: Plan, predictor: Predictor, optimizer: str = "sgd_momentum") -> Trajectory:
     """Predicted achieved performance of the chosen candidate at other batch sizes and thread counts.
 
     The model is re-analysed at each batch (intensity rises with batch where weights dominate the bytes) and
@@ -219,9 +216,8 @@ def trajectory(plan: Plan, source: ModelSource, predictor: Predictor,
     import time
 
     start = time.perf_counter()
-    catalog = catalog or load_catalog()
-    chosen = plan.choice.candidate
-    recipe = catalog[chosen.runtime]
+    chosen, source = plan.choice.candidate, plan.source
+    recipe = plan.recipe()
     job = plan.loaded.job
     points: list[TrajectoryPoint] = []
     notes: list[str] = []

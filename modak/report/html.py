@@ -18,7 +18,6 @@ from modak.plan import Plan
 from modak.predict.base import Predictor
 from modak.report import data
 from modak.report.plots import roofline_png, trajectory_png
-from modak.workload.source import ModelSource
 
 TEMPLATE = "report.html.j2"
 
@@ -31,18 +30,18 @@ def environment() -> Environment:
     return env
 
 
-def render_report(plan: Plan, source: ModelSource, predictor: Predictor, store: Path | None = None,
+def render_report(plan: Plan, predictor: Predictor, store: Path | None = None,
                   generated_at: dt.datetime | None = None) -> str:
     """The report's HTML for ``plan`` (``predictor`` is the one that made the plan; ``store`` the local
     perf store whose measurements of this workload are shown, default ``$MODAK_STORE`` or the user's)."""
     from modak import __version__
 
-    workload, job, target = plan.workload, plan.loaded.job, plan.loaded.target
+    workload, job, target, source = plan.workload, plan.loaded.job, plan.loaded.target, plan.source
     roof = data.roof_of(plan)
     ops, skipped = data.op_points(workload, roof)
     chosen = data.chosen_point(plan)
     measured = data.measured_points(plan, store)
-    path = data.trajectory(plan, source, predictor)
+    path = data.trajectory(plan, predictor)
     where = f"{roof.name} ({roof.device}, {'measured' if roof.measured else 'catalog'} ceilings)"
     roofline = roofline_png(roof, ops, chosen, measured,
                             f"{job.name}: {workload.model_name} batch {workload.batch_size} on {target.name}, {where}")
@@ -76,10 +75,9 @@ def render_report(plan: Plan, source: ModelSource, predictor: Predictor, store: 
     return environment().get_template(TEMPLATE).render(context)
 
 
-def write_report(plan: Plan, source: ModelSource, predictor: Predictor, output: Path,
-                 store: Path | None = None) -> Path:
+def write_report(plan: Plan, predictor: Predictor, output: Path, store: Path | None = None) -> Path:
     """Render the report and write it to ``output`` atomically."""
-    write_atomic(output, render_report(plan, source, predictor, store), mode=0o644)
+    write_atomic(output, render_report(plan, predictor, store), mode=0o644)
     return output
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -12,49 +12,27 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from modak.errors import InputError, did_you_mean
+from modak.spec.document import Loc, SpecDocument, dotted
 from modak.spec.models import Job, Target
+from modak.spec.resolve import ResolvedFiles, resolve_files
 
 M = TypeVar("M", bound=BaseModel)
-Loc = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class SpecDocument:
-    """A parsed spec file: where it is and the line of every key, for error messages."""
-
-    path: Path
-    lines: dict[Loc, int] = field(default_factory=dict)
-
-    def line_of(self, loc: Loc) -> int | None:
-        """Line of ``loc``, or of its nearest ancestor present in the file."""
-        for end in range(len(loc), -1, -1):
-            if loc[:end] in self.lines:
-                return self.lines[loc[:end]]
-        return None
-
-    def error(self, loc: Loc | str, message: str) -> InputError:
-        """An :class:`InputError` located at ``loc`` (a tuple or a dotted path)."""
-        if isinstance(loc, str):
-            loc = tuple(int(p) if p.isdigit() else p for p in loc.split(".")) if loc else ()
-        return InputError(message, self.path, self.line_of(loc), _dotted(loc) or None)
-
-    def resolve(self, relative: str) -> Path:
-        """A path written in this file, resolved against the file's folder."""
-        return (self.path.parent / Path(relative).expanduser()).resolve()
 
 
 @dataclass(frozen=True)
 class LoadedJob:
-    """A validated job with its target and the documents they came from."""
+    """A validated job with its target, the documents they came from and the files they refer to."""
 
     job: Job
     target: Target
     job_doc: SpecDocument
     target_doc: SpecDocument
+    files: ResolvedFiles
 
 
 def load_job(job_path: str | Path, target_path: str | Path | None = None) -> LoadedJob:
-    """Load a job and its target (``target_path`` overrides the job's ``target`` field)."""
+    """Load a job and its target (``target_path`` overrides the job's ``target`` field), then resolve and check
+    every file they refer to (:func:`modak.spec.resolve.resolve_files`)."""
     job, job_doc = load_spec(job_path, Job)
     if target_path is None:
         if job.target is None:
@@ -65,7 +43,7 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None) -> Loa
     else:
         target_file = Path(target_path)
     target, target_doc = load_spec(target_file, Target)
-    return LoadedJob(job, target, job_doc, target_doc)
+    return LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
 
 
 def load_spec(path: str | Path, model: type[M]) -> tuple[M, SpecDocument]:
@@ -122,7 +100,7 @@ def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -
         for key_node, value_node in node.value:
             key = key_node.value
             if key in seen:
-                raise InputError("duplicate key", path, key_node.start_mark.line + 1, _dotted(loc + (key,)))
+                raise InputError("duplicate key", path, key_node.start_mark.line + 1, dotted(loc + (key,)))
             seen.add(key)
             _index_lines(value_node, loc + (key,), lines, path)
             lines[loc + (key,)] = key_node.start_mark.line + 1
@@ -157,10 +135,6 @@ def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]
 def _clean_loc(loc: tuple[Any, ...]) -> Loc:
     """Drop pydantic's union-branch markers (e.g. ``list[...]``) from an error location."""
     return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and "function-" not in p))
-
-
-def _dotted(loc: Loc) -> str:
-    return ".".join(str(p) for p in loc)
 
 
 def _field_names(model: type[BaseModel], loc: Loc) -> list[str]:

@@ -6,12 +6,14 @@ model that is not cached yet needs it (to export).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.errors import InputError, did_you_mean, short_reason
-from modak.spec.loader import LoadedJob, SpecDocument
+from modak.spec.document import SpecDocument
+from modak.spec.loader import LoadedJob
 from modak.image.zoo import get_entry
 from modak.workload import zoo
 from modak.workload.analysis import WorkloadProfile, analyze
@@ -23,27 +25,38 @@ _ONNX = ("model", "onnx")
 _SHAPE = ("model", "input_shape")
 
 
+MODEL_FILE = "model.onnx"  # the ONNX file's name in the image; external data files keep their own names
+
+
 @dataclass(frozen=True)
 class ModelSource:
-    """The job's model as an ONNX file; ``input_shapes`` are per sample (no batch dimension)."""
+    """The job's model as an ONNX file; ``input_shapes`` are per sample (no batch dimension); ``data_files`` are
+    the external data files the graph references, relative to the ONNX file's folder (checked to be there)."""
 
     name: str
     onnx_path: Path
     input_shapes: dict[str, list[int]]
     zoo: str | None
+    data_files: tuple[str, ...] = ()
 
 
 def resolve_model(loaded: LoadedJob) -> ModelSource:
     """The ONNX file of the job's model (a zoo model is exported on first use, then cached)."""
     spec, doc = loaded.job.model, loaded.job_doc
     if spec.zoo is not None:
-        return _resolve_zoo(spec.zoo, spec.input_shape, doc)
-    path = doc.resolve(spec.onnx)
-    if not path.is_file():
-        raise doc.error(_ONNX, f"file not found: {path}" if not path.exists() else f"not a file: {path}")
-    model = _load_checked(path, doc)
-    shapes = _graph_shapes(model, spec.input_shape, spec.batch_size, doc)
-    return ModelSource(path.stem, path, shapes, None)
+        import onnx
+
+        source = _resolve_zoo(spec.zoo, spec.input_shape, doc)
+        field = ("model", "zoo")
+        model = onnx.load(source.onnx_path, load_external_data=False)  # modak's own export: checked when made
+    else:
+        path = doc.resolve(spec.onnx)
+        if not path.is_file():
+            raise doc.error(_ONNX, f"file not found: {path}" if not path.exists() else f"not a file: {path}")
+        field = _ONNX
+        model = _load_checked(path, doc, field)
+        source = ModelSource(path.stem, path, _graph_shapes(model, spec.input_shape, spec.batch_size, doc), None)
+    return replace(source, data_files=_data_files(model, source.onnx_path, doc, field))
 
 
 def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[ModelSource, WorkloadProfile]:
@@ -83,16 +96,44 @@ def _resolve_zoo(name: str, input_shape: Any, doc: SpecDocument) -> ModelSource:
     return ModelSource(name, path, shapes, name)
 
 
-def _load_checked(path: Path, doc: SpecDocument) -> onnx.ModelProto:
-    """The model at ``path`` (graph only), after ``onnx.checker``; a bad file is an error at ``model.onnx``."""
+def _load_checked(path: Path, doc: SpecDocument, field: tuple[str, ...]) -> onnx.ModelProto:
+    """The model at ``path`` (graph only), after ``onnx.checker``; a bad file is an error at ``field``."""
     import onnx
 
     try:
         model = onnx.load(path, load_external_data=False)
         onnx.checker.check_model(str(path))
     except Exception as exc:  # protobuf decode errors, ValidationError, missing external data
-        raise doc.error(_ONNX, f"not a valid ONNX model: {short_reason(exc)}") from None
+        raise doc.error(field, f"not a valid ONNX model: {short_reason(exc)}") from None
     return model
+
+
+def _data_files(model: onnx.ModelProto, path: Path, doc: SpecDocument, field: tuple[str, ...]) -> tuple[str, ...]:
+    """The external data files ``model`` references: each must be a file in the model's folder (it is copied
+    into the image beside the model) and not named like the model in the image."""
+    folder = path.parent.resolve()
+    locations = sorted({entry.value for tensor in _tensors(model.graph) for entry in tensor.external_data
+                        if entry.key == "location"})
+    for location in locations:
+        data = (folder / location).resolve()
+        if location == MODEL_FILE or not data.is_relative_to(folder) or not data.is_file():
+            raise doc.error(field, f"external data {location!r} of {path} must be a file in the model's folder "
+                                   f"(and not named {MODEL_FILE})")
+    return tuple(Path(location).as_posix() for location in locations)
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in ``graph``: initializers and tensor attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _tensors(subgraph)
 
 
 def _graph_shapes(model: onnx.ModelProto, input_shape: Any, batch: int, doc: SpecDocument) -> dict[str, list[int]]:

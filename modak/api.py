@@ -1,0 +1,123 @@
+"""modak's Python API: what the command line does, without parsing arguments or printing.
+
+Every function takes paths and options and returns typed results; :func:`document` makes the JSON documents the
+commands print (``--json``), so that each carries the schema version in one way.
+
+>>> from modak import api
+>>> plan = api.plan_job("examples/mnist-cnn-cpu/job.yaml")      # doctest: +SKIP
+>>> api.render_plan(plan, "out/mnist-cnn")                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from modak.bench.harness import BenchSettings
+    from modak.build.pipeline import BuildOptions, BuildResult, Progress
+    from modak.build.submit import Submission
+    from modak.candidates.enumerate import Candidate
+    from modak.measurements.store import Measurement
+    from modak.plan import Plan
+    from modak.predict.base import Predictor
+    from modak.render.ir import BuildDescription
+    from modak.spec.loader import LoadedJob
+
+SCHEMA_VERSION = 1  # of every JSON document modak prints (docs/json-output.md)
+PredictorName = Literal["default", "roofline"]
+
+
+def document(body: dict[str, Any]) -> dict[str, Any]:
+    """A JSON document as modak prints it: ``schema_version`` first, then ``body``."""
+    return {"schema_version": SCHEMA_VERSION, **body}
+
+
+def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:
+    """The job and its target, validated, with every file they refer to checked."""
+    from modak.spec.loader import load_job
+
+    return load_job(job, target)
+
+
+def predictor(name: PredictorName = "default", store: Path | None = None) -> Predictor:
+    """``default``: the learned model (shipped measurements plus the local ``store``) with the roofline where it
+    has no data; ``roofline``: the analytic model alone."""
+    from modak.predict.default import default_predictor
+    from modak.predict.roofline import RooflinePredictor
+
+    return RooflinePredictor() if name == "roofline" else default_predictor(store)
+
+
+def plan_job(job: str | Path, target: str | Path | None = None, predictor_name: PredictorName = "default",
+             store: Path | None = None, using: Predictor | None = None) -> Plan:
+    """Load, resolve and analyse the job, then rank its candidates (``using`` overrides the named predictor)."""
+    from modak.plan import make_plan
+    from modak.workload.source import load_analysis
+
+    loaded = load(job, target)
+    source, workload = load_analysis(loaded)
+    return make_plan(loaded, source, workload, using or predictor(predictor_name, store))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered build context: its description and the generated files."""
+
+    ir: BuildDescription
+    files: tuple[Path, ...]
+
+
+def render_plan(plan: Plan, out_dir: str | Path) -> Rendered:
+    """Write the plan's build context (Dockerfile, Singularity.def, entrypoint.sh, job.sh, plan.json, files)."""
+    from modak.render.ir import build_description
+    from modak.render.render import render
+
+    ir = build_description(plan)
+    return Rendered(ir, tuple(render(ir, Path(out_dir))))
+
+
+def default_output(plan: Plan) -> Path:
+    """``out/<job name>``, the default output folder of ``modak build`` and ``modak submit``."""
+    return Path("out") / plan.loaded.job.name
+
+
+def build(plan: Plan, out_dir: str | Path | None = None, options: BuildOptions | None = None,
+          progress: Progress | None = None) -> BuildResult:
+    """Render, build, label, smoke-test and tag the plan's image (and push or archive it, as ``options`` say)."""
+    from modak.build.pipeline import BuildOptions, build_job
+
+    return build_job(plan, Path(out_dir) if out_dir else default_output(plan), options or BuildOptions(), progress)
+
+
+def submit(plan: Plan, out_dir: str | Path | None = None, wait_seconds: float | None = None) -> Submission:
+    """Render the plan and submit its job script to the target's scheduler (waiting up to ``wait_seconds``)."""
+    from modak.build.submit import submit as submit_script
+    from modak.build.submit import wait
+
+    out = (Path(out_dir) if out_dir else default_output(plan)).absolute()
+    job = render_plan(plan, out).ir.job
+    submission = submit_script(out / "job.sh", job.scheduler, job.log_file)
+    if wait_seconds is not None:
+        wait(submission, timeout=wait_seconds)
+    return submission
+
+
+def bench(plan: Plan, selection: Sequence[str], settings: BenchSettings, store: Path | None = None,
+          on_start: Callable[[Candidate], None] | None = None,
+          on_result: Callable[[Candidate, Measurement], None] | None = None) -> tuple[list[Measurement], Path]:
+    """Measure the selected candidates (``all``, ``top-K``, names) one at a time, storing each row in the perf
+    store as soon as it is measured; the rows and the store's path. Ctrl-C keeps what was measured."""
+    from modak.bench.harness import bench as measure
+    from modak.bench.harness import select_candidates
+    from modak.measurements.store import PerfStore
+
+    rows: list[Measurement] = []
+    with PerfStore(store) as perf:
+        for candidate in select_candidates(plan, list(selection)):
+            if on_start:
+                on_start(candidate)
+            rows += measure(plan, [candidate], perf, settings, on_result=on_result)
+        return rows, perf.path

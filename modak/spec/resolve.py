@@ -1,0 +1,91 @@
+"""The resolve step: every file a job and its target refer to, checked once, right after loading.
+
+``modak plan`` therefore rejects what ``modak render`` or ``modak build`` would reject (a missing CA bundle,
+an empty wheelhouse, an application file that is not there, a data path the engine's bind syntax cannot
+express), each with ``FILE:LINE: field: message``. The model file and its inputs are resolved by
+:mod:`modak.workload.source`, which needs the ONNX graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modak.spec.document import SpecDocument
+
+if TYPE_CHECKING:
+    from modak.spec.models import Job, Target
+
+APP_DIR = "/opt/app"  # where the job's entrypoint files go in the image
+
+
+@dataclass(frozen=True)
+class DataBind:
+    """The job's data set: a host path, bind-mounted read-only at ``mount``."""
+
+    location: str  # absolute host path (free text)
+    mount: str
+
+
+@dataclass(frozen=True)
+class ResolvedFiles:
+    """Absolute paths of everything the job and the target refer to, checked to exist."""
+
+    job_file: Path
+    target_file: Path
+    ca_bundle: Path | None
+    wheels: tuple[Path, ...]  # the wheelhouse's *.whl files, sorted
+    app_files: tuple[Path, ...]  # entrypoint.files, names unique (each becomes /opt/app/<name>)
+    data: DataBind | None
+
+    def inputs(self) -> tuple[Path, ...]:
+        """The job's own input files (for the image's ``created`` time): spec files and application files."""
+        return (self.job_file, self.target_file, *self.app_files)
+
+
+def resolve_files(job: Job, target: Target, job_doc: SpecDocument, target_doc: SpecDocument) -> ResolvedFiles:
+    """Resolve and check the files of ``job`` and ``target``; problems are located input errors."""
+    python = target.python
+    ca_bundle = None
+    if python.ca_bundle:
+        ca_bundle = target_doc.resolve(python.ca_bundle)
+        if not ca_bundle.is_file():
+            raise target_doc.error(("python", "ca_bundle"), f"file not found: {ca_bundle}")
+    wheels: tuple[Path, ...] = ()
+    if python.wheelhouse:
+        folder = target_doc.resolve(python.wheelhouse)
+        wheels = tuple(sorted(folder.glob("*.whl"))) if folder.is_dir() else ()
+        if not wheels:
+            raise target_doc.error(("python", "wheelhouse"), f"no *.whl files in {folder}")
+    return ResolvedFiles(job_file=job_doc.path.resolve(), target_file=target_doc.path.resolve(),
+                         ca_bundle=ca_bundle, wheels=wheels, app_files=_app_files(job, job_doc),
+                         data=_data(job, target, job_doc))
+
+
+def _app_files(job: Job, doc: SpecDocument) -> tuple[Path, ...]:
+    files: list[Path] = []
+    seen: dict[str, int] = {}
+    for index, relative in enumerate(job.entrypoint.files if job.entrypoint else []):
+        path = doc.resolve(relative)
+        loc = ("entrypoint", "files", index)
+        if not path.exists():
+            raise doc.error(loc, f"file not found: {path}")
+        if path.name in seen:
+            raise doc.error(loc, f"entry {seen[path.name]} is also named {path.name!r}: both would be "
+                                 f"{APP_DIR}/{path.name}")
+        seen[path.name] = index
+        files.append(path)
+    return tuple(files)
+
+
+def _data(job: Job, target: Target, doc: SpecDocument) -> DataBind | None:
+    if not job.data:
+        return None
+    location, engine = job.data.location, target.container.engine
+    if not location.startswith("/"):
+        location = str(doc.resolve(location))
+    if ":" in location or (engine == "apptainer" and "," in location):
+        raise doc.error(("data", "location"), f"the {engine} bind syntax cannot express a path "
+                                              "with ':' or ','; use a path (or symbolic link) without")
+    return DataBind(location, job.data.mount)

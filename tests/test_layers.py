@@ -1,0 +1,103 @@
+"""The import graph points one way: spec -> workload -> candidates -> predict -> plan -> render/bench -> build ->
+api -> cli, with the data layers (measurements, hardware) below prediction and the in-image package at the
+bottom. Read from the source (every import, at any depth, TYPE_CHECKING blocks included), not from sys.modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import modak
+
+PACKAGE = Path(modak.__file__).resolve().parent
+# Rank of each top-level part of modak: a module may import its own part or a part of lower rank.
+LAYERS = {
+    "": 0, "errors": 0, "paths": 0,
+    "image": 1,
+    "spec": 2,
+    "hardware": 3,
+    "workload": 4,
+    "candidates": 5,
+    "measurements": 6,
+    "predict": 7,
+    "plan": 8,
+    "render": 9, "bench": 9,
+    "build": 10, "report": 10, "integrations": 10,
+    "api": 11,
+    "cli": 12, "__main__": 13,
+}
+IN_IMAGE = {"", "errors", "paths", "image"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)
+NOT_IN_IMAGE = {"pydantic", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker", "spython", "rich"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        found[".".join(("modak", *parts))] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports (absolute names), wherever the import statement is."""
+    names: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modak modules it imports; a module's own ancestor packages are left out (Python initializes
+    them before the module whatever it imports)."""
+    modules = _modules()
+    return {name: {m for m in _imports(name, path) if m in modules and m != name and not name.startswith(m + ".")}
+            for name, path in modules.items()}
+
+
+def test_every_part_has_a_layer() -> None:
+    assert {_part(m) for m in _modules()} <= set(LAYERS)
+
+
+def test_no_upward_imports() -> None:
+    upward = sorted(f"{importer} -> {imported}" for importer, targets in _graph().items() for imported in targets
+                    if LAYERS[_part(imported)] > LAYERS[_part(importer)]
+                    or (LAYERS[_part(imported)] == LAYERS[_part(importer)] and _part(imported) != _part(importer)))
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_cycle() -> None:
+    graph, done, cycles = _graph(), set(), []
+
+    def visit(node: str, path: list[str]) -> None:
+        for target in sorted(graph[node]):
+            if target in path:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(node)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_image_package_needs_only_its_runtime() -> None:
+    for name, path in _modules().items():
+        if _part(name) in IN_IMAGE:
+            outside = {m for m in _imports(name, path) if m.split(".")[0] in NOT_IN_IMAGE}
+            assert not outside, f"{name} (in-image code) imports {sorted(outside)}"
