@@ -182,7 +182,7 @@ def test_build_context_is_complete(rendered: dict[str, Rendered]) -> None:
     assert sorted(p.name for p in (out / "model").iterdir()) == ["model.onnx", "model.onnx.data"]
     assert (out / "app" / "serve.py").is_file() and (out / "app" / "conf" / "settings.toml").is_file()
     assert (out / "wheels" / "internal_tool-1.0-py3-none-any.whl").is_file()
-    assert (out / "modak-lib" / "modak" / "runner.py").is_file()
+    assert (out / "modak-lib" / "modak" / "image" / "runner.py").is_file()
     assert not list((out / "modak-lib").rglob("__pycache__"))
     for name in ("entrypoint.sh", "job.sh"):
         assert (out / name).stat().st_mode & 0o777 == 0o755
