@@ -112,7 +112,6 @@ def environment(family: str) -> Environment:
     env = Environment(loader=FileSystemLoader(data_dir("templates")), undefined=StrictUndefined, autoescape=False,
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(_FILTERS[family])
-    env.globals["version"] = modak.__version__
     return env
 
 
@@ -124,7 +123,7 @@ def render_text(ir: BuildDescription, output: str) -> str:
         "entrypoint.sh": ("shell", "entrypoint/entrypoint.sh.j2"),
         "job.sh": ("shell", f"jobscript/{ir.job.family}.sh.j2"),
     }[output]
-    return environment(family).get_template(template).render(ir=ir, job=ir.job)
+    return environment(family).get_template(template).render(ir=ir, job=ir.job, version=modak.__version__)
 
 
 def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None = None,
