@@ -413,7 +413,8 @@ def test_entrypoint_preload_and_verbose(rendered: dict[str, Rendered], tmp_path:
 
 def _without_default_bases(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (folder / "recipes").mkdir()
-    (folder / "recipes" / "base_images.yaml").write_text("cuda: docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04\n")
+    (folder / "recipes" / "base_images.yaml").write_text(
+        yaml.safe_dump({"cuda": {"image": "docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04", "gcc": "13.2"}}))
     monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: folder / kind)
 
 
@@ -431,6 +432,18 @@ def test_unusable_build_inputs_are_input_errors(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(InputError) as error:
         build_description(plan, source, CREATED)
     assert error.value.field == field and error.value.exit_code == EXIT_BAD_INPUT
+
+
+def test_compiler_flags_follow_the_base_images_gcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-march comes from the gcc of the base image (recipes/base_images.yaml), not from one gcc for all images."""
+    plan, source = slurm_case(tmp_path)  # icelake, on the debian base (mapped to a mirror by the target)
+    flags = dict(build_description(plan, source, CREATED).build_env)["CFLAGS"]
+    assert flags == "-march=icelake-client -mtune=icelake-client"
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "base_images.yaml").write_text(
+        yaml.safe_dump({"debian": {"image": "docker.io/library/debian:stretch-slim", "gcc": "6.3"}}))
+    monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: tmp_path / kind)
+    assert build_description(plan, source, CREATED).build_env == ()  # gcc 6.3 does not know icelake
 
 
 def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:

@@ -78,6 +78,7 @@ class Image:
 class BaseImage:
     logical: str  # the recipe's name for it (debian, cuda)
     ref: str
+    gcc: str | None  # version of the image's gcc (recipes/base_images.yaml); None when modak does not know it
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def build_description(plan: Plan, source: ModelSource, created: str | None = Non
     tag = f"{candidate.runtime}-{digest[:12]}"
     registry = target.container.registry
     image = Image(name, tag, f"{registry.rstrip('/') if registry else 'localhost/modak'}/{name}:{tag}")
-    base = BaseImage(needs.base, _base_image(needs.base, loaded))
+    base = _base_image(needs.base, loaded)
     chosen = [(p, value_key(candidate.param(p.name))) for p in recipe.parameters if candidate.param(p.name) is not None]
     apt = [*BASE_APT, *needs.apt, *(pkg for p, key in chosen for pkg in p.apt.get(key, ()))]
 
@@ -217,7 +218,7 @@ def build_description(plan: Plan, source: ModelSource, created: str | None = Non
               Copy("entrypoint.sh", ENTRYPOINT), Copy("plan.json", PLAN_FILE)]
     if app_items:
         copies.append(Copy(APP_CONTEXT, APP_DIR))
-    flags = plan.ceilings.compiler_flags()
+    flags = plan.ceilings.compiler_flags(base.gcc) if base.gcc else ""
     command = tuple(job.entrypoint.command) if job.entrypoint and job.entrypoint.command else DEFAULT_COMMAND
     return BuildDescription(
         summary=f"job {job.name} on target {target.name}: {candidate.name}",
@@ -321,16 +322,15 @@ def _repository(name: str) -> str:
     return name.rstrip("._-")
 
 
-def _base_image(logical: str, loaded: LoadedJob) -> str:
-    mapped = loaded.target.container.base_images
-    if logical in mapped:
-        return mapped[logical]
-    defaults = yaml.safe_load((data_dir("recipes") / "base_images.yaml").read_text())
-    if logical not in defaults:
+def _base_image(logical: str, loaded: LoadedJob) -> BaseImage:
+    """The target's image for a recipe's logical base name, else the shipped default; the shipped entry's gcc."""
+    default = yaml.safe_load((data_dir("recipes") / "base_images.yaml").read_text()).get(logical)
+    mapped = loaded.target.container.base_images.get(logical)
+    if mapped is None and default is None:
         raise loaded.target_doc.error(("container", "base_images"),
                                       f"the chosen runtime needs base image '{logical}', which has no default: "
                                       f"map it to an image reference here")
-    return defaults[logical]
+    return BaseImage(logical, mapped or default["image"], default["gcc"] if default else None)
 
 
 def _model_items(source: ModelSource, loaded: LoadedJob) -> list[ContextItem]:
