@@ -29,7 +29,7 @@ from modak.plan import Plan, make_plan
 from modak.predict.base import Prediction
 from modak.render.ir import BuildDescription, build_description
 from modak.render.render import OUTPUTS, render
-from modak.spec.loader import load_job
+from modak.spec.loader import LoadedJob, load_job
 from modak.spec.models import DataSpec
 from modak.workload.analysis import analyze
 from modak.workload.source import ModelSource, load_analysis
@@ -151,6 +151,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rendered]:
     results = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(modak, "__version__", GOLDEN_VERSION)
+        patch.delenv("MODAK_TEMPLATES", raising=False)
         for case, make in CASES.items():
             folder = tmp_path_factory.mktemp(case)
             plan, source = make(folder / "spec")
@@ -444,6 +445,83 @@ def test_compiler_flags_follow_the_base_images_gcc(tmp_path: Path, monkeypatch: 
         yaml.safe_dump({"debian": {"image": "docker.io/library/debian:stretch-slim", "gcc": "6.3"}}))
     monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: tmp_path / kind)
     assert build_description(plan, source, CREATED).build_env == ()  # gcc 6.3 does not know icelake
+
+
+def _site_target(folder: Path, templates: str) -> LoadedJob:
+    """The job of ``folder`` again, its target now naming ``templates`` as its site templates."""
+    target = yaml.safe_load((folder / "target.yaml").read_text())
+    target["container"]["templates"] = templates
+    (folder / "target.yaml").write_text(yaml.safe_dump(target))
+    return load_job(folder / "job.yaml")
+
+
+def _write_templates(folder: Path, templates: dict[str, str]) -> None:
+    for name, text in templates.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+def test_site_templates_override_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site template extends modak's and overrides one block; the target's folder comes before
+    $MODAK_TEMPLATES, whose templates apply where the target's folder has none."""
+    plan, source = pbs_case(tmp_path / "spec")
+    render(plan, source, tmp_path / "shipped", created=CREATED)
+    _write_templates(tmp_path / "spec" / "site", {"dockerfile/Dockerfile.j2": (
+        '{% extends "modak/dockerfile/Dockerfile.j2" %}\n'
+        "{% block system %}\n{{ super() -}}\nRUN printf '%s\\n' {{ ir.summary | sh }} > /etc/modak-job\n"
+        "{% endblock %}\n")})
+    _write_templates(tmp_path / "env", {
+        "dockerfile/Dockerfile.j2": "FROM shadowed\n",
+        "jobscript/pbs.sh.j2": ('{% extends "modak/jobscript/pbs.sh.j2" %}\n'
+                                "{% block directives %}\n{{ super() -}}\n#PBS -l place=excl\n{% endblock %}\n")})
+    monkeypatch.setenv("MODAK_TEMPLATES", str(tmp_path / "env"))
+    render(replace(plan, loaded=_site_target(tmp_path / "spec", "site")), source, tmp_path / "site", created=CREATED)
+
+    def text(out: str, name: str) -> str:
+        return (tmp_path / out / name).read_text()
+
+    system_end, directives_end = "mkdir -p /opt/app\n", "#PBS -o bert-gpu.out\n"
+    summary = shlex.quote(build_description(plan, source, CREATED).summary)  # the site template's `sh` filter
+    assert text("shipped", "Dockerfile").count(system_end) == text("shipped", "job.sh").count(directives_end) == 1
+    assert text("site", "Dockerfile") == text("shipped", "Dockerfile").replace(
+        system_end, f"{system_end}RUN printf '%s\\n' {summary} > /etc/modak-job\n")
+    assert text("site", "job.sh") == text("shipped", "job.sh").replace(
+        directives_end, f"{directives_end}#PBS -l place=excl\n")
+    for name in ("Singularity.def", "entrypoint.sh"):
+        assert text("site", name) == text("shipped", name)
+
+
+@pytest.mark.parametrize("templates, message, line", [
+    ({"dockerfile/Dockerfile.j2": '{% extends "dockerfile/Dockerfile.j2" %}\n'}, "extend each other in a loop", None),
+    ({"dockerfile/Dockerfile.j2": "FROM {{ ir.base.ref | word }\n"}, "unexpected '}'", 1),
+    ({"jobscript/base.sh.j2": "\n{{ ir.summary | dockerfile_str }}\n"}, "No filter named 'dockerfile_str'", 2),
+    ({"jobscript/base.sh.j2": "{{ ir.no_such_value | sh }}\n"}, "no attribute 'no_such_value'", None),
+])
+def test_site_template_errors_are_input_errors(tmp_path: Path, templates: dict[str, str], message: str,
+                                               line: int | None) -> None:
+    """Errors in a site template (a self-extension, syntax, another family's filter, an unknown value) are
+    input errors, located in the template where Jinja2 knows the line."""
+    plan, source = pbs_case(tmp_path / "spec")
+    _write_templates(tmp_path / "spec" / "site", templates)
+    with pytest.raises(InputError) as error:
+        render(replace(plan, loaded=_site_target(tmp_path / "spec", "site")), source, tmp_path / "out",
+               created=CREATED)
+    assert message in error.value.message and error.value.exit_code == EXIT_BAD_INPUT
+    assert (error.value.file, error.value.line) == ((str(tmp_path / "spec" / "site" / next(iter(templates))), line)
+                                                    if line else (None, None))
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_site_templates_are_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, source = pbs_case(tmp_path)
+    with pytest.raises(InputError) as error:
+        _site_target(tmp_path, "site-templates")
+    assert error.value.field == "container.templates" and error.value.file == str(tmp_path / "target.yaml")
+    assert error.value.line and str(tmp_path / "site-templates") in error.value.message
+    monkeypatch.setenv("MODAK_TEMPLATES", str(tmp_path / "nowhere"))
+    with pytest.raises(InputError) as error:
+        render(plan, source, tmp_path / "out", created=CREATED)
+    assert error.value.field == "MODAK_TEMPLATES" and str(tmp_path / "nowhere") in error.value.message
 
 
 def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:

@@ -16,6 +16,10 @@ Values reach them only through the escaping filters of their family:
 * ``word``: a value written bare (scheduler directives, FROM, USER); anything outside a safe alphabet is an
   error, as the spec constrains these values already.
 
+A site can replace any template by one with the same relative path in its own folder (the target's
+``container.templates``, then ``$MODAK_TEMPLATES``); modak's stay reachable as ``modak/<path>``, so a site
+template can extend the one it replaces and override a block. Site templates get the same filters and values.
+
 Newline policy: a control character cannot live on a Dockerfile line or in a definition file's section
 lines, so :func:`oneline` writes it as a visible escape (``\\n``, ``\\t``, ``\\r``, ``\\xNN``). That is
 lossy, but nothing modak writes there carries control characters: free text (the command, file names) goes
@@ -37,7 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, StrictUndefined, TemplateError
 
 import modak
 from modak.errors import InputError
@@ -46,9 +50,12 @@ from modak.render.ir import CONTEXT_ENTRIES, BuildDescription, ContextItem, buil
 
 if TYPE_CHECKING:
     from modak.plan import Plan
+    from modak.spec.loader import LoadedJob
     from modak.workload.source import ModelSource
 
 OUTPUTS = ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh", "plan.json")
+SHIPPED = "modak"  # the prefix under which site templates reach modak's own
+TEMPLATES_VARIABLE = "MODAK_TEMPLATES"
 DOCKERIGNORE = ".dockerignore"  # limits the build context to what modak wrote (not build logs, SIFs, ...)
 _EXECUTABLE = frozenset({"entrypoint.sh", "job.sh"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -107,23 +114,50 @@ _FILTERS: dict[str, dict[str, Callable[[Any], str]]] = {
 
 
 @cache
-def environment(family: str) -> Environment:
-    """The Jinja2 environment of one output language (``dockerfile``, ``singularity`` or ``shell``)."""
-    env = Environment(loader=FileSystemLoader(data_dir("templates")), undefined=StrictUndefined, autoescape=False,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+def environment(family: str, site: tuple[Path, ...] = ()) -> Environment:
+    """The Jinja2 environment of one output language (``dockerfile``, ``singularity`` or ``shell``).
+
+    A template is looked up in the ``site`` folders first, then in modak's; ``modak/<path>`` is always modak's.
+    """
+    shipped = FileSystemLoader(data_dir("templates"))
+    loader = ChoiceLoader([PrefixLoader({SHIPPED: shipped}), FileSystemLoader(site), shipped])
+    env = Environment(loader=loader, undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                      trim_blocks=True, lstrip_blocks=True)
     env.filters.update(_FILTERS[family])
     return env
 
 
-def render_text(ir: BuildDescription, output: str) -> str:
-    """The text of one generated build file (any of :data:`OUTPUTS` but ``plan.json``)."""
+def _site_templates(loaded: LoadedJob) -> tuple[Path, ...]:
+    """The folders of site templates, in lookup order: the target's ``container.templates`` (checked when the
+    target was loaded), then ``$MODAK_TEMPLATES``."""
+    templates = loaded.target.container.templates
+    folders = [loaded.target_doc.resolve(templates)] if templates else []
+    if variable := os.environ.get(TEMPLATES_VARIABLE):
+        folder = Path(variable).expanduser().resolve()
+        if not folder.is_dir():
+            raise InputError(f"folder not found: {folder}", field=TEMPLATES_VARIABLE)
+        folders.append(folder)
+    return tuple(folders)
+
+
+def render_text(ir: BuildDescription, output: str, site: tuple[Path, ...] = ()) -> str:
+    """The text of one generated build file (any of :data:`OUTPUTS` but ``plan.json``), with the templates of
+    the ``site`` folders in front of modak's; a site template's error is an input error."""
     family, template = {
         "Dockerfile": ("dockerfile", "dockerfile/Dockerfile.j2"),
         "Singularity.def": ("singularity", "singularity/Singularity.def.j2"),
         "entrypoint.sh": ("shell", "entrypoint/entrypoint.sh.j2"),
         "job.sh": ("shell", f"jobscript/{ir.job.family}.sh.j2"),
     }[output]
-    return environment(family).get_template(template).render(ir=ir, job=ir.job, version=modak.__version__)
+    try:
+        return environment(family, site).get_template(template).render(ir=ir, job=ir.job, version=modak.__version__)
+    except (TemplateError, RecursionError) as exc:
+        if not site:
+            raise
+        problem = (f"templates extend each other in a loop (extend modak's own as '{SHIPPED}/<path>')"
+                   if isinstance(exc, RecursionError) else exc.message or type(exc).__name__)
+        raise InputError(f"site templates {', '.join(map(str, site))}: {problem}",
+                         getattr(exc, "filename", None), getattr(exc, "lineno", None)) from None
 
 
 def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None = None,
@@ -139,7 +173,8 @@ def render(plan: Plan, source: ModelSource, out_dir: Path, created: str | None =
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError("exists and is not a folder", out_dir)
     ir = ir or build_description(plan, source, created)
-    texts = {name: render_text(ir, name) for name in OUTPUTS if name != "plan.json"}
+    site = _site_templates(plan.loaded)
+    texts = {name: render_text(ir, name, site) for name in OUTPUTS if name != "plan.json"}
     texts["plan.json"] = json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))

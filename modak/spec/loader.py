@@ -65,6 +65,9 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None) -> Loa
     else:
         target_file = Path(target_path)
     target, target_doc = load_spec(target_file, Target)
+    templates = target.container.templates
+    if templates is not None and not target_doc.resolve(templates).is_dir():
+        raise target_doc.error(("container", "templates"), f"folder not found: {target_doc.resolve(templates)}")
     return LoadedJob(job, target, job_doc, target_doc)
 
 
