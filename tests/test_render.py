@@ -14,7 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import pytest
 import yaml
 from spython.main.parse.parsers import SingularityParser
 
+import modak
 import modak.render.render as render_module
 from modak.errors import EXIT_BAD_INPUT, InputError
 from modak.paths import data_dir
@@ -30,7 +31,7 @@ from modak.plan import Plan, make_plan
 from modak.predict.base import Prediction
 from modak.render.ir import BuildDescription, build_description
 from modak.render.render import OUTPUTS, render
-from modak.spec.loader import load_job
+from modak.spec.loader import LoadedJob, load_job
 from modak.spec.models import DataSpec
 from modak.spec.resolve import resolve_files
 from modak.workload.analysis import analyze
@@ -39,6 +40,7 @@ from onnx_graphs import write_onnx
 
 GOLDEN = Path(__file__).parent / "golden"
 CREATED = "2025-01-01T00:00:00Z"
+GOLDEN_VERSION = "0.0.0+golden"  # the modak version the golden files are rendered as
 FAMILIES = ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh")
 HOSTILE = ["$(touch PWNED)", "`touch PWNED`", "it's \"quoted\"", "two\nlines", "{{ 7*7 }}", "{% raw %}x{% endraw %}",
            "back\\slash", "${HOME}", "From: evil %post"]
@@ -148,13 +150,17 @@ class Rendered:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rendered]:
+    """The golden cases, rendered as modak :data:`GOLDEN_VERSION` so that a version bump changes no golden file."""
     results = {}
-    for case, make in CASES.items():
-        folder = tmp_path_factory.mktemp(case)
-        plan, source = make(folder / "spec")
-        ir = build_description(plan, CREATED)
-        render(ir, folder / "out")
-        results[case] = Rendered(plan, source, ir, folder / "out")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modak, "__version__", GOLDEN_VERSION)
+        patch.delenv("MODAK_TEMPLATES", raising=False)
+        for case, make in CASES.items():
+            folder = tmp_path_factory.mktemp(case)
+            plan, source = make(folder / "spec")
+            ir = build_description(plan, CREATED)
+            render(ir, folder / "out")
+            results[case] = Rendered(plan, source, ir, folder / "out")
     return results
 
 
@@ -432,7 +438,8 @@ def test_entrypoint_preload_and_verbose(rendered: dict[str, Rendered], tmp_path:
 
 def _without_default_bases(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (folder / "recipes").mkdir()
-    (folder / "recipes" / "base_images.yaml").write_text("cuda: docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04\n")
+    (folder / "recipes" / "base_images.yaml").write_text(
+        yaml.safe_dump({"cuda": {"image": "docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04", "gcc": "13.2"}}))
     shutil.copy(data_dir("recipes") / "image.yaml", folder / "recipes" / "image.yaml")
     monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: folder / kind)
 
@@ -450,6 +457,96 @@ def test_unusable_build_inputs_are_rejected_when_loading(tmp_path: Path, change:
     with pytest.raises(InputError) as error:
         load_analysis(load_job(tmp_path / "job.yaml"))
     assert error.value.field == field and error.value.exit_code == EXIT_BAD_INPUT
+
+
+def test_compiler_flags_follow_the_base_images_gcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-march comes from the gcc of the base image (recipes/base_images.yaml), not from one gcc for all images."""
+    plan, source = slurm_case(tmp_path)  # icelake, on the debian base (mapped to a mirror by the target)
+    flags = dict(build_description(plan, CREATED).build_env)["CFLAGS"]
+    assert flags == "-march=icelake-client -mtune=icelake-client"
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "base_images.yaml").write_text(
+        yaml.safe_dump({"debian": {"image": "docker.io/library/debian:stretch-slim", "gcc": "6.3"}}))
+    shutil.copy(data_dir("recipes") / "image.yaml", tmp_path / "recipes" / "image.yaml")
+    monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: tmp_path / kind)
+    assert build_description(plan, CREATED).build_env == ()  # gcc 6.3 does not know icelake
+
+
+def _site_target(folder: Path, templates: str) -> LoadedJob:
+    """The job of ``folder`` again, its target now naming ``templates`` as its site templates."""
+    target = yaml.safe_load((folder / "target.yaml").read_text())
+    target["container"]["templates"] = templates
+    (folder / "target.yaml").write_text(yaml.safe_dump(target))
+    return load_job(folder / "job.yaml")
+
+
+def _write_templates(folder: Path, templates: dict[str, str]) -> None:
+    for name, text in templates.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+def test_site_templates_override_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site template extends modak's and overrides one block; the target's folder comes before
+    $MODAK_TEMPLATES, whose templates apply where the target's folder has none."""
+    plan, source = pbs_case(tmp_path / "spec")
+    render(build_description(plan, CREATED), tmp_path / "shipped")
+    _write_templates(tmp_path / "spec" / "site", {"dockerfile/Dockerfile.j2": (
+        '{% extends "modak/dockerfile/Dockerfile.j2" %}\n'
+        "{% block system %}\n{{ super() -}}\nRUN printf '%s\\n' {{ ir.summary | sh }} > /etc/modak-job\n"
+        "{% endblock %}\n")})
+    _write_templates(tmp_path / "env", {
+        "dockerfile/Dockerfile.j2": "FROM shadowed\n",
+        "jobscript/pbs.sh.j2": ('{% extends "modak/jobscript/pbs.sh.j2" %}\n'
+                                "{% block directives %}\n{{ super() -}}\n#PBS -l place=excl\n{% endblock %}\n")})
+    monkeypatch.setenv("MODAK_TEMPLATES", str(tmp_path / "env"))
+    render(build_description(replace(plan, loaded=_site_target(tmp_path / "spec", "site")), CREATED), tmp_path / "site")
+
+    def text(out: str, name: str) -> str:
+        return (tmp_path / out / name).read_text()
+
+    system_end, directives_end = "mkdir -p /opt/app\n", "#PBS -o bert-gpu.out\n"
+    summary = shlex.quote(build_description(plan, CREATED).summary)  # the site template's `sh` filter
+    assert text("shipped", "Dockerfile").count(system_end) == text("shipped", "job.sh").count(directives_end) == 1
+    assert text("site", "Dockerfile") == text("shipped", "Dockerfile").replace(
+        system_end, f"{system_end}RUN printf '%s\\n' {summary} > /etc/modak-job\n")
+    assert text("site", "job.sh") == text("shipped", "job.sh").replace(
+        directives_end, f"{directives_end}#PBS -l place=excl\n")
+    for name in ("Singularity.def", "entrypoint.sh"):
+        assert text("site", name) == text("shipped", name)
+
+
+@pytest.mark.parametrize("templates, message, line", [
+    ({"dockerfile/Dockerfile.j2": '{% extends "dockerfile/Dockerfile.j2" %}\n'}, "extend each other in a loop", None),
+    ({"dockerfile/Dockerfile.j2": "FROM {{ ir.base.ref | word }\n"}, "unexpected '}'", 1),
+    ({"jobscript/base.sh.j2": "\n{{ ir.summary | dockerfile_str }}\n"}, "No filter named 'dockerfile_str'", 2),
+    ({"jobscript/base.sh.j2": "{{ ir.no_such_value | sh }}\n"}, "no attribute 'no_such_value'", None),
+])
+def test_site_template_errors_are_input_errors(tmp_path: Path, templates: dict[str, str], message: str,
+                                               line: int | None) -> None:
+    """Errors in a site template (a self-extension, syntax, another family's filter, an unknown value) are
+    input errors, located in the template where Jinja2 knows the line."""
+    plan, source = pbs_case(tmp_path / "spec")
+    _write_templates(tmp_path / "spec" / "site", templates)
+    with pytest.raises(InputError) as error:
+        render(build_description(replace(plan, loaded=_site_target(tmp_path / "spec", "site")), CREATED), tmp_path / "out")
+    assert message in error.value.message and error.value.exit_code == EXIT_BAD_INPUT
+    assert (error.value.file, error.value.line) == ((str(tmp_path / "spec" / "site" / next(iter(templates))), line)
+                                                    if line else (None, None))
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_site_templates_are_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, source = pbs_case(tmp_path)
+    with pytest.raises(InputError) as error:
+        _site_target(tmp_path, "site-templates")
+    assert error.value.field == "container.templates" and error.value.file == str(tmp_path / "target.yaml")
+    assert error.value.line and str(tmp_path / "site-templates") in error.value.message
+    (tmp_path / "site-templates").mkdir()
+    monkeypatch.setenv("MODAK_TEMPLATES", str(tmp_path / "nowhere"))
+    with pytest.raises(InputError) as error:
+        load_job(tmp_path / "job.yaml")
+    assert error.value.field == "MODAK_TEMPLATES" and str(tmp_path / "nowhere") in error.value.message
 
 
 def test_a_base_image_without_default_is_an_input_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -507,7 +604,8 @@ def test_failed_render_keeps_existing_output(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(render_module, "_copy", copy)
     written = render(ir, out)
     assert written == [out / name for name in OUTPUTS]
-    assert (out / "Dockerfile").read_text().startswith("# Generated by modak")
+    assert (out / "Dockerfile").read_text().startswith(f"# Generated by modak {modak.__version__}: ")
+    assert f'io.modak.version="{modak.__version__}"' in (out / "Dockerfile").read_text()
     assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, ".dockerignore", "bert-gpu.sif", "modak-lib",
                                                             "model"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "spec"]

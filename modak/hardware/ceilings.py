@@ -56,12 +56,13 @@ class TargetCeilings:
     gpu_count: int
     cuda_capability: str | None
 
-    def compiler_flags(self, compiler: str = "gcc", version: str = "12.2") -> str:
-        """-march/-mtune flags for the target's microarchitecture (never the build host's)."""
+    def compiler_flags(self, gcc: str) -> str:
+        """-march/-mtune flags of gcc version ``gcc`` for the target's microarchitecture (never the build host's);
+        empty when that gcc does not know it."""
         import archspec.cpu
 
         try:
-            return archspec.cpu.TARGETS[self.microarchitecture].optimization_flags(compiler, version)
+            return archspec.cpu.TARGETS[self.microarchitecture].optimization_flags("gcc", gcc)
         except archspec.cpu.UnsupportedMicroarchitecture:
             return ""
 

@@ -70,6 +70,7 @@ class Image:
 class BaseImage:
     logical: str  # the recipe's name for it (debian, cuda)
     ref: str
+    gcc: str | None  # version of the image's gcc (recipes/base_images.yaml); None when modak does not know it
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,7 @@ class BuildDescription:
     context: tuple[ContextItem, ...]
     job: JobScript
     plan_document: str  # plan.json: the plan, with the chosen deployment the entrypoint applies
+    templates: tuple[Path, ...] = ()  # site template folders, in front of modak's own
     venv: str = VENV
     path_prepend: str = f"{VENV}/bin"
     entrypoint: str = ENTRYPOINT
@@ -191,7 +193,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
     tag = f"{candidate.runtime}-{digest[:12]}"
     registry = target.container.registry
     image = Image(name, tag, f"{registry.rstrip('/') if registry else 'localhost/modak'}/{name}:{tag}")
-    base = BaseImage(needs.base, _base_image(needs.base, loaded))
+    base = _base_image(needs.base, loaded)
     apt = [*BASE_APT, *needs.apt, *(pkg for p, key in recipe.chosen(candidate) for pkg in p.apt.get(key, ()))]
 
     package = Path(modak.__file__).resolve().parent
@@ -209,7 +211,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
               Copy("entrypoint.sh", ENTRYPOINT), Copy("plan.json", PLAN_FILE)]
     if files.app_files:
         copies.append(Copy(APP_CONTEXT, APP_DIR))
-    flags = plan.ceilings.compiler_flags()
+    flags = plan.ceilings.compiler_flags(base.gcc) if base.gcc else ""
     command = tuple(job.entrypoint.command) if job.entrypoint and job.entrypoint.command else DEFAULT_COMMAND
     runtime_env = ((PLAN_VARIABLE, PLAN_FILE), (MODEL_VARIABLE, f"{MODEL_DIR}/{MODEL_FILE}"),
                    (WORKDIR_VARIABLE, WORK_DIR), ("PYTHONPATH", LIB_DIR))
@@ -219,7 +221,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
         build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=_pip_step(plan),
         copies=tuple(copies), runtime_env=runtime_env, labels=_labels(plan, image, base, created),
         command=command, context=tuple(context), job=_job_script(plan, image),
-        plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n")
+        plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n", templates=files.templates)
 
 
 def _pip_step(plan: Plan) -> PipStep:
@@ -293,16 +295,15 @@ def _repository(name: str) -> str:
     return name.rstrip("._-")
 
 
-def _base_image(logical: str, loaded: LoadedJob) -> str:
-    mapped = loaded.target.container.base_images
-    if logical in mapped:
-        return mapped[logical]
-    defaults = yaml.safe_load((data_dir("recipes") / "base_images.yaml").read_text())
-    if logical not in defaults:
+def _base_image(logical: str, loaded: LoadedJob) -> BaseImage:
+    """The target's image for a recipe's logical base name, else the shipped default; the shipped entry's gcc."""
+    default = yaml.safe_load((data_dir("recipes") / "base_images.yaml").read_text()).get(logical)
+    mapped = loaded.target.container.base_images.get(logical)
+    if mapped is None and default is None:
         raise loaded.target_doc.error(("container", "base_images"),
                                       f"the chosen runtime needs base image '{logical}', which has no default: "
                                       f"map it to an image reference here")
-    return defaults[logical]
+    return BaseImage(logical, mapped or default["image"], default["gcc"] if default else None)
 
 
 def _job_script(plan: Plan, image: Image) -> JobScript:

@@ -16,6 +16,10 @@ Values reach them only through the escaping filters of their family:
 * ``word``: a value written bare (scheduler directives, FROM, USER); anything outside a safe alphabet is an
   error, as the spec constrains these values already.
 
+A site can replace any template by one with the same relative path in its own folder (the target's
+``container.templates``, then ``$MODAK_TEMPLATES``); modak's stay reachable as ``modak/<path>``, so a site
+template can extend the one it replaces and override a block. Site templates get the same filters and values.
+
 Newline policy: a control character cannot live on a Dockerfile line or in a definition file's section
 lines, so :func:`oneline` writes it as a visible escape (``\\n``, ``\\t``, ``\\r``, ``\\xNN``). That is
 lossy, but nothing modak writes there carries control characters: free text (the command, file names) goes
@@ -37,7 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, StrictUndefined, TemplateError
 
 import modak
 from modak.errors import InputError
@@ -45,6 +49,7 @@ from modak.paths import data_dir
 from modak.render.ir import CONTEXT_ENTRIES, BuildDescription, ContextItem
 
 OUTPUTS = ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh", "plan.json")
+SHIPPED = "modak"  # the prefix under which site templates reach modak's own
 DOCKERIGNORE = ".dockerignore"  # limits the build context to what modak wrote (not build logs, SIFs, ...)
 _EXECUTABLE = frozenset({"entrypoint.sh", "job.sh"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -103,24 +108,37 @@ _FILTERS: dict[str, dict[str, Callable[[Any], str]]] = {
 
 
 @cache
-def environment(family: str) -> Environment:
-    """The Jinja2 environment of one output language (``dockerfile``, ``singularity`` or ``shell``)."""
-    env = Environment(loader=FileSystemLoader(data_dir("templates")), undefined=StrictUndefined, autoescape=False,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+def environment(family: str, site: tuple[Path, ...] = ()) -> Environment:
+    """The Jinja2 environment of one output language (``dockerfile``, ``singularity`` or ``shell``).
+
+    A template is looked up in the ``site`` folders first, then in modak's; ``modak/<path>`` is always modak's.
+    """
+    shipped = FileSystemLoader(data_dir("templates"))
+    loader = ChoiceLoader([PrefixLoader({SHIPPED: shipped}), FileSystemLoader(site), shipped])
+    env = Environment(loader=loader, undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                      trim_blocks=True, lstrip_blocks=True)
     env.filters.update(_FILTERS[family])
-    env.globals["version"] = modak.__version__
     return env
 
 
-def render_text(ir: BuildDescription, output: str) -> str:
-    """The text of one generated build file (any of :data:`OUTPUTS` but ``plan.json``)."""
+def render_text(ir: BuildDescription, output: str, site: tuple[Path, ...] = ()) -> str:
+    """The text of one generated build file (any of :data:`OUTPUTS` but ``plan.json``), with the templates of
+    the ``site`` folders in front of modak's; a site template's error is an input error."""
     family, template = {
         "Dockerfile": ("dockerfile", "dockerfile/Dockerfile.j2"),
         "Singularity.def": ("singularity", "singularity/Singularity.def.j2"),
         "entrypoint.sh": ("shell", "entrypoint/entrypoint.sh.j2"),
         "job.sh": ("shell", f"jobscript/{ir.job.family}.sh.j2"),
     }[output]
-    return environment(family).get_template(template).render(ir=ir, job=ir.job)
+    try:
+        return environment(family, site).get_template(template).render(ir=ir, job=ir.job, version=modak.__version__)
+    except (TemplateError, RecursionError) as exc:
+        if not site:
+            raise
+        problem = (f"templates extend each other in a loop (extend modak's own as '{SHIPPED}/<path>')"
+                   if isinstance(exc, RecursionError) else exc.message or type(exc).__name__)
+        raise InputError(f"site templates {', '.join(map(str, site))}: {problem}",
+                         getattr(exc, "filename", None), getattr(exc, "lineno", None)) from None
 
 
 def render(ir: BuildDescription, out_dir: Path) -> list[Path]:
@@ -132,7 +150,7 @@ def render(ir: BuildDescription, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError("exists and is not a folder", out_dir)
-    texts = {name: render_text(ir, name) for name in OUTPUTS if name != "plan.json"}
+    texts = {name: render_text(ir, name, ir.templates) for name in OUTPUTS if name != "plan.json"}
     texts["plan.json"] = ir.plan_document
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))

@@ -183,6 +183,10 @@ class Container(Strict):
     registry: ImageRef | None = Field(None, description="Registry/namespace images are pushed to.")
     base_images: dict[Name, ImageRef] = Field(
         default_factory=dict, description="Site mirrors for the logical base images of recipes (e.g. debian, cuda).")
+    templates: str | None = Field(
+        None, description="Folder of site templates, relative to the target file: a template there replaces "
+                          "modak's of the same relative path (e.g. dockerfile/Dockerfile.j2) and can extend it "
+                          "as modak/<path>.")
 
 
 class PythonPackages(Strict):

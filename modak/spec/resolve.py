@@ -8,16 +8,19 @@ express), each with ``FILE:LINE: field: message``. The model file and its inputs
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from modak.errors import InputError
 from modak.spec.document import SpecDocument
 
 if TYPE_CHECKING:
     from modak.spec.models import Job, Target
 
 APP_DIR = "/opt/app"  # where the job's entrypoint files go in the image
+TEMPLATES_VARIABLE = "MODAK_TEMPLATES"  # a site template folder, after the target's container.templates
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class ResolvedFiles:
     wheels: tuple[Path, ...]  # the wheelhouse's *.whl files, sorted
     app_files: tuple[Path, ...]  # entrypoint.files, names unique (each becomes /opt/app/<name>)
     data: DataBind | None
+    templates: tuple[Path, ...]  # site template folders, in lookup order (before modak's own)
 
     def inputs(self) -> tuple[Path, ...]:
         """The job's own input files (for the image's ``created`` time): spec files and application files."""
@@ -60,7 +64,7 @@ def resolve_files(job: Job, target: Target, job_doc: SpecDocument, target_doc: S
             raise target_doc.error(("python", "wheelhouse"), f"no *.whl files in {folder}")
     return ResolvedFiles(job_file=job_doc.path.resolve(), target_file=target_doc.path.resolve(),
                          ca_bundle=ca_bundle, wheels=wheels, app_files=_app_files(job, job_doc),
-                         data=_data(job, target, job_doc))
+                         data=_data(job, target, job_doc), templates=_templates(target, target_doc))
 
 
 def _app_files(job: Job, doc: SpecDocument) -> tuple[Path, ...]:
@@ -89,3 +93,20 @@ def _data(job: Job, target: Target, doc: SpecDocument) -> DataBind | None:
         raise doc.error(("data", "location"), f"the {engine} bind syntax cannot express a path "
                                               "with ':' or ','; use a path (or symbolic link) without")
     return DataBind(location, job.data.mount)
+
+
+def _templates(target: Target, doc: SpecDocument) -> tuple[Path, ...]:
+    """The folders of site templates, in lookup order: the target's ``container.templates``, then
+    ``$MODAK_TEMPLATES``; each must be a folder."""
+    folders = []
+    if target.container.templates is not None:
+        folder = doc.resolve(target.container.templates)
+        if not folder.is_dir():
+            raise doc.error(("container", "templates"), f"folder not found: {folder}")
+        folders.append(folder)
+    if variable := os.environ.get(TEMPLATES_VARIABLE):
+        folder = Path(variable).expanduser().resolve()
+        if not folder.is_dir():
+            raise InputError(f"folder not found: {folder}", field=TEMPLATES_VARIABLE)
+        folders.append(folder)
+    return tuple(folders)
