@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.errors import Interrupted, PushFailed, SmokeTestFailed
+from modak.image.runtimes.base import reusable_artifacts
 from modak.render.ir import DEFAULT_COMMAND, MODEL_FILE, WORK_DIR, BuildDescription, build_description
 from modak.render.render import DOCKERIGNORE, render
 
@@ -225,26 +226,18 @@ def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, resul
 
 
 def tuned_artifacts(plan: Plan, source: ModelSource, bench_workdir: Path | None = None) -> dict[str, Path]:
-    """Tuning results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
+    """Results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
 
-    TVM: the MetaSchedule databases that ``modak bench`` left in its work folder for this model and batch
-    (``<workdir>/tvm/tvm-tuning/<model>-b<batch>-<key>/``, see :mod:`modak.image.runtimes.tvm`). In the image they go
-    to ``/tmp/modak/tvm-tuning/`` (the image's MODAK_WORKDIR), named as the image's runner looks them up, so
-    its prepare applies the stored schedules instead of tuning again. Other runtimes keep nothing worth baking.
+    ``modak bench`` runs each runtime in ``<bench_workdir>/<runtime>``; the runtime module names what it left
+    there for this model and batch (its ``artifacts``, see :mod:`modak.image.runtimes.base`; TVM's tuning
+    databases, for one). In the image they go under the image's work folder (its MODAK_WORKDIR), named as the
+    image's runner looks them up, so that its prepare reuses them instead of starting again.
     """
-    candidate = plan.choice.candidate
-    if candidate.runtime != "tvm":
-        return {}
-    folder = (bench_workdir or Path(tempfile.gettempdir()) / "modak-work") / "tvm" / "tvm-tuning"
-    stem = source.zoo or Path(source.onnx_path).stem
-    image_stem = source.zoo or Path(MODEL_FILE).stem
-    batch = plan.loaded.job.model.batch_size
-    found: dict[str, Path] = {}
-    for path in sorted(folder.glob(f"{stem}-b{batch}-*")) if folder.is_dir() else []:
-        key = path.name[len(f"{stem}-b{batch}-"):]
-        if path.is_dir() and (path / "modak-tuned.json").is_file() and key.isalnum():
-            found[f"{WORK_DIR}/tvm-tuning/{image_stem}-b{batch}-{key}"] = path
-    return found
+    runtime = plan.choice.candidate.runtime
+    workdir = (bench_workdir or Path(tempfile.gettempdir()) / "modak-work") / runtime
+    found = reusable_artifacts(runtime, workdir, source.zoo or Path(source.onnx_path).stem,
+                               plan.loaded.job.model.batch_size, source.zoo or Path(MODEL_FILE).stem)
+    return {f"{WORK_DIR}/{relative}": path for relative, path in found.items()}
 
 
 def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
