@@ -27,9 +27,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
+
+if TYPE_CHECKING:
+    from modak.render.ir import BuildDescription
 
 ENGINES = ("docker", "podman", "apptainer")
 PODMAN_SOCKET = "unix:///run/modak/podman.sock"
@@ -137,7 +140,11 @@ class ImageInfo:
 
 
 class Engine(ABC):
-    """A container engine: build a context into an image, run it, and move it between places."""
+    """A container engine: build a context into an image, run it, and move it between places.
+
+    The interface speaks of images and runs, not of any engine's options: each engine translates them (its own
+    definition file in the rendered context, GPUs, network, where its images live).
+    """
 
     name: str
 
@@ -150,8 +157,13 @@ class Engine(ABC):
         """Where the engine is (a socket URL or a binary), for messages and reports."""
 
     @abstractmethod
-    def build(self, context: Path, log: BuildLog, dockerfile: str = "Dockerfile", no_cache: bool = False) -> str:
-        """Build ``context`` and return the new image's id (untagged); failures raise :class:`BuildFailed`."""
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build the engine's definition file in ``context`` and return the new image's id (untagged); failures
+        raise :class:`BuildFailed`. ``no_cache``: rebuild what the engine would take from its cache."""
+
+    def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
+        """The name a finished build gets (:meth:`tag`): the plan's image reference."""
+        return ir.image.ref
 
     @abstractmethod
     def tag(self, image: str, ref: str) -> None:
@@ -164,15 +176,21 @@ class Engine(ABC):
     @abstractmethod
     def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
-        """Run ``image`` (its entrypoint, with ``command`` instead of its default one) and wait for it."""
+        """Run ``image`` (its entrypoint, with ``command`` instead of its default one) and wait for it.
+
+        ``env``: extra environment variables; ``timeout``: seconds before the run is killed (exit code 124,
+        ``timed_out``); ``gpus``: how many GPUs the run uses (0: none; otherwise the host's GPUs are made
+        available); ``network``: whether the run may reach the network, where the engine can cut it off.
+        """
 
     @abstractmethod
     def read_file(self, image: str, path: str) -> bytes | None:
         """A file's content from the image, or None when the image has no such file."""
 
+    @abstractmethod
     def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
-        """``image`` with extra labels and files (image path -> host path) on top; the new image's id."""
-        raise ModakError(f"the {self.name} engine cannot add labels to a built image")
+        """``image`` with extra labels and files (image path -> host path) on top; the new image's id, or
+        ``image`` itself for an engine whose images cannot change after their build (it says so in ``log``)."""
 
     def push(self, ref: str, log: BuildLog | None = None) -> str | None:
         """Push ``ref`` to its registry; the manifest digest when the engine reports it."""
@@ -240,13 +258,15 @@ class DockerEngine(Engine):
                                     f"({_shorten(_reason(exc), 200)}); {START_HINT[self.name]}") from None
         self._client = client
 
-    def build(self, context: Path, log: BuildLog, dockerfile: str = "Dockerfile", no_cache: bool = False) -> str:
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build ``context/Dockerfile``, streaming the engine's log (the SDK's low-level build: the
+        high-level one returns only when the build is over)."""
         import docker
 
         log.note(f"building {context} with {self.name} at {self.endpoint()}")
         image_id = None
         try:
-            stream = self.client.api.build(path=str(context), dockerfile=dockerfile, rm=True, forcerm=True,
+            stream = self.client.api.build(path=str(context), dockerfile="Dockerfile", rm=True, forcerm=True,
                                            decode=True, pull=False, nocache=no_cache)
             for chunk in stream:
                 image_id = self._chunk(chunk, log) or image_id
@@ -305,6 +325,8 @@ class DockerEngine(Engine):
 
     def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        """A container with no network (``network_mode="none"``) unless ``network``, and a device request for
+        all GPUs when ``gpus``: the run happens on the build host, which may have fewer GPUs than the target."""
         import docker
 
         options: dict[str, Any] = {"environment": dict(env or {}), "detach": True}
@@ -480,14 +502,15 @@ class ApptainerEngine(Engine):
             process.wait()
             raise
 
-    def build(self, context: Path, log: BuildLog, dockerfile: str = "Singularity.def", no_cache: bool = False) -> str:
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build ``context/Singularity.def`` into a SIF file beside it (its path is the image's id). A SIF build
+        has no layer cache: ``no_cache`` changes nothing."""
         self.check()
         assert self.binary
-        if dockerfile == "Dockerfile":
-            dockerfile = "Singularity.def"
         handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=context)
         os.close(handle)
-        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, dockerfile], log, cwd=context)
+        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, "Singularity.def"], log,
+                            cwd=context)
         if code != 0:
             Path(partial).unlink(missing_ok=True)
             raise log.failure(f"{Path(self.binary).name} build exited with {code}")
@@ -501,6 +524,16 @@ class ApptainerEngine(Engine):
                             log)
         if code != 0:
             raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+
+    def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
+        """The SIF file the job script runs."""
+        return str(out_dir / ir.job.sif)
+
+    def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
+        """``image`` unchanged: a SIF's labels and files come from its definition file alone."""
+        log.note(f"a SIF file cannot change after its build: not adding the labels {', '.join(sorted(labels))}"
+                 + (f" or the files {', '.join(sorted(files))}" if files else ""))
+        return image
 
     def tag(self, image: str, ref: str) -> None:
         Path(image).replace(ref)
@@ -522,6 +555,8 @@ class ApptainerEngine(Engine):
 
     def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        """``apptainer run --containall``, with ``--nv`` for GPUs. The run shares the host's network either way:
+        an unprivileged Apptainer cannot rely on network namespaces, which many sites disable."""
         self.check()
         assert self.binary
         argv = [self.binary, "run", "--containall", *(["--nv"] if gpus else [])]

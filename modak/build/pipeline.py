@@ -7,10 +7,12 @@
    step), save it as ``OUT_DIR/requirements.lock`` and add the label ``io.modak.requirements-lock`` (its
    sha256) in a second tiny stage (``FROM`` the built image, ``LABEL`` only: cached when nothing changed).
    The runtime's tuned artifacts are added in the same stage where there are any (see :func:`tuned_artifacts`).
+   An engine whose images cannot change after their build (Apptainer) keeps the image as it is
+   (:meth:`Engine.add_layer <modak.build.engines.Engine.add_layer>`).
 4. **Smoke test** (unless ``smoke=False``): run the image's entrypoint with the self-test command; it prints
    one JSON line (runtime, threads, step time), which must say ``status: ok`` and name the plan's runtime.
-5. **Tag** the image with the plan's reference, only now: a failed or interrupted build, or a failed smoke
-   test, leaves no tag.
+5. **Tag** the image with the engine's name for it (the plan's reference; a SIF file for Apptainer), only now:
+   a failed or interrupted build, or a failed smoke test, leaves no tag.
 6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels.
 7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
    docker-archive://FILE`` turns into a SIF on a cluster.
@@ -171,7 +173,7 @@ def build_job(plan: Plan, source: ModelSource, out_dir: Path, options: BuildOpti
             (out_dir / SMOKE_NAME).write_text(json.dumps(result.smoke, indent=2, sort_keys=True) + "\n")
             result.artifacts.append(out_dir / SMOKE_NAME)
 
-        result.image_ref = _image_ref(engine, ir, out_dir)
+        result.image_ref = engine.image_ref(ir, out_dir)
         engine.tag(image_id, result.image_ref)
         result.image = engine.inspect(result.image_ref)
 
@@ -195,13 +197,6 @@ def build_job(plan: Plan, source: ModelSource, out_dir: Path, options: BuildOpti
     return result
 
 
-def _image_ref(engine: Engine, ir: BuildDescription, out_dir: Path) -> str:
-    """The image's name: the plan's reference, or for Apptainer the SIF file the job script runs."""
-    if engine.name == "apptainer":
-        return str(out_dir / ir.job.sif)
-    return ir.image.ref
-
-
 def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, result: BuildResult, log: BuildLog,
            progress: Progress) -> str:
     """Read the lock back, then add its digest as a label and the tuned artifacts in a second tiny stage."""
@@ -219,8 +214,8 @@ def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, resul
     result.tuned = {dest: str(src) for dest, src in tuned_artifacts(plan, source).items()}
     if result.tuned:
         labels[ARTIFACTS_LABEL] = ",".join(sorted(result.tuned))
-    if engine.name == "apptainer" or not labels:
-        return image_id  # a SIF's labels come from its definition file alone
+    if not labels:
+        return image_id
     progress.phase("labelling")
     return engine.add_layer(image_id, labels, {k: Path(v) for k, v in result.tuned.items()}, log)
 
