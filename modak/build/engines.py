@@ -24,10 +24,11 @@ import tarfile
 import tempfile
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import quote
 
 from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
 
@@ -307,17 +308,15 @@ class DockerEngine(Engine):
 
     def tag(self, image: str, ref: str) -> None:
         repository, tag = split_ref(ref)
-        if not self.client.api.tag(image, repository, tag, force=True):
+        if not self.client.images.get(image).tag(repository, tag, force=True):
             raise ModakError(f"{self.name} did not tag {image} as {ref}")
 
     def inspect(self, ref: str) -> ImageInfo | None:
         import docker
 
         try:
-            data = self.client.api.inspect_image(ref)
-        except docker.errors.ImageNotFound:
-            return None
-        except docker.errors.NotFound:
+            data = self.client.images.get(ref).attrs
+        except docker.errors.NotFound:  # ImageNotFound included
             return None
         config = data.get("Config") or {}
         return ImageInfo(id=data["Id"], tags=tuple(data.get("RepoTags") or ()), labels=config.get("Labels") or {},
@@ -393,21 +392,39 @@ class DockerEngine(Engine):
         hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return hostname in ("localhost", "[::1]") or hostname.startswith("127.")
 
+    def _post_stream(self, path: str, params: Mapping[str, str],
+                     headers: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
+        """POST ``path`` (under the service's URL) and decode the JSON lines it streams back.
+
+        For what the SDK has no parameter for (Podman's ``tlsVerify``): the SDK's client is a ``requests``
+        session, so this is its public ``post``, with the SDK's error for an HTTP error status.
+        """
+        import docker
+        import requests
+
+        api = self.client.api
+        response = api.post(f"{api.base_url}{path}", params=dict(params), headers=dict(headers or {}), stream=True,
+                            timeout=self.timeout)
+        try:
+            response.raise_for_status()
+        except requests.HTTPError as exc:
+            raise docker.errors.create_api_error_from_http_exception(exc) from None
+        for line in response.iter_lines():
+            if line.strip():
+                yield json.loads(line)
+
     def push(self, ref: str, log: BuildLog | None = None) -> str | None:
         import docker
 
         repository, tag = split_ref(ref)
-        api = self.client.api
         digest = None
         try:
             if self.name == "podman" and self.insecure(ref):
-                response = api._post(api._url("/images/{0}/push", repository),
-                                     params={"tag": tag, "tlsVerify": "false"},
-                                     headers={"X-Registry-Auth": "e30="}, stream=True)  # "{}": no credentials
-                api._raise_for_status(response)
-                chunks = api._stream_helper(response, decode=True)
+                path = f"/v{self.client.api.api_version}/images/{quote(repository, safe='/:')}/push"
+                chunks = self._post_stream(path, {"tag": tag, "tlsVerify": "false"},
+                                           {"X-Registry-Auth": "e30="})  # "{}": no credentials
             else:
-                chunks = api.push(repository, tag=tag, stream=True, decode=True)
+                chunks = self.client.images.push(repository, tag=tag, stream=True, decode=True)
             for chunk in chunks:
                 if "error" in chunk or "errorDetail" in chunk:
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
@@ -429,16 +446,14 @@ class DockerEngine(Engine):
         import docker
 
         repository, tag = split_ref(ref)
-        api = self.client.api
         try:
             if self.name == "podman" and self.insecure(ref):
                 # Podman's Docker-compatible pull ignores tlsVerify; its own API takes it.
-                response = api._post(f"{api.base_url}/v4.0.0/libpod/images/pull",
-                                     params={"reference": f"{repository}:{tag}", "tlsVerify": "false"}, stream=True)
-                api._raise_for_status(response)
-                chunks = api._stream_helper(response, decode=True)
+                chunks = self._post_stream("/v4.0.0/libpod/images/pull",
+                                           {"reference": f"{repository}:{tag}", "tlsVerify": "false"})
             else:
-                chunks = api.pull(repository, tag=tag, stream=True, decode=True)
+                # The low-level pull: the high-level one drops the stream's error messages.
+                chunks = self.client.api.pull(repository, tag=tag, stream=True, decode=True)
             for chunk in chunks:
                 if chunk.get("error") or chunk.get("errorDetail"):
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
@@ -465,7 +480,7 @@ class DockerEngine(Engine):
         import docker
 
         try:
-            self.client.api.remove_image(ref, force=False, noprune=False)
+            self.client.images.remove(ref, force=False, noprune=False)
         except docker.errors.NotFound:
             pass
 
