@@ -17,7 +17,7 @@
 7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
    docker-archive://FILE`` turns into a SIF on a cluster.
 
-The result is a :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
+The result is a frozen :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
 documented output (``schema_version`` :data:`SCHEMA_VERSION`).
 """
 
@@ -27,6 +27,7 @@ import hashlib
 import json
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,25 +74,28 @@ class Progress:
         """One line of the build log."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildResult:
+    """What :func:`build_job` built; ``job_id`` and ``submission`` are filled in (``dataclasses.replace``) when
+    the job script was submitted too."""
+
     plan: Plan
     ir: BuildDescription
     out_dir: Path
     engine: Engine
-    image_ref: str = ""
-    image: ImageInfo | None = None
+    image_ref: str
+    image: ImageInfo | None
     lock_digest: str | None = None
     lock_packages: int | None = None
-    tuned: dict[str, str] = field(default_factory=dict)  # image path -> host path
-    smoke: dict[str, Any] | None = None
+    tuned: Mapping[str, str] = field(default_factory=dict)  # image path -> host path
+    smoke: Mapping[str, Any] | None = None
     pushed_ref: str | None = None
     pushed_digest: str | None = None
     oci_archive: Path | None = None
-    artifacts: list[Path] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
+    artifacts: tuple[Path, ...] = ()
+    seconds: Mapping[str, float] = field(default_factory=dict)
     job_id: str | None = None
-    submission: dict[str, Any] | None = None
+    submission: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """``modak build --json`` (schema_version 1); documented in the README."""
@@ -138,86 +142,90 @@ def build_job(plan: Plan, source: ModelSource, out_dir: Path, options: BuildOpti
     engine.check()  # before rendering: an unreachable engine changes nothing on disk
 
     started = time.perf_counter()
+    seconds: dict[str, float] = {}
     progress.phase("rendering")
     ir = build_description(plan, source)
     written = render(plan, source, out_dir, ir=ir)
     for stale in (LOCK_NAME, SMOKE_NAME, SMOKE_LOG):  # a previous build's: they must describe this one
         (out_dir / stale).unlink(missing_ok=True)
-    result = BuildResult(plan, ir, out_dir, engine, artifacts=[*written, out_dir / DOCKERIGNORE])
-    result.seconds["render"] = time.perf_counter() - started
+    artifacts = [*written, out_dir / DOCKERIGNORE, out_dir / BUILD_LOG]
+    seconds["render"] = time.perf_counter() - started
 
     log = BuildLog(out_dir / BUILD_LOG, on_line=progress.line, on_step=progress.step)
-    result.artifacts.append(out_dir / BUILD_LOG)
     try:
         try:
             progress.phase(f"building with {engine.name}")
             start = time.perf_counter()
             image_id = engine.build(out_dir, log, no_cache=options.no_cache)
-            result.seconds["build"] = time.perf_counter() - start
+            seconds["build"] = time.perf_counter() - start
 
             start = time.perf_counter()
-            image_id = _label(engine, image_id, plan, source, result, log, progress)
-            result.seconds["label"] = time.perf_counter() - start
+            lock = _save_lock(engine, image_id, ir.lock_file, out_dir / LOCK_NAME, log)
+            if lock:
+                artifacts.append(out_dir / LOCK_NAME)
+            tuned = tuned_artifacts(plan, source)
+            labels = {LOCK_LABEL: lock[0]} if lock else {}
+            if tuned:
+                labels[ARTIFACTS_LABEL] = ",".join(sorted(tuned))
+            if labels:
+                progress.phase("labelling")
+                image_id = engine.add_layer(image_id, labels, tuned, log)
+            seconds["label"] = time.perf_counter() - start
         except KeyboardInterrupt:
             log.note(f"interrupted at {log.where()}")
             raise Interrupted(f"interrupted at {log.where()}; no image was tagged; full log: {log.path}") from None
         finally:
             log.close()
 
+        smoke = None
         if options.smoke:
             progress.phase("smoke test")
             start = time.perf_counter()
-            result.artifacts.append(out_dir / SMOKE_LOG)
-            result.smoke = smoke_test(engine, image_id, plan, options.smoke_timeout, out_dir / SMOKE_LOG)
-            result.seconds["smoke"] = time.perf_counter() - start
-            (out_dir / SMOKE_NAME).write_text(json.dumps(result.smoke, indent=2, sort_keys=True) + "\n")
-            result.artifacts.append(out_dir / SMOKE_NAME)
+            smoke = smoke_test(engine, image_id, plan, options.smoke_timeout, out_dir / SMOKE_LOG)
+            seconds["smoke"] = time.perf_counter() - start
+            (out_dir / SMOKE_NAME).write_text(json.dumps(smoke, indent=2, sort_keys=True) + "\n")
+            artifacts += [out_dir / SMOKE_LOG, out_dir / SMOKE_NAME]
 
-        result.image_ref = engine.image_ref(ir, out_dir)
-        engine.tag(image_id, result.image_ref)
-        result.image = engine.inspect(result.image_ref)
+        image_ref = engine.image_ref(ir, out_dir)
+        engine.tag(image_id, image_ref)
+        image = engine.inspect(image_ref)
 
+        pushed_digest = None
         if options.push:
-            progress.phase(f"pushing {result.image_ref}")
+            progress.phase(f"pushing {image_ref}")
             start = time.perf_counter()
-            push(engine, result)
-            result.seconds["push"] = time.perf_counter() - start
+            pushed_digest = push(engine, image_ref, image.labels if image else {})
+            seconds["push"] = time.perf_counter() - start
 
+        archive = None
         if options.oci_archive:
             progress.phase(f"saving {options.oci_archive}")
             start = time.perf_counter()
             archive = Path(options.oci_archive).absolute()
-            engine.save(result.image_ref, archive)
-            result.oci_archive = archive
-            result.artifacts.append(archive)
-            result.seconds["archive"] = time.perf_counter() - start
+            engine.save(image_ref, archive)
+            artifacts.append(archive)
+            seconds["archive"] = time.perf_counter() - start
     except KeyboardInterrupt:
         raise Interrupted("interrupted after the build; the image is built but may be untagged") from None
-    result.seconds["total"] = time.perf_counter() - started
-    return result
+    seconds["total"] = time.perf_counter() - started
+    return BuildResult(
+        plan, ir, out_dir, engine, image_ref, image, lock_digest=lock[0] if lock else None,
+        lock_packages=lock[1] if lock else None, tuned={dest: str(src) for dest, src in tuned.items()},
+        smoke=smoke, pushed_ref=image_ref if options.push else None, pushed_digest=pushed_digest,
+        oci_archive=archive, artifacts=tuple(artifacts), seconds=seconds)
 
 
-def _label(engine: Engine, image_id: str, plan: Plan, source: ModelSource, result: BuildResult, log: BuildLog,
-           progress: Progress) -> str:
-    """Read the lock back, then add its digest as a label and the tuned artifacts in a second tiny stage."""
-    lock = engine.read_file(image_id, result.ir.lock_file)
-    labels: dict[str, str] = {}
-    if lock is not None:
-        (result.out_dir / LOCK_NAME).write_bytes(lock)
-        result.artifacts.append(result.out_dir / LOCK_NAME)
-        result.lock_digest = "sha256:" + hashlib.sha256(lock).hexdigest()
-        result.lock_packages = sum(1 for line in lock.decode("utf-8", "replace").splitlines()
-                                   if line.strip() and not line.startswith("#"))
-        labels[LOCK_LABEL] = result.lock_digest
-    else:
-        log.note(f"the image has no {result.ir.lock_file}; no {LOCK_LABEL} label")
-    result.tuned = {dest: str(src) for dest, src in tuned_artifacts(plan, source).items()}
-    if result.tuned:
-        labels[ARTIFACTS_LABEL] = ",".join(sorted(result.tuned))
-    if not labels:
-        return image_id
-    progress.phase("labelling")
-    return engine.add_layer(image_id, labels, {k: Path(v) for k, v in result.tuned.items()}, log)
+def _save_lock(engine: Engine, image: str, lock_file: str, path: Path, log: BuildLog) -> tuple[str, int] | None:
+    """Read the lock of what pip resolved (``lock_file`` in the image) back into ``path``; its digest
+    (``sha256:...``) and number of packages, or None (and a note in ``log``) when the image has none."""
+    lock = engine.read_file(image, lock_file)
+    if lock is None:
+        log.note(f"the image has no {lock_file}; no {LOCK_LABEL} label")
+        return None
+    path.write_bytes(lock)
+    packages = sum(1 for line in lock.decode("utf-8", "replace").splitlines()
+                   if line.strip() and not line.startswith("#"))
+    return "sha256:" + hashlib.sha256(lock).hexdigest(), packages
 
 
 def tuned_artifacts(plan: Plan, source: ModelSource, bench_workdir: Path | None = None) -> dict[str, Path]:
@@ -267,19 +275,19 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     return report
 
 
-def push(engine: Engine, result: BuildResult) -> None:
-    """Push the tagged image, pull it back and check that the registry's copy has the same labels."""
-    ref = result.image_ref
+def push(engine: Engine, ref: str, labels: Mapping[str, str]) -> str | None:
+    """Push the tagged image ``ref``, pull it back and check that the registry's copy has the same ``labels``;
+    the registry's manifest digest, where the engine reports one."""
     digest = engine.push(ref)
     pulled = engine.pull(ref)
-    expected = dict(result.image.labels) if result.image else {}
+    expected = dict(labels)
     differing = sorted(k for k in set(expected) | set(pulled.labels) if expected.get(k) != pulled.labels.get(k))
     if differing:
         raise PushFailed(f"pulled {ref} back, but its labels differ: {', '.join(differing)}")
     if digest is None:
         digest = next((d.rpartition("@")[2] for d in pulled.repo_digests if d.startswith(ref.rpartition(":")[0])),
                       None)
-    result.pushed_ref, result.pushed_digest = ref, digest
+    return digest
 
 
 def default_output(plan: Plan) -> Path:
