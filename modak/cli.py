@@ -272,6 +272,8 @@ class _BuildProgress:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from modak import api
     from modak.build.pipeline import BuildOptions
     from modak.build.submit import submit
@@ -284,7 +286,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.submit:
         job = result.ir.job
         submission = submit(out_dir / "job.sh", job.scheduler, job.log_file)
-        result.job_id, result.submission = submission.job_id, submission.to_dict()
+        result = replace(result, job_id=submission.job_id, submission=submission.to_dict())
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
         return 0

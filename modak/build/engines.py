@@ -24,12 +24,16 @@ import tarfile
 import tempfile
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import quote
 
 from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
+
+if TYPE_CHECKING:
+    from modak.render.ir import BuildDescription
 
 ENGINES = ("docker", "podman", "apptainer")
 PODMAN_SOCKET = "unix:///run/modak/podman.sock"
@@ -137,7 +141,11 @@ class ImageInfo:
 
 
 class Engine(ABC):
-    """A container engine: build a context into an image, run it, and move it between places."""
+    """A container engine: build a context into an image, run it, and move it between places.
+
+    The interface speaks of images and runs, not of any engine's options: each engine translates them (its own
+    definition file in the rendered context, GPUs, network, where its images live).
+    """
 
     name: str
 
@@ -150,8 +158,13 @@ class Engine(ABC):
         """Where the engine is (a socket URL or a binary), for messages and reports."""
 
     @abstractmethod
-    def build(self, context: Path, log: BuildLog, dockerfile: str = "Dockerfile", no_cache: bool = False) -> str:
-        """Build ``context`` and return the new image's id (untagged); failures raise :class:`BuildFailed`."""
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build the engine's definition file in ``context`` and return the new image's id (untagged); failures
+        raise :class:`BuildFailed`. ``no_cache``: rebuild what the engine would take from its cache."""
+
+    def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
+        """The name a finished build gets (:meth:`tag`): the plan's image reference."""
+        return ir.image.ref
 
     @abstractmethod
     def tag(self, image: str, ref: str) -> None:
@@ -164,15 +177,21 @@ class Engine(ABC):
     @abstractmethod
     def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
-        """Run ``image`` (its entrypoint, with ``command`` instead of its default one) and wait for it."""
+        """Run ``image`` (its entrypoint, with ``command`` instead of its default one) and wait for it.
+
+        ``env``: extra environment variables; ``timeout``: seconds before the run is killed (exit code 124,
+        ``timed_out``); ``gpus``: how many GPUs the run uses (0: none; otherwise the host's GPUs are made
+        available); ``network``: whether the run may reach the network, where the engine can cut it off.
+        """
 
     @abstractmethod
     def read_file(self, image: str, path: str) -> bytes | None:
         """A file's content from the image, or None when the image has no such file."""
 
+    @abstractmethod
     def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
-        """``image`` with extra labels and files (image path -> host path) on top; the new image's id."""
-        raise ModakError(f"the {self.name} engine cannot add labels to a built image")
+        """``image`` with extra labels and files (image path -> host path) on top; the new image's id, or
+        ``image`` itself for an engine whose images cannot change after their build (it says so in ``log``)."""
 
     def push(self, ref: str, log: BuildLog | None = None) -> str | None:
         """Push ``ref`` to its registry; the manifest digest when the engine reports it."""
@@ -240,13 +259,15 @@ class DockerEngine(Engine):
                                     f"({_shorten(_reason(exc), 200)}); {START_HINT[self.name]}") from None
         self._client = client
 
-    def build(self, context: Path, log: BuildLog, dockerfile: str = "Dockerfile", no_cache: bool = False) -> str:
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build ``context/Dockerfile``, streaming the engine's log (the SDK's low-level build: the
+        high-level one returns only when the build is over)."""
         import docker
 
         log.note(f"building {context} with {self.name} at {self.endpoint()}")
         image_id = None
         try:
-            stream = self.client.api.build(path=str(context), dockerfile=dockerfile, rm=True, forcerm=True,
+            stream = self.client.api.build(path=str(context), dockerfile="Dockerfile", rm=True, forcerm=True,
                                            decode=True, pull=False, nocache=no_cache)
             for chunk in stream:
                 image_id = self._chunk(chunk, log) or image_id
@@ -287,17 +308,15 @@ class DockerEngine(Engine):
 
     def tag(self, image: str, ref: str) -> None:
         repository, tag = split_ref(ref)
-        if not self.client.api.tag(image, repository, tag, force=True):
+        if not self.client.images.get(image).tag(repository, tag, force=True):
             raise ModakError(f"{self.name} did not tag {image} as {ref}")
 
     def inspect(self, ref: str) -> ImageInfo | None:
         import docker
 
         try:
-            data = self.client.api.inspect_image(ref)
-        except docker.errors.ImageNotFound:
-            return None
-        except docker.errors.NotFound:
+            data = self.client.images.get(ref).attrs
+        except docker.errors.NotFound:  # ImageNotFound included
             return None
         config = data.get("Config") or {}
         return ImageInfo(id=data["Id"], tags=tuple(data.get("RepoTags") or ()), labels=config.get("Labels") or {},
@@ -305,6 +324,8 @@ class DockerEngine(Engine):
 
     def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        """A container with no network (``network_mode="none"``) unless ``network``, and a device request for
+        all GPUs when ``gpus``: the run happens on the build host, which may have fewer GPUs than the target."""
         import docker
 
         options: dict[str, Any] = {"environment": dict(env or {}), "detach": True}
@@ -371,21 +392,39 @@ class DockerEngine(Engine):
         hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return hostname in ("localhost", "[::1]") or hostname.startswith("127.")
 
+    def _post_stream(self, path: str, params: Mapping[str, str],
+                     headers: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
+        """POST ``path`` (under the service's URL) and decode the JSON lines it streams back.
+
+        For what the SDK has no parameter for (Podman's ``tlsVerify``): the SDK's client is a ``requests``
+        session, so this is its public ``post``, with the SDK's error for an HTTP error status.
+        """
+        import docker
+        import requests
+
+        api = self.client.api
+        response = api.post(f"{api.base_url}{path}", params=dict(params), headers=dict(headers or {}), stream=True,
+                            timeout=self.timeout)
+        try:
+            response.raise_for_status()
+        except requests.HTTPError as exc:
+            raise docker.errors.create_api_error_from_http_exception(exc) from None
+        for line in response.iter_lines():
+            if line.strip():
+                yield json.loads(line)
+
     def push(self, ref: str, log: BuildLog | None = None) -> str | None:
         import docker
 
         repository, tag = split_ref(ref)
-        api = self.client.api
         digest = None
         try:
             if self.name == "podman" and self.insecure(ref):
-                response = api._post(api._url("/images/{0}/push", repository),
-                                     params={"tag": tag, "tlsVerify": "false"},
-                                     headers={"X-Registry-Auth": "e30="}, stream=True)  # "{}": no credentials
-                api._raise_for_status(response)
-                chunks = api._stream_helper(response, decode=True)
+                path = f"/v{self.client.api.api_version}/images/{quote(repository, safe='/:')}/push"
+                chunks = self._post_stream(path, {"tag": tag, "tlsVerify": "false"},
+                                           {"X-Registry-Auth": "e30="})  # "{}": no credentials
             else:
-                chunks = api.push(repository, tag=tag, stream=True, decode=True)
+                chunks = self.client.images.push(repository, tag=tag, stream=True, decode=True)
             for chunk in chunks:
                 if "error" in chunk or "errorDetail" in chunk:
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
@@ -407,16 +446,14 @@ class DockerEngine(Engine):
         import docker
 
         repository, tag = split_ref(ref)
-        api = self.client.api
         try:
             if self.name == "podman" and self.insecure(ref):
                 # Podman's Docker-compatible pull ignores tlsVerify; its own API takes it.
-                response = api._post(f"{api.base_url}/v4.0.0/libpod/images/pull",
-                                     params={"reference": f"{repository}:{tag}", "tlsVerify": "false"}, stream=True)
-                api._raise_for_status(response)
-                chunks = api._stream_helper(response, decode=True)
+                chunks = self._post_stream("/v4.0.0/libpod/images/pull",
+                                           {"reference": f"{repository}:{tag}", "tlsVerify": "false"})
             else:
-                chunks = api.pull(repository, tag=tag, stream=True, decode=True)
+                # The low-level pull: the high-level one drops the stream's error messages.
+                chunks = self.client.api.pull(repository, tag=tag, stream=True, decode=True)
             for chunk in chunks:
                 if chunk.get("error") or chunk.get("errorDetail"):
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
@@ -443,7 +480,7 @@ class DockerEngine(Engine):
         import docker
 
         try:
-            self.client.api.remove_image(ref, force=False, noprune=False)
+            self.client.images.remove(ref, force=False, noprune=False)
         except docker.errors.NotFound:
             pass
 
@@ -480,14 +517,15 @@ class ApptainerEngine(Engine):
             process.wait()
             raise
 
-    def build(self, context: Path, log: BuildLog, dockerfile: str = "Singularity.def", no_cache: bool = False) -> str:
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build ``context/Singularity.def`` into a SIF file beside it (its path is the image's id). A SIF build
+        has no layer cache: ``no_cache`` changes nothing."""
         self.check()
         assert self.binary
-        if dockerfile == "Dockerfile":
-            dockerfile = "Singularity.def"
         handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=context)
         os.close(handle)
-        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, dockerfile], log, cwd=context)
+        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, "Singularity.def"], log,
+                            cwd=context)
         if code != 0:
             Path(partial).unlink(missing_ok=True)
             raise log.failure(f"{Path(self.binary).name} build exited with {code}")
@@ -501,6 +539,16 @@ class ApptainerEngine(Engine):
                             log)
         if code != 0:
             raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+
+    def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
+        """The SIF file the job script runs."""
+        return str(out_dir / ir.job.sif)
+
+    def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
+        """``image`` unchanged: a SIF's labels and files come from its definition file alone."""
+        log.note(f"a SIF file cannot change after its build: not adding the labels {', '.join(sorted(labels))}"
+                 + (f" or the files {', '.join(sorted(files))}" if files else ""))
+        return image
 
     def tag(self, image: str, ref: str) -> None:
         Path(image).replace(ref)
@@ -522,6 +570,8 @@ class ApptainerEngine(Engine):
 
     def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        """``apptainer run --containall``, with ``--nv`` for GPUs. The run shares the host's network either way:
+        an unprivileged Apptainer cannot rely on network namespaces, which many sites disable."""
         self.check()
         assert self.binary
         argv = [self.binary, "run", "--containall", *(["--nv"] if gpus else [])]

@@ -7,15 +7,17 @@
    step), save it as ``OUT_DIR/requirements.lock`` and add the label ``io.modak.requirements-lock`` (its
    sha256) in a second tiny stage (``FROM`` the built image, ``LABEL`` only: cached when nothing changed).
    The runtime's tuned artifacts are added in the same stage where there are any (see :func:`tuned_artifacts`).
+   An engine whose images cannot change after their build (Apptainer) keeps the image as it is
+   (:meth:`Engine.add_layer <modak.build.engines.Engine.add_layer>`).
 4. **Smoke test** (unless ``smoke=False``): run the image's entrypoint with the self-test command; it prints
    one JSON line (runtime, threads, step time), which must say ``status: ok`` and name the plan's runtime.
-5. **Tag** the image with the plan's reference, only now: a failed or interrupted build, or a failed smoke
-   test, leaves no tag.
+5. **Tag** the image with the engine's name for it (the plan's reference; a SIF file for Apptainer), only now:
+   a failed or interrupted build, or a failed smoke test, leaves no tag.
 6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels.
 7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
    docker-archive://FILE`` turns into a SIF on a cluster.
 
-The result is a :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
+The result is a frozen :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
 documented output (``schema_version`` :data:`SCHEMA_VERSION`).
 """
 
@@ -25,12 +27,14 @@ import hashlib
 import json
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.errors import Interrupted, PushFailed, SmokeTestFailed
+from modak.image.runtimes.base import reusable_artifacts
 from modak.render.ir import DEFAULT_COMMAND, WORK_DIR, BuildDescription, build_description
 from modak.render.render import DOCKERIGNORE, render
 from modak.workload.source import MODEL_FILE
@@ -70,25 +74,28 @@ class Progress:
         """One line of the build log."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildResult:
+    """What :func:`build_job` built; ``job_id`` and ``submission`` are filled in (``dataclasses.replace``) when
+    the job script was submitted too."""
+
     plan: Plan
     ir: BuildDescription
     out_dir: Path
     engine: Engine
-    image_ref: str = ""
-    image: ImageInfo | None = None
+    image_ref: str
+    image: ImageInfo | None
     lock_digest: str | None = None
     lock_packages: int | None = None
-    tuned: dict[str, str] = field(default_factory=dict)  # image path -> host path
-    smoke: dict[str, Any] | None = None
+    tuned: Mapping[str, str] = field(default_factory=dict)  # image path -> host path
+    smoke: Mapping[str, Any] | None = None
     pushed_ref: str | None = None
     pushed_digest: str | None = None
     oci_archive: Path | None = None
-    artifacts: list[Path] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
+    artifacts: tuple[Path, ...] = ()
+    seconds: Mapping[str, float] = field(default_factory=dict)
     job_id: str | None = None
-    submission: dict[str, Any] | None = None
+    submission: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """``modak build --json`` (schema_version 1); documented in the README."""
@@ -135,116 +142,105 @@ def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
     engine.check()  # before rendering: an unreachable engine changes nothing on disk
 
     started = time.perf_counter()
+    seconds: dict[str, float] = {}
     progress.phase("rendering")
     ir = build_description(plan)
     written = render(ir, out_dir)
     for stale in (LOCK_NAME, SMOKE_NAME, SMOKE_LOG):  # a previous build's: they must describe this one
         (out_dir / stale).unlink(missing_ok=True)
-    result = BuildResult(plan, ir, out_dir, engine, artifacts=[*written, out_dir / DOCKERIGNORE])
-    result.seconds["render"] = time.perf_counter() - started
+    artifacts = [*written, out_dir / DOCKERIGNORE, out_dir / BUILD_LOG]
+    seconds["render"] = time.perf_counter() - started
 
     log = BuildLog(out_dir / BUILD_LOG, on_line=progress.line, on_step=progress.step)
-    result.artifacts.append(out_dir / BUILD_LOG)
     try:
         try:
             progress.phase(f"building with {engine.name}")
             start = time.perf_counter()
             image_id = engine.build(out_dir, log, no_cache=options.no_cache)
-            result.seconds["build"] = time.perf_counter() - start
+            seconds["build"] = time.perf_counter() - start
 
             start = time.perf_counter()
-            image_id = _label(engine, image_id, plan, result, log, progress)
-            result.seconds["label"] = time.perf_counter() - start
+            lock = _save_lock(engine, image_id, ir.lock_file, out_dir / LOCK_NAME, log)
+            if lock:
+                artifacts.append(out_dir / LOCK_NAME)
+            tuned = tuned_artifacts(plan)
+            labels = {LOCK_LABEL: lock[0]} if lock else {}
+            if tuned:
+                labels[ARTIFACTS_LABEL] = ",".join(sorted(tuned))
+            if labels:
+                progress.phase("labelling")
+                image_id = engine.add_layer(image_id, labels, tuned, log)
+            seconds["label"] = time.perf_counter() - start
         except KeyboardInterrupt:
             log.note(f"interrupted at {log.where()}")
             raise Interrupted(f"interrupted at {log.where()}; no image was tagged; full log: {log.path}") from None
         finally:
             log.close()
 
+        smoke = None
         if options.smoke:
             progress.phase("smoke test")
             start = time.perf_counter()
-            result.artifacts.append(out_dir / SMOKE_LOG)
-            result.smoke = smoke_test(engine, image_id, plan, options.smoke_timeout, out_dir / SMOKE_LOG)
-            result.seconds["smoke"] = time.perf_counter() - start
-            (out_dir / SMOKE_NAME).write_text(json.dumps(result.smoke, indent=2, sort_keys=True) + "\n")
-            result.artifacts.append(out_dir / SMOKE_NAME)
+            smoke = smoke_test(engine, image_id, plan, options.smoke_timeout, out_dir / SMOKE_LOG)
+            seconds["smoke"] = time.perf_counter() - start
+            (out_dir / SMOKE_NAME).write_text(json.dumps(smoke, indent=2, sort_keys=True) + "\n")
+            artifacts += [out_dir / SMOKE_LOG, out_dir / SMOKE_NAME]
 
-        result.image_ref = _image_ref(engine, ir, out_dir)
-        engine.tag(image_id, result.image_ref)
-        result.image = engine.inspect(result.image_ref)
+        image_ref = engine.image_ref(ir, out_dir)
+        engine.tag(image_id, image_ref)
+        image = engine.inspect(image_ref)
 
+        pushed_digest = None
         if options.push:
-            progress.phase(f"pushing {result.image_ref}")
+            progress.phase(f"pushing {image_ref}")
             start = time.perf_counter()
-            push(engine, result)
-            result.seconds["push"] = time.perf_counter() - start
+            pushed_digest = push(engine, image_ref, image.labels if image else {})
+            seconds["push"] = time.perf_counter() - start
 
+        archive = None
         if options.oci_archive:
             progress.phase(f"saving {options.oci_archive}")
             start = time.perf_counter()
             archive = Path(options.oci_archive).absolute()
-            engine.save(result.image_ref, archive)
-            result.oci_archive = archive
-            result.artifacts.append(archive)
-            result.seconds["archive"] = time.perf_counter() - start
+            engine.save(image_ref, archive)
+            artifacts.append(archive)
+            seconds["archive"] = time.perf_counter() - start
     except KeyboardInterrupt:
         raise Interrupted("interrupted after the build; the image is built but may be untagged") from None
-    result.seconds["total"] = time.perf_counter() - started
-    return result
+    seconds["total"] = time.perf_counter() - started
+    return BuildResult(
+        plan, ir, out_dir, engine, image_ref, image, lock_digest=lock[0] if lock else None,
+        lock_packages=lock[1] if lock else None, tuned={dest: str(src) for dest, src in tuned.items()},
+        smoke=smoke, pushed_ref=image_ref if options.push else None, pushed_digest=pushed_digest,
+        oci_archive=archive, artifacts=tuple(artifacts), seconds=seconds)
 
 
-def _image_ref(engine: Engine, ir: BuildDescription, out_dir: Path) -> str:
-    """The image's name: the plan's reference, or for Apptainer the SIF file the job script runs."""
-    if engine.name == "apptainer":
-        return str(out_dir / ir.job.sif)
-    return ir.image.ref
-
-
-def _label(engine: Engine, image_id: str, plan: Plan, result: BuildResult, log: BuildLog, progress: Progress) -> str:
-    """Read the lock back, then add its digest as a label and the tuned artifacts in a second tiny stage."""
-    lock = engine.read_file(image_id, result.ir.lock_file)
-    labels: dict[str, str] = {}
-    if lock is not None:
-        (result.out_dir / LOCK_NAME).write_bytes(lock)
-        result.artifacts.append(result.out_dir / LOCK_NAME)
-        result.lock_digest = "sha256:" + hashlib.sha256(lock).hexdigest()
-        result.lock_packages = sum(1 for line in lock.decode("utf-8", "replace").splitlines()
-                                   if line.strip() and not line.startswith("#"))
-        labels[LOCK_LABEL] = result.lock_digest
-    else:
-        log.note(f"the image has no {result.ir.lock_file}; no {LOCK_LABEL} label")
-    result.tuned = {dest: str(src) for dest, src in tuned_artifacts(plan).items()}
-    if result.tuned:
-        labels[ARTIFACTS_LABEL] = ",".join(sorted(result.tuned))
-    if engine.name == "apptainer" or not labels:
-        return image_id  # a SIF's labels come from its definition file alone
-    progress.phase("labelling")
-    return engine.add_layer(image_id, labels, {k: Path(v) for k, v in result.tuned.items()}, log)
+def _save_lock(engine: Engine, image: str, lock_file: str, path: Path, log: BuildLog) -> tuple[str, int] | None:
+    """Read the lock of what pip resolved (``lock_file`` in the image) back into ``path``; its digest
+    (``sha256:...``) and number of packages, or None (and a note in ``log``) when the image has none."""
+    lock = engine.read_file(image, lock_file)
+    if lock is None:
+        log.note(f"the image has no {lock_file}; no {LOCK_LABEL} label")
+        return None
+    path.write_bytes(lock)
+    packages = sum(1 for line in lock.decode("utf-8", "replace").splitlines()
+                   if line.strip() and not line.startswith("#"))
+    return "sha256:" + hashlib.sha256(lock).hexdigest(), packages
 
 
 def tuned_artifacts(plan: Plan, bench_workdir: Path | None = None) -> dict[str, Path]:
-    """Tuning results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
+    """Results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
 
-    TVM: the MetaSchedule databases that ``modak bench`` left in its work folder for this model and batch
-    (``<workdir>/tvm/tvm-tuning/<model>-b<batch>-<key>/``, see :mod:`modak.image.runtimes.tvm`). In the image they go
-    to ``/tmp/modak/tvm-tuning/`` (the image's MODAK_WORKDIR), named as the image's runner looks them up, so
-    its prepare applies the stored schedules instead of tuning again. Other runtimes keep nothing worth baking.
+    ``modak bench`` runs each runtime in ``<bench_workdir>/<runtime>``; the runtime module names what it left
+    there for this model and batch (its ``artifacts``, see :mod:`modak.image.runtimes.base`; TVM's tuning
+    databases, for one). In the image they go under the image's work folder (its MODAK_WORKDIR), named as the
+    image's runner looks them up, so that its prepare reuses them instead of starting again.
     """
-    candidate = plan.choice.candidate
-    if candidate.runtime != "tvm":
-        return {}
-    folder = (bench_workdir or Path(tempfile.gettempdir()) / "modak-work") / "tvm" / "tvm-tuning"
-    source = plan.source
-    stem = source.zoo or Path(source.onnx_path).stem
-    image_stem = source.zoo or Path(MODEL_FILE).stem
-    batch = plan.loaded.job.model.batch_size
-    found: dict[str, Path] = {}
-    for path in sorted(folder.glob(f"{stem}-b{batch}-*")) if folder.is_dir() else []:
-        key = path.name[len(f"{stem}-b{batch}-"):]
-        if path.is_dir() and (path / "modak-tuned.json").is_file() and key.isalnum():
-            found[f"{WORK_DIR}/tvm-tuning/{image_stem}-b{batch}-{key}"] = path
-    return found
+    runtime, source = plan.choice.candidate.runtime, plan.source
+    workdir = (bench_workdir or Path(tempfile.gettempdir()) / "modak-work") / runtime
+    found = reusable_artifacts(runtime, workdir, source.zoo or Path(source.onnx_path).stem,
+                               plan.loaded.job.model.batch_size, source.zoo or Path(MODEL_FILE).stem)
+    return {f"{WORK_DIR}/{relative}": path for relative, path in found.items()}
 
 
 def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
@@ -279,16 +275,16 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     return report
 
 
-def push(engine: Engine, result: BuildResult) -> None:
-    """Push the tagged image, pull it back and check that the registry's copy has the same labels."""
-    ref = result.image_ref
+def push(engine: Engine, ref: str, labels: Mapping[str, str]) -> str | None:
+    """Push the tagged image ``ref``, pull it back and check that the registry's copy has the same ``labels``;
+    the registry's manifest digest, where the engine reports one."""
     digest = engine.push(ref)
     pulled = engine.pull(ref)
-    expected = dict(result.image.labels) if result.image else {}
+    expected = dict(labels)
     differing = sorted(k for k in set(expected) | set(pulled.labels) if expected.get(k) != pulled.labels.get(k))
     if differing:
         raise PushFailed(f"pulled {ref} back, but its labels differ: {', '.join(differing)}")
     if digest is None:
         digest = next((d.rpartition("@")[2] for d in pulled.repo_digests if d.startswith(ref.rpartition(":")[0])),
                       None)
-    result.pushed_ref, result.pushed_digest = ref, digest
+    return digest

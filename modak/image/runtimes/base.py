@@ -4,6 +4,13 @@ A module ``modak.image.runtimes.<name>`` (the recipe name with ``-`` as ``_``) e
 inputs) -> Session``. ``prepare`` does everything that is paid once (load, compile, tune); ``Session.run``
 is one steady-state step. Parameters and container requirements live in the runtime's recipe
 (``recipes/runtimes/<name>.yaml``), which the host reads; this package never does.
+
+A module whose runs leave something a later run reuses (TVM's tuning databases) also exposes
+``artifacts(workdir, model_stem, batch_size, image_model_stem) -> dict[str, Path]``: what an earlier run in
+``workdir`` (a request's ``workdir``) left for this model and batch, as path relative to the image's work folder
+-> host path, named for the image's runner, whose model stem is ``image_model_stem`` (a model's stem is its zoo
+name, else its ONNX file's stem). ``modak build`` copies them into the image. :func:`reusable_artifacts` is
+``{}`` for the runtimes without it.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -60,6 +68,12 @@ def load_runtime(name: str) -> Runtime:
     """The module implementing runtime ``name``."""
     return importlib.import_module(f"modak.image.runtimes.{name.replace('-', '_')}")  # type: ignore[return-value]
 
+
+def reusable_artifacts(name: str, workdir: Path, model_stem: str, batch_size: int,
+                       image_model_stem: str) -> dict[str, Path]:
+    """Runtime ``name``'s ``artifacts`` (see the module docstring); ``{}`` when it declares none."""
+    artifacts = getattr(load_runtime(name), "artifacts", None)
+    return dict(artifacts(workdir, model_stem, batch_size, image_model_stem)) if artifacts else {}
 
 
 def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> float:

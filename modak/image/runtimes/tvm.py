@@ -18,7 +18,7 @@ Tuning database: tuning writes MetaSchedule's JSON database (``database_workload
 version, plus ``modak-tuned.json`` recording how many trials it holds. A later prepare that asks for no more
 trials than that applies the database without tuning (seconds instead of minutes); one that asks for more
 tunes only the difference, starting from the stored records. Copying that folder into an image (under the
-image's workdir) therefore bakes the tuning in.
+image's workdir) therefore bakes the tuning in: :func:`artifacts` names the folders worth copying.
 
 Target: ``{"kind": "llvm", "mcpu": ..., "num-cores": ...}``. ``mcpu`` is ``request.extra["mcpu"]`` when
 given, else the host CPU as LLVM itself detects it (what ``-mcpu=native`` would pick), else a name mapped
@@ -42,6 +42,7 @@ from modak.paths import write_atomic
 from modak.image.runtimes.base import FunctionSession, RunRequest
 
 MARKER = "modak-tuned.json"
+TUNING_FOLDER = "tvm-tuning"  # under the request's workdir
 BUILD_TIMEOUT_S = 60.0  # per candidate build in MetaSchedule (its default, 30 s, is tight on 2 shared cores)
 # archspec microarchitecture -> LLVM CPU name, for when LLVM cannot name the host itself. Names missing
 # here are tried as they are (``-`` for ``_``), then through their ancestors.
@@ -177,7 +178,20 @@ def tuning_dir(request: RunRequest, target: Any, inputs: dict[str, np.ndarray]) 
     digest.update(json.dumps({"shapes": {k: [list(v.shape), str(v.dtype)] for k, v in sorted(inputs.items())},
                               "target": str(target), "tvm": tvm.__version__}, sort_keys=True).encode())
     stem = request.zoo or Path(request.onnx_path).stem
-    return Path(request.workdir) / "tvm-tuning" / f"{stem}-b{request.batch_size}-{digest.hexdigest()[:12]}"
+    return Path(request.workdir) / TUNING_FOLDER / f"{stem}-b{request.batch_size}-{digest.hexdigest()[:12]}"
+
+
+def artifacts(workdir: Path, model_stem: str, batch_size: int, image_model_stem: str) -> dict[str, Path]:
+    """The tuning databases in ``workdir`` for this model and batch (those with a :data:`MARKER`), as path
+    under the image's work folder -> host folder, named as :func:`tuning_dir` names them in the image."""
+    folder = Path(workdir) / TUNING_FOLDER
+    prefix = f"{model_stem}-b{batch_size}-"
+    found: dict[str, Path] = {}
+    for path in sorted(folder.glob(f"{prefix}*")) if folder.is_dir() else []:
+        key = path.name[len(prefix):]
+        if path.is_dir() and (path / MARKER).is_file() and key.isalnum():
+            found[f"{TUNING_FOLDER}/{image_model_stem}-b{batch_size}-{key}"] = path
+    return found
 
 
 def host_mcpu(requested: str | None = None) -> str:
