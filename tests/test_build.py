@@ -234,7 +234,8 @@ def test_torch_from_wheelhouse(torch_image: Built, engine: DockerEngine) -> None
     assert image_labels(engine, torch_image.ref)["io.modak.runtime"] == "pytorch"
     # The CA bundle and the wheelhouse were build-time mounts only: not in the image.
     assert engine.read_file(torch_image.ref, "/run/modak/ca.crt") is None
-    assert engine.read_file(torch_image.ref, "/opt/modak/lib/modak/runner.py") is not None
+    assert engine.read_file(torch_image.ref, "/opt/modak/lib/modak/image/runner.py") is not None
+    assert engine.read_file(torch_image.ref, "/opt/modak/lib/modak/plan.py") is None  # in-image code only
 
 
 # --- failures ------------------------------------------------------------------------------------------------
