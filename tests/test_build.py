@@ -362,8 +362,8 @@ def test_hostile_strings_stay_data_in_a_real_image(cnn: Built, engine: DockerEng
     assert not [path for path in changes if "PWNED" in path], changes
     assert engine.read_file(ref, "/tmp/PWNED") is None
     assert not Path("/tmp/PWNED").exists()
-    env = dict(item.split("=", 1) for item in engine.client.api.inspect_image(ref)["Config"]["Env"])
-    assert json.loads(env["MODAK_INPUT_SHAPES"]) == {f"x{bad}": [4]}
+    plan = json.loads(engine.read_file(ref, "/opt/modak/plan.json"))  # what the image's launcher applies
+    assert plan["deployment"]["input_shapes"] == {f"x{bad}": [4]}
 
 
 # --- push to a real registry ---------------------------------------------------------------------------------
