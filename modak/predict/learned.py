@@ -24,7 +24,7 @@ import numpy as np
 from modak.measurements.store import Measurement
 from modak.candidates.catalog import Recipe, value_key
 from modak.candidates.enumerate import Candidate
-from modak.predict.base import Prediction
+from modak.predict.base import Prediction, PredictionRequest
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.models import Precision
 from modak.hardware.ceilings import TargetCeilings
@@ -250,12 +250,12 @@ class LearnedPredictor:
         return self.predict_many(workload, ceilings, [(candidate, recipe)])[0]
 
     def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
-                     jobs: list[tuple[Candidate, Recipe]]) -> list[Prediction | None]:
-        covered = [i for i, (candidate, _) in enumerate(jobs) if self.covers(candidate)]
-        examples = [example_from(workload, ceilings, jobs[i][0]) for i in covered]
-        results: list[Prediction | None] = [None] * len(jobs)
+                     requests: list[PredictionRequest]) -> list[Prediction | None]:
+        covered = [i for i, (candidate, _) in enumerate(requests) if self.covers(candidate)]
+        examples = [example_from(workload, ceilings, requests[i][0]) for i in covered]
+        results: list[Prediction | None] = [None] * len(requests)
         for i, example, (step, low, high, compile_s) in zip(covered, examples, self.predict_examples(examples)):
-            candidate, recipe = jobs[i]
+            candidate, recipe = requests[i]
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
                                      ("utilization", example.bound_seconds / step))
