@@ -25,7 +25,7 @@ from modak.measurements.store import Measurement
 from modak.candidates.catalog import Recipe, value_key
 from modak.candidates.enumerate import Candidate
 from modak.predict.base import Prediction, PredictionRequest
-from modak.predict.roofline import RooflinePredictor
+from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
 from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
@@ -43,18 +43,13 @@ MIN_ROWS = 5  # rows of a (runtime, device) the model needs before it is trusted
 # of the 26 per-workload medians of the first campaign's machine, predicted from the second one's data.
 WORKLOAD_SPREAD = 0.24
 WORKLOAD_SPREAD_PRIOR = 2  # that spread counts as if seen on this many workloads
-_BYTES_SCALE = {"fp32": 1.0, "tf32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.25}
 
 
 @dataclass(frozen=True)
 class Example:
     """The inputs of one prediction, from a stored row or from (workload, ceilings, candidate)."""
 
-    runtime: str
-    device: str
-    precision: str
-    params: dict[str, Any]
-    threads: int | None
+    candidate: Candidate
     cores: int
     peak_gflops: float  # of the device at this precision (whole node / one GPU)
     bandwidth_gbs: float
@@ -72,12 +67,12 @@ class Example:
     @cached_property
     def bound_seconds(self) -> float:
         """Roofline bound of one step: per op class max(FLOPs / peak, bytes / bandwidth), scaled to the step."""
-        share = (self.threads / self.cores) if (self.device == "cpu" and self.threads) else 1.0
-        peak = self.peak_gflops * 1e9 * share
-        bandwidth = self.bandwidth_gbs * 1e9 * min(1.0, share * 2)
+        compute_share, bandwidth_share = thread_shares(self.candidate, self.cores)
+        peak = self.peak_gflops * 1e9 * compute_share
+        bandwidth = self.bandwidth_gbs * 1e9 * bandwidth_share
         step_ratio = self.flops / self.forward_flops if self.forward_flops else 1.0
-        byte_scale = _BYTES_SCALE[self.precision]
-        total = sum(max(self.class_flops.get(c, 0.0) / peak, self.class_bytes.get(c, 0.0) * byte_scale / bandwidth)
+        total = sum(max(op_seconds(self.class_flops.get(c, 0.0), self.class_bytes.get(c, 0.0),
+                                   self.candidate.precision, peak, bandwidth))
                     for c in sorted(set(self.class_flops) | set(self.class_bytes)))  # fixed order: same sum
         return max(total * step_ratio, 1e-9)
 
@@ -91,23 +86,24 @@ class Example:
         """The tuning budget's cost (trials x seconds per trial of the runtime's recipe)."""
         from modak.candidates.catalog import load_catalog
 
-        tuning = load_catalog()[self.runtime].tuning
-        return float(self.params.get(tuning.parameter, 0) or 0) * tuning.seconds_per_trial if tuning else 0.0
+        return tuning_seconds(load_catalog()[self.candidate.runtime], self.candidate)
 
     def features(self) -> list[float]:
         """Features that transfer to unseen models: no per-op-class mix beyond the conv/matmul shares (a
         richer mix identifies the training models and overfits them under leave-one-model-out)."""
         total_flops = max(sum(self.class_flops.values()), 1.0)
+        candidate = self.candidate
         values = [math.log(self.bound_seconds), math.log(max(self.nodes, 1)), math.log(self.batch_size),
-                  float(self.task == "training"), (self.threads or self.cores) / self.cores,
-                  math.log(max(self.flops, 1.0) / max(self.bytes, 1.0)), float(self.device == "gpu"),
+                  float(self.task == "training"), (candidate.threads or self.cores) / self.cores,
+                  math.log(max(self.flops, 1.0) / max(self.bytes, 1.0)), float(candidate.device == "gpu"),
                   self.class_flops.get("conv", 0.0) / total_flops, self.class_flops.get("matmul", 0.0) / total_flops]
-        values += [float(self.runtime == r) for r in RUNTIMES]
-        values += [float(self.precision == p) for p in PRECISIONS]
+        values += [float(candidate.runtime == r) for r in RUNTIMES]
+        values += [float(candidate.precision == p) for p in PRECISIONS]
+        params = dict(candidate.params)
         for name, choices in CATEGORICAL.items():
-            chosen = value_key(self.params[name]) if name in self.params else None
+            chosen = value_key(params[name]) if name in params else None
             values += [float(chosen == c) for c in choices]
-        values.append(math.log1p(float(self.params.get("tuning_trials", 0) or 0)))
+        values.append(math.log1p(float(params.get("tuning_trials", 0) or 0)))
         return values
 
 
@@ -118,7 +114,9 @@ def machine_signature(device: str, cores: int, fp32_gflops: float, bandwidth_gbs
 
 def example_from_row(row: Measurement) -> Example:
     peak = row.peak_bf16_gflops if row.precision in ("bf16", "fp16") and row.peak_bf16_gflops else row.peak_fp32_gflops
-    return Example(row.runtime, row.device, row.precision, json.loads(row.params), row.threads, row.cores, peak,
+    candidate = Candidate(row.runtime, row.device, Precision(row.precision), tuple(json.loads(row.params).items()),
+                          row.threads)
+    return Example(candidate, row.cores, peak,
                    row.bandwidth_gbs, row.task, row.batch_size, row.flops, row.bytes, row.forward_flops,
                    row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes),
                    machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs))
@@ -127,8 +125,7 @@ def example_from_row(row: Measurement) -> Example:
 def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate) -> Example:
     device = ceilings.gpu if candidate.device == "gpu" and ceilings.gpu else ceilings.cpu
     by_class = workload.by_op_class()
-    return Example(candidate.runtime, candidate.device, candidate.precision.value, dict(candidate.params),
-                   candidate.threads, ceilings.cores, device.peak_gflops[candidate.precision], device.bandwidth_gbs,
+    return Example(candidate, ceilings.cores, device.peak_gflops[candidate.precision], device.bandwidth_gbs,
                    workload.task.value, workload.batch_size, float(workload.flops), float(workload.bytes),
                    float(workload.forward_flops), workload.parameters, len(workload.ops),
                    {c: float(g.flops) for c, g in by_class.items()}, {c: float(g.bytes) for c, g in by_class.items()},
