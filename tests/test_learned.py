@@ -10,13 +10,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from modak.bench.harness import measurement_row
+from modak.candidates.catalog import Parameter, load_catalog
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score, training_data
-from modak.predict.learned import LearnedPredictor, example_from, example_from_row, shrunk_offset
+from modak.predict.learned import (Features, LearnedPredictor, ParameterFeature, example_from, example_from_row,
+                                   shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.loader import load_job
 from modak.workload.source import load_analysis
@@ -175,3 +178,41 @@ def test_one_calibration_workload_moves_no_offset(plans) -> None:
                     for r in synthetic_rows(plans[:1])]
     assert len({example_from_row(r).workload for r in one_workload}) == 1
     assert list(LearnedPredictor(machine_a + one_workload).machine_offsets.values()) == [0.0]
+
+
+def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> None:
+    """ONNX Runtime's recipe with an extra categorical parameter: the model gets a column per value of it from
+    the catalog alone and learns its effect (synthetic rows run at 0.5 utilization with it on, 0.25 off)."""
+    catalog = dict(load_catalog())
+    ort = catalog["onnxruntime"]
+    catalog["onnxruntime"] = ort.model_copy(
+        update={"parameters": ort.parameters + (Parameter(name="arena", values=("on", "off")),)})
+    replanned = [make_plan(plan.loaded, plan.source, plan.workload, RooflinePredictor(), catalog) for plan in plans]
+    rows = []
+    for plan in replanned:
+        for candidate in (r.candidate for r in plan.ranked if r.candidate.runtime == "onnxruntime"):
+            row = measurement_row(plan, candidate, {"status": "ok", "repeats": 5, "compile_s": 1.0})
+            step = example_from_row(row).bound_seconds / (0.5 if candidate.param("arena") == "on" else 0.25)
+            rows.append(replace(row, step_median_s=step, step_p10_s=step, step_p90_s=step))
+    model = LearnedPredictor(rows, catalog=catalog)
+    assert ParameterFeature("arena", "categorical", ("on", "off")) in model.features.parameters
+    plan = replanned[1]
+    on = next(r.candidate for r in plan.ranked if r.candidate.param("arena") == "on")
+    off = replace(on, params=tuple((k, "off" if k == "arena" else v) for k, v in on.params))
+    steps = [step for step, *_ in model.predict_examples([example_from(plan.workload, plan.ceilings, c)
+                                                          for c in (on, off)])]
+    assert steps[1] / steps[0] == pytest.approx(2.0, rel=0.15)
+
+
+def test_parameter_features_follow_the_recipes() -> None:
+    """The default follows the value types; threads is the threads parameter's; recipes sharing a parameter
+    must agree on its feature."""
+    assert Parameter(name="trials", values=(0, 64)).feature == "numeric"
+    assert Parameter(name="fast", values=(False, True)).feature == "categorical"
+    with pytest.raises(ValidationError):
+        Parameter(name="workers", values=(1, 2), feature="threads")
+    catalog = dict(load_catalog())
+    xla = catalog["xla"]
+    catalog["xla"] = xla.model_copy(update={"parameters": (Parameter(name="allocator", values=(1,)),)})
+    with pytest.raises(ValueError, match="allocator"):
+        Features.from_catalog(catalog)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_key
 from modak.errors import InputError
@@ -16,6 +16,9 @@ from modak.spec.loader import load_spec
 from modak.spec.models import Name, Precision, Requirement, Task
 
 
+# How the learned model sees a parameter: one column per value, log(1 + value), the candidate's share of the
+# cores (the parameter named threads, which the planner resolves to a thread count), or not at all.
+FeatureKind = Literal["categorical", "numeric", "threads", "none"]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 AptPackage = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]
@@ -48,6 +51,28 @@ class Parameter(_Recipe):
     env: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="value -> environment variables the entrypoint exports.")
     apt: dict[str, tuple[AptPackage, ...]] = Field(default_factory=dict, description="value -> extra apt packages.")
+    feature: FeatureKind = Field(
+        description="How the learned model sees the parameter; default numeric if every value is an integer, "
+                    "else categorical.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_feature(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "feature" not in data:
+            return {**data, "feature": "numeric" if _integers(data.get("values", ())) else "categorical"}
+        return data
+
+    @model_validator(mode="after")
+    def _check_feature(self) -> Parameter:
+        if self.feature == "threads" and self.name != "threads":
+            raise ValueError("feature 'threads' is for the parameter named threads")
+        if self.feature == "numeric" and not _integers(self.values):
+            raise ValueError("a numeric feature needs integer values")
+        return self
+
+
+def _integers(values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 class Tuning(_Recipe):

@@ -27,7 +27,8 @@ class Prediction:
         return dict(self.terms)[name]
 
 
-Job = tuple[Candidate, Recipe]
+# What a predictor is asked about: a candidate and the recipe it was enumerated from.
+PredictionRequest = tuple[Candidate, Recipe]
 
 
 class Predictor(Protocol):
@@ -40,12 +41,12 @@ class Predictor(Protocol):
 
 
 def predict_many(predictor: Predictor, workload: WorkloadProfile, ceilings: TargetCeilings,
-                 jobs: list[Job]) -> list[Prediction | None]:
+                 requests: list[PredictionRequest]) -> list[Prediction | None]:
     """Predictions for many candidates, in one call where the predictor can batch them."""
     batched = getattr(predictor, "predict_many", None)
     if batched is not None:
-        return batched(workload, ceilings, jobs)
-    return [predictor.predict(workload, ceilings, candidate, recipe) for candidate, recipe in jobs]
+        return batched(workload, ceilings, requests)
+    return [predictor.predict(workload, ceilings, candidate, recipe) for candidate, recipe in requests]
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,12 @@ class FallbackPredictor:
         return self.predict_many(workload, ceilings, [(candidate, recipe)])[0]
 
     def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
-                     jobs: list[Job]) -> list[Prediction | None]:
-        results: list[Prediction | None] = [None] * len(jobs)
+                     requests: list[PredictionRequest]) -> list[Prediction | None]:
+        results: list[Prediction | None] = [None] * len(requests)
         for predictor in self.predictors:
             todo = [i for i, r in enumerate(results) if r is None]
             if not todo:
                 break
-            for i, prediction in zip(todo, predict_many(predictor, workload, ceilings, [jobs[i] for i in todo])):
+            for i, prediction in zip(todo, predict_many(predictor, workload, ceilings, [requests[i] for i in todo])):
                 results[i] = prediction
         return results

@@ -7,7 +7,8 @@ physics supplies the scale. A random forest predicts log(u); the spread of its t
 to 90th percentile). A second forest predicts the compile/tune seconds.
 
 It is refit from data at load (CSV rows shipped in ``perfmodels/`` plus the local perf store): no pickled
-model is ever loaded.
+model is ever loaded. Its columns come from the runtime catalog: one per runtime and precision, and each
+recipe parameter as its ``feature`` declares.
 """
 
 from __future__ import annotations
@@ -17,44 +18,32 @@ import math
 import statistics
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from modak.measurements.store import Measurement
-from modak.candidates.catalog import Recipe, value_key
+from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
-from modak.predict.base import Prediction
-from modak.predict.roofline import RooflinePredictor
+from modak.predict.base import Prediction, PredictionRequest
+from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
 from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
 
-RUNTIMES = ("onnxruntime", "pytorch", "torch-compile", "tvm", "openvino", "xla")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "int8")
-# Categorical parameters, one-hot encoded; any other parameter is ignored by the model.
-CATEGORICAL = {"graph_optimization": ("all", "extended", "basic", "disabled"), "channels_last": ("true", "false"),
-               "mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-               "performance_hint": ("LATENCY", "THROUGHPUT"), "allocator": ("default", "jemalloc"),
-               "execution_mode": ("sequential", "parallel")}
 TREES = 100
 MIN_ROWS = 5  # rows of a (runtime, device) the model needs before it is trusted for that pair
 # How far one workload's median log error on a new machine strays from the machine's common offset: the SD
 # of the 26 per-workload medians of the first campaign's machine, predicted from the second one's data.
 WORKLOAD_SPREAD = 0.24
 WORKLOAD_SPREAD_PRIOR = 2  # that spread counts as if seen on this many workloads
-_BYTES_SCALE = {"fp32": 1.0, "tf32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.25}
 
 
 @dataclass(frozen=True)
 class Example:
     """The inputs of one prediction, from a stored row or from (workload, ceilings, candidate)."""
 
-    runtime: str
-    device: str
-    precision: str
-    params: dict[str, Any]
-    threads: int | None
+    candidate: Candidate
     cores: int
     peak_gflops: float  # of the device at this precision (whole node / one GPU)
     bandwidth_gbs: float
@@ -72,12 +61,12 @@ class Example:
     @cached_property
     def bound_seconds(self) -> float:
         """Roofline bound of one step: per op class max(FLOPs / peak, bytes / bandwidth), scaled to the step."""
-        share = (self.threads / self.cores) if (self.device == "cpu" and self.threads) else 1.0
-        peak = self.peak_gflops * 1e9 * share
-        bandwidth = self.bandwidth_gbs * 1e9 * min(1.0, share * 2)
+        compute_share, bandwidth_share = thread_shares(self.candidate, self.cores)
+        peak = self.peak_gflops * 1e9 * compute_share
+        bandwidth = self.bandwidth_gbs * 1e9 * bandwidth_share
         step_ratio = self.flops / self.forward_flops if self.forward_flops else 1.0
-        byte_scale = _BYTES_SCALE[self.precision]
-        total = sum(max(self.class_flops.get(c, 0.0) / peak, self.class_bytes.get(c, 0.0) * byte_scale / bandwidth)
+        total = sum(max(op_seconds(self.class_flops.get(c, 0.0), self.class_bytes.get(c, 0.0),
+                                   self.candidate.precision, peak, bandwidth))
                     for c in sorted(set(self.class_flops) | set(self.class_bytes)))  # fixed order: same sum
         return max(total * step_ratio, 1e-9)
 
@@ -86,28 +75,64 @@ class Example:
         """What identifies the measured workload (model, batch and task) as the analysis saw it."""
         return (self.task, self.batch_size, self.nodes, self.parameters, self.flops)
 
-    @cached_property
-    def tuning_seconds(self) -> float:
-        """The tuning budget's cost (trials x seconds per trial of the runtime's recipe)."""
-        from modak.candidates.catalog import load_catalog
 
-        tuning = load_catalog()[self.runtime].tuning
-        return float(self.params.get(tuning.parameter, 0) or 0) * tuning.seconds_per_trial if tuning else 0.0
+@dataclass(frozen=True)
+class ParameterFeature:
+    """The columns of one parameter (by name, across the catalog's recipes) as its recipes declare them."""
 
-    def features(self) -> list[float]:
-        """Features that transfer to unseen models: no per-op-class mix beyond the conv/matmul shares (a
-        richer mix identifies the training models and overfits them under leave-one-model-out)."""
-        total_flops = max(sum(self.class_flops.values()), 1.0)
-        values = [math.log(self.bound_seconds), math.log(max(self.nodes, 1)), math.log(self.batch_size),
-                  float(self.task == "training"), (self.threads or self.cores) / self.cores,
-                  math.log(max(self.flops, 1.0) / max(self.bytes, 1.0)), float(self.device == "gpu"),
-                  self.class_flops.get("conv", 0.0) / total_flops, self.class_flops.get("matmul", 0.0) / total_flops]
-        values += [float(self.runtime == r) for r in RUNTIMES]
-        values += [float(self.precision == p) for p in PRECISIONS]
-        for name, choices in CATEGORICAL.items():
-            chosen = value_key(self.params[name]) if name in self.params else None
-            values += [float(chosen == c) for c in choices]
-        values.append(math.log1p(float(self.params.get("tuning_trials", 0) or 0)))
+    name: str
+    kind: FeatureKind
+    values: tuple[str, ...] = ()  # categorical: the value keys, one column each
+
+    def columns(self, example: Example) -> list[float]:
+        """This parameter's column values for ``example``."""
+        value = example.candidate.param(self.name)
+        if self.kind == "categorical":
+            chosen = None if value is None else value_key(value)
+            return [float(chosen == v) for v in self.values]
+        if self.kind == "numeric":
+            return [math.log1p(float(value or 0))]
+        return [(example.candidate.threads or example.cores) / example.cores]  # threads: share of the cores
+
+
+@dataclass(frozen=True)
+class Features:
+    """The model's columns: the physics of workload and device, one-hot runtime and precision, then the
+    catalog's parameters. Features that transfer to unseen models: no per-op-class mix beyond the conv/matmul
+    shares (a richer mix identifies the training models and overfits them under leave-one-model-out)."""
+
+    runtimes: tuple[str, ...]
+    parameters: tuple[ParameterFeature, ...]
+
+    @classmethod
+    def from_catalog(cls, catalog: Mapping[str, Recipe]) -> Features:
+        """Columns for every runtime of ``catalog`` and every parameter its recipes make a feature of."""
+        kinds: dict[str, FeatureKind] = {}
+        values: dict[str, list[str]] = {}
+        for recipe in catalog.values():
+            for parameter in recipe.parameters:
+                kind = kinds.setdefault(parameter.name, parameter.feature)
+                if kind != parameter.feature:
+                    raise ValueError(f"recipes disagree on the feature of parameter '{parameter.name}': "
+                                     f"{kind} and {parameter.feature} ({recipe.name})")
+                known = values.setdefault(parameter.name, [])
+                known += [key for key in map(value_key, parameter.values) if key not in known]
+        return cls(tuple(catalog), tuple(
+            ParameterFeature(name, kind, tuple(values[name]) if kind == "categorical" else ())
+            for name, kind in kinds.items() if kind != "none"))
+
+    def row(self, example: Example) -> list[float]:
+        """The feature vector of ``example``."""
+        candidate = example.candidate
+        total_flops = max(sum(example.class_flops.values()), 1.0)
+        values = [math.log(example.bound_seconds), math.log(max(example.nodes, 1)), math.log(example.batch_size),
+                  float(example.task == "training"), math.log(max(example.flops, 1.0) / max(example.bytes, 1.0)),
+                  float(candidate.device == "gpu"), example.class_flops.get("conv", 0.0) / total_flops,
+                  example.class_flops.get("matmul", 0.0) / total_flops]
+        values += [float(candidate.runtime == r) for r in self.runtimes]
+        values += [float(candidate.precision is p) for p in Precision]
+        for parameter in self.parameters:
+            values += parameter.columns(example)
         return values
 
 
@@ -118,7 +143,9 @@ def machine_signature(device: str, cores: int, fp32_gflops: float, bandwidth_gbs
 
 def example_from_row(row: Measurement) -> Example:
     peak = row.peak_bf16_gflops if row.precision in ("bf16", "fp16") and row.peak_bf16_gflops else row.peak_fp32_gflops
-    return Example(row.runtime, row.device, row.precision, json.loads(row.params), row.threads, row.cores, peak,
+    candidate = Candidate(row.runtime, row.device, Precision(row.precision), tuple(json.loads(row.params).items()),
+                          row.threads)
+    return Example(candidate, row.cores, peak,
                    row.bandwidth_gbs, row.task, row.batch_size, row.flops, row.bytes, row.forward_flops,
                    row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes),
                    machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs))
@@ -127,8 +154,7 @@ def example_from_row(row: Measurement) -> Example:
 def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate) -> Example:
     device = ceilings.gpu if candidate.device == "gpu" and ceilings.gpu else ceilings.cpu
     by_class = workload.by_op_class()
-    return Example(candidate.runtime, candidate.device, candidate.precision.value, dict(candidate.params),
-                   candidate.threads, ceilings.cores, device.peak_gflops[candidate.precision], device.bandwidth_gbs,
+    return Example(candidate, ceilings.cores, device.peak_gflops[candidate.precision], device.bandwidth_gbs,
                    workload.task.value, workload.batch_size, float(workload.flops), float(workload.bytes),
                    float(workload.forward_flops), workload.parameters, len(workload.ops),
                    {c: float(g.flops) for c, g in by_class.items()}, {c: float(g.bytes) for c, g in by_class.items()},
@@ -158,7 +184,9 @@ class LearnedPredictor:
 
     name = "learned"
 
-    def __init__(self, rows: Iterable[Measurement], weights: Sequence[float] | None = None, seed: int = 0) -> None:
+    def __init__(self, rows: Iterable[Measurement], weights: Sequence[float] | None = None, seed: int = 0,
+                 catalog: Mapping[str, Recipe] | None = None) -> None:
+        """Fit on ``rows`` (weighted), with columns from ``catalog`` (default: the shipped recipes)."""
         from sklearn.ensemble import RandomForestRegressor
 
         pairs = [(r, w) for r, w in zip(rows, weights if weights is not None else _ones())
@@ -167,8 +195,10 @@ class LearnedPredictor:
             raise ValueError("no successful measurements to learn from")
         rows_ok = [r for r, _ in pairs]
         sample_weight = np.array([w for _, w in pairs], dtype=float)
+        self._catalog = catalog if catalog is not None else load_catalog()
+        self.features = Features.from_catalog(self._catalog)
         examples = [example_from_row(r) for r in rows_ok]
-        X = np.array([e.features() for e in examples])
+        X = np.array([self.features.row(e) for e in examples])
         log_utilization = np.log([e.bound_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
         forest = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
         self.machine_offsets = self._machine_offsets(examples, X, log_utilization, sample_weight, forest)
@@ -176,7 +206,7 @@ class LearnedPredictor:
         adjusted = log_utilization - np.array([self.machine_offsets.get(e.machine, 0.0) for e in examples])
         self._utilization = RandomForestRegressor(**forest).fit(X, adjusted, sample_weight=sample_weight)
         # Tuning time is the user's budget times a known cost per trial; the forest learns the rest of compile.
-        timed = [(x, max(0.0, r.compile_s - e.tuning_seconds), w)
+        timed = [(x, max(0.0, r.compile_s - self._tuning_seconds(e)), w)
                  for x, e, r, w in zip(X, examples, rows_ok, sample_weight) if r.compile_s is not None]
         self._compile = RandomForestRegressor(**forest).fit(
             np.array([t[0] for t in timed]), np.log1p([t[1] for t in timed]), sample_weight=[t[2] for t in timed])
@@ -220,6 +250,9 @@ class LearnedPredictor:
             offsets[machine] = shrunk_offset([float(np.median(v)) for v in by_workload.values()])
         return offsets
 
+    def _tuning_seconds(self, example: Example) -> float:
+        return tuning_seconds(self._catalog[example.candidate.runtime], example.candidate)
+
     def covers(self, candidate: Candidate) -> bool:
         return (candidate.runtime, candidate.device) in self.coverage
 
@@ -232,7 +265,7 @@ class LearnedPredictor:
         convolutions do fewer FLOPs than 2 x MACs), so predictions are not clamped to it."""
         if not examples:
             return []
-        X = np.array([e.features() for e in examples])
+        X = np.array([self.features.row(e) for e in examples])
         per_tree = np.stack([tree.predict(X) for tree in self._utilization.estimators_])  # trees x examples
         compile_s = np.maximum(0.0, np.expm1(self._compile.predict(X)))
         results = []
@@ -242,7 +275,8 @@ class LearnedPredictor:
             step = bound / math.exp(float(trees.mean()))
             low = bound / math.exp(float(np.percentile(trees, 90)))
             high = bound / math.exp(float(np.percentile(trees, 10)))
-            results.append((step, min(low, step), max(high, step), float(compile_s[i]) + example.tuning_seconds))
+            compile_total = float(compile_s[i]) + self._tuning_seconds(example)
+            results.append((step, min(low, step), max(high, step), compile_total))
         return results
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
@@ -250,12 +284,12 @@ class LearnedPredictor:
         return self.predict_many(workload, ceilings, [(candidate, recipe)])[0]
 
     def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
-                     jobs: list[tuple[Candidate, Recipe]]) -> list[Prediction | None]:
-        covered = [i for i, (candidate, _) in enumerate(jobs) if self.covers(candidate)]
-        examples = [example_from(workload, ceilings, jobs[i][0]) for i in covered]
-        results: list[Prediction | None] = [None] * len(jobs)
+                     requests: list[PredictionRequest]) -> list[Prediction | None]:
+        covered = [i for i, (candidate, _) in enumerate(requests) if self.covers(candidate)]
+        examples = [example_from(workload, ceilings, requests[i][0]) for i in covered]
+        results: list[Prediction | None] = [None] * len(requests)
         for i, example, (step, low, high, compile_s) in zip(covered, examples, self.predict_examples(examples)):
-            candidate, recipe = jobs[i]
+            candidate, recipe = requests[i]
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
                                      ("utilization", example.bound_seconds / step))

@@ -38,25 +38,22 @@ class RooflinePredictor:
         device = ceilings.gpu if candidate.device == "gpu" else ceilings.cpu
         assert device is not None
         effects = parameter_effects(recipe, candidate)
-        peak = device.peak_gflops[candidate.precision] * 1e9
-        bandwidth = device.bandwidth_gbs * 1e9 * perf.memory_efficiency * effects.get("memory", 1.0)
-        if candidate.device == "cpu" and candidate.threads:
-            # Compute scales with cores; a few cores already saturate much of a socket's bandwidth.
-            peak *= candidate.threads / ceilings.cores
-            bandwidth *= min(1.0, candidate.threads / max(1.0, ceilings.cores / 2))
+        compute_share, bandwidth_share = thread_shares(candidate, ceilings.cores)
+        peak = device.peak_gflops[candidate.precision] * 1e9 * compute_share
+        bandwidth = (device.bandwidth_gbs * 1e9 * perf.memory_efficiency * effects.get("memory", 1.0)
+                     * bandwidth_share)
         tuning = tuning_factor(recipe, candidate)
         fusion = perf.fusion * effects.get("fusion", 1.0)
         flop_ratio = workload.flops / workload.forward_flops if workload.forward_flops else 1.0
         byte_ratio = workload.bytes / workload.forward_bytes if workload.forward_bytes else 1.0
-        byte_scale = _BYTES_SCALE[candidate.precision]
         compute_s = memory_s = 0.0
         for op in workload.ops:
             efficiency = perf.compute_efficiency.get(op.op_class, perf.compute_efficiency["default"])
             efficiency = min(1.0, efficiency * effects.get(f"compute.{op.op_class}", 1.0)
                              * effects.get("compute", 1.0) * tuning)
-            op_compute = op.flops * flop_ratio / (peak * efficiency)
-            op_bytes = op.bytes * byte_ratio * byte_scale * ((1.0 - fusion) if op.op_class in _FUSABLE else 1.0)
-            op_memory = op_bytes / bandwidth
+            op_compute, op_memory = op_seconds(
+                op.flops * flop_ratio, op.bytes * byte_ratio * ((1.0 - fusion) if op.op_class in _FUSABLE else 1.0),
+                candidate.precision, peak * efficiency, bandwidth)
             if op_compute >= op_memory:
                 compute_s += op_compute
             else:
@@ -73,6 +70,21 @@ class RooflinePredictor:
                  ("flops", float(workload.flops)), ("bytes", float(workload.bytes)))
         bound = max((("compute", compute_s), ("memory", memory_s), ("overhead", overhead_s)), key=lambda t: t[1])[0]
         return Prediction(step, step / width, step * width, compile_s, terms, bound, self.name)
+
+
+def thread_shares(candidate: Candidate, cores: int) -> tuple[float, float]:
+    """The shares of the device's (peak, bandwidth) a candidate's threads get: on a CPU compute scales with
+    cores, and a few cores already saturate much of a socket's bandwidth."""
+    if candidate.device != "cpu" or not candidate.threads:
+        return 1.0, 1.0
+    return candidate.threads / cores, min(1.0, candidate.threads / max(1.0, cores / 2))
+
+
+def op_seconds(flops: float, fp32_bytes: float, precision: Precision, peak: float,
+               bandwidth: float) -> tuple[float, float]:
+    """(compute, memory) seconds of ``flops`` at ``peak`` FLOP/s and of moving ``fp32_bytes`` (sized as fp32
+    tensors, scaled to ``precision``) at ``bandwidth`` B/s; the roofline time is the larger."""
+    return flops / peak, fp32_bytes * _BYTES_SCALE[precision] / bandwidth
 
 
 def parameter_effects(recipe: Recipe, candidate: Candidate) -> dict[str, float]:
