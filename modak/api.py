@@ -1,7 +1,7 @@
 """modak's Python API: what the command line does, without parsing arguments or printing.
 
-Every function takes paths and options and returns typed results; :func:`document` makes the JSON documents the
-commands print (``--json``), so that each carries the schema version in one way.
+Every function takes paths and options and returns typed results; :func:`modak.documents.document` makes the
+JSON documents the commands print (``--json``), so that each carries the schema version in one way.
 
 >>> from modak import api
 >>> plan = api.plan_job("examples/mnist-cnn-cpu/job.yaml")      # doctest: +SKIP
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from modak.bench.harness import BenchSettings
@@ -26,13 +26,7 @@ if TYPE_CHECKING:
     from modak.render.ir import BuildDescription
     from modak.spec.loader import LoadedJob
 
-SCHEMA_VERSION = 1  # of every JSON document modak prints (docs/json-output.md)
 PredictorName = Literal["default", "roofline"]
-
-
-def document(body: dict[str, Any]) -> dict[str, Any]:
-    """A JSON document as modak prints it: ``schema_version`` first, then ``body``."""
-    return {"schema_version": SCHEMA_VERSION, **body}
 
 
 def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:

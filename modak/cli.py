@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from modak.documents import document
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
 
 
@@ -214,7 +215,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
     plan = _plan(args)
     rendered = api.render_plan(plan, args.output)
     if args.json:
-        print(json.dumps(api.document({"output": str(args.output), "choice": plan.choice.candidate.name,
+        print(json.dumps(document({"output": str(args.output), "choice": plan.choice.candidate.name,
                                        "image": rendered.ir.image.ref,
                                        "files": sorted(str(p) for p in rendered.files)}), indent=2))
     else:
@@ -315,7 +316,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     submission = api.submit(_plan(args), args.output, args.wait)
     if args.json:
-        print(json.dumps(api.document(submission.to_dict()), indent=2, sort_keys=True))
+        print(json.dumps(document(submission.to_dict()), indent=2, sort_keys=True))
     else:
         print(f"submitted {submission.script} with {submission.command[0]}: job {submission.job_id}")
         if submission.state:

@@ -10,6 +10,7 @@ from typing import Any
 
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
+from modak.documents import document
 from modak.errors import InputError
 from modak.image.deployment import Deployment
 from modak.predict.base import Prediction, Predictor, predict_many
@@ -20,7 +21,6 @@ from modak.spec.models import Device, Metric, Task
 from modak.workload.analysis import WorkloadProfile
 from modak.workload.source import ModelSource
 
-PLAN_SCHEMA_VERSION = 1
 # Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
 _TRAINING_STATE_FACTOR = 4
 
@@ -73,8 +73,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """Stable, JSON-ready form (``modak plan --json``, ``plan.json``)."""
         job, target, workload = self.loaded.job, self.loaded.target, self.workload
-        body = {
-            "schema_version": PLAN_SCHEMA_VERSION,
+        body = document({
             "job": job.name,
             "target": target.name,
             "task": job.task.value,
@@ -90,7 +89,7 @@ class Plan:
             "choice": self.choice.candidate.name,
             "deployment": self.deployment().to_dict(),
             "reasons": list(self.reasons),
-        }
+        })
         return body
 
     def digest(self) -> str:

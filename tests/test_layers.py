@@ -14,6 +14,7 @@ PACKAGE = Path(modak.__file__).resolve().parent
 LAYERS = {
     "": 0, "errors": 0, "paths": 0,
     "image": 1,
+    "documents": 1.5,  # host-side foundation: not copied into images
     "spec": 2,
     "hardware": 3,
     "workload": 4,

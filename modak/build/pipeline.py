@@ -18,7 +18,7 @@
    docker-archive://FILE`` turns into a SIF on a cluster.
 
 The result is a frozen :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
-documented output (``schema_version`` :data:`SCHEMA_VERSION`).
+documented output (``schema_version``: :data:`modak.documents.SCHEMA_VERSION`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
+from modak.documents import document
 from modak.errors import Interrupted, PushFailed, SmokeTestFailed
 from modak.image.runtimes.base import reusable_artifacts
 from modak.render.ir import DEFAULT_COMMAND, WORK_DIR, BuildDescription, build_description
@@ -42,7 +43,6 @@ from modak.workload.source import MODEL_FILE
 if TYPE_CHECKING:
     from modak.plan import Plan
 
-SCHEMA_VERSION = 1
 LOCK_LABEL = "io.modak.requirements-lock"
 ARTIFACTS_LABEL = "io.modak.tuned-artifacts"
 BUILD_LOG = "build.log"
@@ -101,8 +101,7 @@ class BuildResult:
         """``modak build --json`` (schema_version 1); documented in the README."""
         candidate, prediction = self.plan.choice.candidate, self.plan.choice.prediction
         image = self.image
-        return {
-            "schema_version": SCHEMA_VERSION,
+        return document({
             "job": self.plan.loaded.job.name,
             "target": self.plan.loaded.target.name,
             "output": str(self.out_dir),
@@ -127,7 +126,7 @@ class BuildResult:
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
             "job_id": self.job_id,
             "submission": self.submission,
-        }
+        })
 
 
 def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),

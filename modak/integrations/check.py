@@ -22,10 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from modak.documents import SCHEMA_VERSION, document
 from modak.errors import InputError
 from modak.paths import write_atomic
 
-SCHEMA_VERSION = 1
 BASELINE_KIND = "modak-check-baseline"
 DEFAULT_THRESHOLD = 0.10
 PREDICTED = "predicted_step_seconds"
@@ -138,8 +138,7 @@ class CheckResult:
         return f"PASS {job}: " + ", ".join(parts) + f" within {limit}{changed}{tail}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
+        return document({
             "verdict": self.verdict,
             "message": self.message(),
             "threshold": self.threshold,
@@ -150,7 +149,7 @@ class CheckResult:
             "current": self.current.to_dict(),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "notes": list(self.notes),
-        }
+        })
 
 
 def snapshot(plan: dict[str, Any], measured: list[dict[str, Any]] | None = None,
@@ -216,10 +215,10 @@ def read_baseline(path: Path) -> Snapshot:
 
 
 def write_baseline(path: Path, current: Snapshot) -> None:
-    document = {"schema_version": SCHEMA_VERSION, "kind": BASELINE_KIND,
-                "written_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-                **current.to_dict()}
-    write_atomic(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
+    baseline = document({"kind": BASELINE_KIND,
+                         "written_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+                         **current.to_dict()})
+    write_atomic(path, json.dumps(baseline, indent=2, sort_keys=True) + "\n")
 
 
 def check(plan: dict[str, Any], baseline_path: Path, threshold: float = DEFAULT_THRESHOLD,
