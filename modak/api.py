@@ -108,10 +108,7 @@ def bench(plan: Plan, selection: Sequence[str], settings: BenchSettings, store: 
     from modak.bench.harness import select_candidates
     from modak.measurements.store import PerfStore
 
-    rows: list[Measurement] = []
     with PerfStore(store) as perf:
-        for candidate in select_candidates(plan, list(selection)):
-            if on_start:
-                on_start(candidate)
-            rows += measure(plan, [candidate], perf, settings, on_result=on_result)
+        rows = measure(plan, select_candidates(plan, list(selection)), perf, settings, on_start=on_start,
+                       on_result=on_result)
         return rows, perf.path

@@ -29,6 +29,7 @@ from modak.spec.models import Precision
 from modak.workload.analysis import WorkloadProfile
 
 DEFAULT_TIMEOUT_S = 1800.0
+BENCH_WORKDIR = Path(tempfile.gettempdir()) / "modak-work"  # runtimes' work folders (TVM tuning databases, ...)
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,13 @@ def launch_command(*command: str) -> list[str]:
 
 
 def bench(plan: Plan, candidates: Iterable[Candidate], store: PerfStore, settings: BenchSettings = BenchSettings(),
-          workdir: Path | None = None, on_result: Callable[[Candidate, Measurement], None] | None = None
-          ) -> list[Measurement]:
+          workdir: Path = BENCH_WORKDIR, on_start: Callable[[Candidate], None] | None = None,
+          on_result: Callable[[Candidate, Measurement], None] | None = None) -> list[Measurement]:
     """Measure ``candidates`` of ``plan`` one by one, adding each row to ``store`` as soon as it is measured."""
-    workdir = workdir or Path(tempfile.gettempdir()) / "modak-work"
     rows: list[Measurement] = []
     for candidate in candidates:
+        if on_start:
+            on_start(candidate)
         row = measurement_row(plan, candidate, _run_one(plan, candidate, settings, workdir))
         store.add([row])
         rows.append(row)

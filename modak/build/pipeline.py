@@ -25,20 +25,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modak.bench.harness import BENCH_WORKDIR
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.documents import document
 from modak.errors import Interrupted, PushFailed, SmokeTestFailed
+from modak.image.deployment import MODEL_FILE, WORK_DIR
 from modak.image.runtimes.base import reusable_artifacts
-from modak.render.ir import DEFAULT_COMMAND, WORK_DIR, BuildDescription, build_description
+from modak.render.ir import DEFAULT_COMMAND, BuildDescription, build_description
 from modak.render.render import DOCKERIGNORE, render
-from modak.workload.source import MODEL_FILE
 
 if TYPE_CHECKING:
     from modak.plan import Plan
@@ -227,7 +227,7 @@ def _save_lock(engine: Engine, image: str, lock_file: str, path: Path, log: Buil
     return "sha256:" + hashlib.sha256(lock).hexdigest(), packages
 
 
-def tuned_artifacts(plan: Plan, bench_workdir: Path | None = None) -> dict[str, Path]:
+def tuned_artifacts(plan: Plan, bench_workdir: Path = BENCH_WORKDIR) -> dict[str, Path]:
     """Results of ``modak bench`` that the chosen runtime reuses, as image path -> host path.
 
     ``modak bench`` runs each runtime in ``<bench_workdir>/<runtime>``; the runtime module names what it left
@@ -236,7 +236,7 @@ def tuned_artifacts(plan: Plan, bench_workdir: Path | None = None) -> dict[str, 
     image's runner looks them up, so that its prepare reuses them instead of starting again.
     """
     runtime, source = plan.choice.candidate.runtime, plan.source
-    workdir = (bench_workdir or Path(tempfile.gettempdir()) / "modak-work") / runtime
+    workdir = bench_workdir / runtime
     found = reusable_artifacts(runtime, workdir, source.zoo or Path(source.onnx_path).stem,
                                plan.loaded.job.model.batch_size, source.zoo or Path(MODEL_FILE).stem)
     return {f"{WORK_DIR}/{relative}": path for relative, path in found.items()}

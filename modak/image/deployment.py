@@ -27,6 +27,12 @@ from typing import Any
 PLAN_VARIABLE = "MODAK_PLAN"
 MODEL_VARIABLE = "MODAK_MODEL"
 WORKDIR_VARIABLE = "MODAK_WORKDIR"
+# Where an image keeps them (its ENV names these; the harness sets the variables to host paths instead).
+PLAN_FILE = "/opt/modak/plan.json"
+MODEL_DIR = "/opt/modak/model"
+MODEL_FILE = "model.onnx"  # the ONNX file's name in the image; external data files keep their own names
+WORK_DIR = "/tmp/modak"  # writable under Docker, Podman and Apptainer (whose images are read-only)
+IMAGE_LOCATIONS = {PLAN_VARIABLE: PLAN_FILE, MODEL_VARIABLE: f"{MODEL_DIR}/{MODEL_FILE}", WORKDIR_VARIABLE: WORK_DIR}
 THREAD_VARIABLES = ("MODAK_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
 PRELOAD = "MODAK_PRELOAD"  # a recipe variable: a library (file name) to put in front of LD_PRELOAD
 LIBRARY_GLOBS = ("/usr/lib*/{}", "/usr/lib*/*/{}")  # e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
@@ -65,6 +71,11 @@ class Deployment:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Deployment:
         return cls(**data)
+
+
+def location(variable: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The plan file, model file or work folder: the variable's value, else where an image keeps it."""
+    return environ.get(variable) or IMAGE_LOCATIONS[variable]
 
 
 def read_deployment(path: str | Path) -> Deployment:

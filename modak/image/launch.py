@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from modak.image.deployment import PLAN_VARIABLE, DeploymentError, environment, policy, read_deployment
+from modak.image.deployment import PLAN_VARIABLE, DeploymentError, environment, location, policy, read_deployment
 
 EXIT_LAUNCH_FAILED = 3  # as a failed candidate: the harness records the message
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if not show and not args:
         print("usage: python -m modak.image.launch [--print] [-- COMMAND ...]", file=sys.stderr)
         return 2
-    plan = os.environ.get(PLAN_VARIABLE, "/opt/modak/plan.json")
+    plan = location(PLAN_VARIABLE)
     try:
         deployment = read_deployment(plan)
         env = environment(deployment)

@@ -20,13 +20,13 @@ import sys
 import time
 import traceback
 from importlib import metadata
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE, read_deployment
+from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE, location, read_deployment
 from modak.image.runtimes.base import TOLERANCE, RunRequest, load_runtime, make_inputs, relative_error
 
 _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
@@ -93,14 +93,14 @@ def reference_outputs(request: RunRequest, inputs: dict[str, np.ndarray]) -> lis
 
 def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequest:
     """The run request of the deployment the launcher applied: plan, model file, work folder, threads."""
-    deployment = read_deployment(environ.get(PLAN_VARIABLE, "/opt/modak/plan.json"))
+    deployment = read_deployment(location(PLAN_VARIABLE, environ))
     threads = environ.get("MODAK_THREADS", "")
     return RunRequest(
         runtime=deployment.runtime, device=deployment.device, precision=deployment.precision,
         params=dict(deployment.params), threads=int(threads) if threads.isdigit() else None, task=deployment.task,
-        onnx_path=environ.get(MODEL_VARIABLE, "/opt/modak/model/model.onnx"), zoo=deployment.zoo,
+        onnx_path=location(MODEL_VARIABLE, environ), zoo=deployment.zoo,
         batch_size=deployment.batch_size, input_shapes={k: list(v) for k, v in deployment.input_shapes.items()},
-        workdir=environ.get(WORKDIR_VARIABLE, "/tmp/modak"))
+        workdir=location(WORKDIR_VARIABLE, environ))
 
 
 def self_test() -> dict[str, Any]:

@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import modak
-from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
+from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.paths import data_dir
 from modak.spec.resolve import APP_DIR, DataBind
-from modak.workload.source import MODEL_FILE
 
 if TYPE_CHECKING:
     from modak.plan import Plan
@@ -33,11 +32,8 @@ if TYPE_CHECKING:
 # Where things live in the image.
 VENV = "/opt/venv"
 LIB_DIR = "/opt/modak/lib"
-MODEL_DIR = "/opt/modak/model"
 ENTRYPOINT = "/opt/modak/entrypoint.sh"
-PLAN_FILE = "/opt/modak/plan.json"
 LOCK_FILE = "/opt/modak/requirements.lock"  # what pip resolved (``pip freeze --all`` in the pip step)
-WORK_DIR = "/tmp/modak"  # writable under Docker, Podman and Apptainer (whose images are read-only)
 # Where the CA bundle and the wheelhouse are visible during the pip step only: a bind mount in a Dockerfile,
 # a folder that %post removes in a definition file (%files cannot target /tmp).
 DOCKER_BUILD_MOUNT = "/run/modak"
@@ -213,8 +209,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
         copies.append(Copy(APP_CONTEXT, APP_DIR))
     flags = plan.ceilings.compiler_flags(base.gcc) if base.gcc else ""
     command = tuple(job.entrypoint.command) if job.entrypoint and job.entrypoint.command else DEFAULT_COMMAND
-    runtime_env = ((PLAN_VARIABLE, PLAN_FILE), (MODEL_VARIABLE, f"{MODEL_DIR}/{MODEL_FILE}"),
-                   (WORKDIR_VARIABLE, WORK_DIR), ("PYTHONPATH", LIB_DIR))
+    runtime_env = (*IMAGE_LOCATIONS.items(), ("PYTHONPATH", LIB_DIR))
     return BuildDescription(
         summary=f"job {job.name} on target {target.name}: {candidate.name}",
         image=image, base=base, apt_packages=tuple(_unique(apt)),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.errors import InputError, did_you_mean, short_reason
+from modak.image.deployment import MODEL_FILE
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
 from modak.image.zoo import get_entry
@@ -25,7 +26,6 @@ _ONNX = ("model", "onnx")
 _SHAPE = ("model", "input_shape")
 
 
-MODEL_FILE = "model.onnx"  # the ONNX file's name in the image; external data files keep their own names
 
 
 @dataclass(frozen=True)
