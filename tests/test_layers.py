@@ -14,6 +14,7 @@ PACKAGE = Path(modak.__file__).resolve().parent
 LAYERS = {
     "": 0, "errors": 0, "paths": 0,
     "image": 1,
+    "runtime": 1.2,  # the image's public API and commands, over the deployment and the runtime adapters
     "documents": 1.5,  # host-side foundation: not copied into images
     "spec": 2,
     "hardware": 3,
@@ -27,7 +28,7 @@ LAYERS = {
     "api": 11,
     "cli": 12, "__main__": 13,
 }
-IN_IMAGE = {"", "errors", "paths", "image"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)
+IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)
 NOT_IN_IMAGE = {"pydantic", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker", "spython", "rich"}
 
 

@@ -1,4 +1,4 @@
-"""Every runtime module against the fp32 reference, through ``modak.image.runner.measure`` on small shapes.
+"""Every runtime module against the fp32 reference, through ``modak.runtime.measure.measure`` on small shapes.
 
 Inference is checked against ONNX Runtime on the ONNX graph, training (two steps' losses) against PyTorch
 eager; wrong outputs and silently lowered precision must come out as ``incorrect``.
@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modak.image import runner
+import modak.runtime
+from modak.runtime import measure as runner
 from modak.image.deployment import Deployment
 from modak.image.runtimes.base import TOLERANCE, FunctionSession, RunRequest
 from modak.image.zoo import get_entry
@@ -101,7 +102,8 @@ def test_openvino_step_counts_the_batches_of_a_wave(tmp_path):
         sessions[hint] = openvino.prepare(request, base.make_inputs(request))
     assert sessions["LATENCY"].batches_per_step == 1
     assert sessions["THROUGHPUT"].batches_per_step >= 1
-    first, second = sessions["THROUGHPUT"].run(), sessions["THROUGHPUT"].run()
+    feeds = base.make_inputs(zoo_request("openvino", "mlp", workdir=tmp_path))
+    first, second = sessions["THROUGHPUT"].run(feeds), sessions["THROUGHPUT"].run(feeds)
     np.testing.assert_array_equal(first[0], second[0])
     assert not np.shares_memory(first[0], second[0])  # copies, not the infer request's output buffer
     with pytest.raises(ValueError, match="performance_hint"):
@@ -112,8 +114,8 @@ def test_openvino_step_counts_the_batches_of_a_wave(tmp_path):
 def _register(monkeypatch: pytest.MonkeyPatch, name: str, prepare) -> None:
     """Make ``name`` a runtime for ``runner.measure`` (a test-only module with ``prepare``)."""
     module = types.SimpleNamespace(prepare=prepare)
-    original = runner.load_runtime
-    monkeypatch.setattr(runner, "load_runtime", lambda n: module if n == name else original(n))
+    original = modak.runtime.load_runtime
+    monkeypatch.setattr(modak.runtime, "load_runtime", lambda n: module if n == name else original(n))
 
 
 @pytest.mark.parametrize("task", ["inference", "training"])
@@ -123,11 +125,11 @@ def test_wrong_output_is_rejected(task, monkeypatch, tmp_path):
     def prepare(request, inputs):
         if task == "inference":  # the reference itself, off by 1% of its largest magnitude
             exact = runner.reference_outputs(request, inputs)
-            return FunctionSession(lambda: [o + 0.01 * np.abs(o).max() for o in exact])
+            return FunctionSession(lambda feeds: [o + 0.01 * np.abs(o).max() for o in exact])
         from modak.image.runtimes import pytorch
 
         session = pytorch.prepare(request, inputs)
-        return FunctionSession(lambda: [loss * 1.01 for loss in session.run()])
+        return FunctionSession(lambda feeds: [loss * 1.01 for loss in session.run(feeds)])
 
     _register(monkeypatch, "perturbed", prepare)
     result = measure(zoo_request("perturbed", "mlp", task, workdir=tmp_path))
@@ -150,7 +152,7 @@ XLA_CASES = {
 }
 _XLA_SCRIPT = """
 import json, sys, types
-from modak.image import runner
+from modak.runtime import measure as runner
 from modak.image.deployment import Deployment
 from modak.image.runtimes import xla
 from modak.image.runtimes.base import RunRequest
@@ -158,8 +160,10 @@ from modak.image.runtimes.base import RunRequest
 def lowered(request, inputs):
     return xla.prepare(RunRequest(**{**request.__dict__, "precision": "bf16"}), inputs)
 
-original = runner.load_runtime
-runner.load_runtime = lambda n: types.SimpleNamespace(prepare=lowered) if n == "xla-bf16-inside" else original(n)
+import modak.runtime
+original = modak.runtime.load_runtime
+modak.runtime.load_runtime = (lambda n: types.SimpleNamespace(prepare=lowered) if n == "xla-bf16-inside"
+                              else original(n))
 results = {}
 for name, text in json.loads(sys.stdin.read()).items():
     try:
@@ -262,7 +266,7 @@ def _run_subprocess(request: RunRequest, tmp_path: Path) -> tuple[int, dict]:
     env = {**os.environ, "MODAK_PLAN": str(tmp_path / "plan.json"), "MODAK_MODEL": request.onnx_path,
            "MODAK_WORKDIR": request.workdir}
     done = subprocess.run([sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m",
-                           "modak.image.runner", "measure", "--repeat", "3", "--budget", "0.5"],
+                           "modak.runtime", "measure", "--repeat", "3", "--budget", "0.5"],
                           capture_output=True, text=True, timeout=120, env=env)
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 

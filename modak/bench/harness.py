@@ -1,6 +1,6 @@
 """Measure candidates for real: one fresh process per candidate, rows stored as soon as they are measured.
 
-Each candidate runs as ``python -m modak.image.launch -- python -m modak.image.runner measure``: the launcher is
+Each candidate runs as ``python -m modak.image.launch -- python -m modak.runtime measure``: the launcher is
 what the image's entrypoint runs, so the candidate gets the environment its image would set on this allocation
 (thread counts, the parameters' variables, a preloaded allocator) from the same code, and what is measured is
 what ships. Ctrl-C stops the current candidate; everything measured before is kept.
@@ -91,7 +91,7 @@ def _run_one(plan: Plan, candidate: Candidate, settings: BenchSettings, workdir:
     with tempfile.TemporaryDirectory(prefix="modak-bench-") as scratch:
         env = {**os.environ, **launch_environment(plan, candidate, Path(scratch) / "plan.json",
                                                    workdir / candidate.runtime)}
-        command = launch_command(sys.executable, "-m", "modak.image.runner", "measure", "--repeat",
+        command = launch_command(sys.executable, "-m", "modak.runtime", "measure", "--repeat",
                                  str(settings.repeat), "--budget", str(settings.budget_s))
         try:
             process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=settings.timeout_s)

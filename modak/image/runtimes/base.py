@@ -1,8 +1,10 @@
 """The interface every runtime/graph compiler module implements.
 
 A module ``modak.image.runtimes.<name>`` (the recipe name with ``-`` as ``_``) exposes ``prepare(request,
-inputs) -> Session``. ``prepare`` does everything that is paid once (load, compile, tune); ``Session.run``
-is one steady-state step. Parameters and container requirements live in the runtime's recipe
+inputs) -> Session``. ``prepare`` does everything that is paid once (load, compile, tune) for inputs shaped like
+``inputs`` (one batch of the request's size); ``Session.run(feeds)`` is one steady-state step on ``feeds``: input
+name -> array of ``batch_size * batches_per_step`` samples (``batches_per_step`` is 1 unless a session says
+otherwise, as OpenVINO's throughput streams do). :mod:`modak.runtime` puts a user's batches in that shape. Parameters and container requirements live in the runtime's recipe
 (``recipes/runtimes/<name>.yaml``), which the host reads; this package never does.
 
 A module whose runs leave something a later run reuses (TVM's tuning databases) also exposes
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,9 +58,10 @@ class RunRequest:
 
 
 class Session(Protocol):
-    """A prepared model. ``run`` performs one step and returns its outputs (training: ``[loss]``)."""
+    """A prepared model. ``run`` performs one step on ``feeds`` and returns its outputs in the ONNX graph's order
+    (training: ``[loss]``)."""
 
-    def run(self) -> list[np.ndarray]: ...
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]: ...
 
 
 class Runtime(Protocol):
@@ -127,7 +131,7 @@ def _index_bounds(zoo: str | None) -> dict[str, int]:
 class FunctionSession:
     """A session whose step is a plain function (most runtimes need nothing more)."""
 
-    step: Any
+    step: Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]
 
-    def run(self) -> list[np.ndarray]:
-        return self.step()
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return self.step(feeds)

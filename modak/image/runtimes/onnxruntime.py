@@ -11,7 +11,7 @@ _LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
-    """An InferenceSession configured from the candidate's parameters."""
+    """An InferenceSession configured from the candidate's parameters (any batch size the graph accepts)."""
     import onnxruntime as ort
 
     params = request.params
@@ -25,4 +25,4 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     session = ort.InferenceSession(request.onnx_path, options, providers=providers)
     if request.device == "gpu" and "CUDAExecutionProvider" not in session.get_providers():
         raise RuntimeError("ONNX Runtime has no CUDA execution provider here (install onnxruntime-gpu)")
-    return FunctionSession(lambda: session.run(None, inputs))
+    return FunctionSession(lambda feeds: session.run(None, dict(feeds)))

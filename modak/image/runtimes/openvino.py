@@ -4,11 +4,11 @@ Parameters: ``performance_hint`` (``LATENCY``: one stream, one request at a time
 streams that each run their own request), ``threads`` (``INFERENCE_NUM_THREADS``). Precision bf16 sets
 ``INFERENCE_PRECISION_HINT`` to ``bf16`` (else ``f32``, so that a plugin default never lowers fp32 runs).
 
-A step is one "wave": the plugin's optimal number of infer requests (``OPTIMAL_NUMBER_OF_INFER_REQUESTS``,
-one per stream), each on one batch of the request's size, started together and all waited for; the
-outputs returned are the first request's (every request has the same inputs). The session's
-``batches_per_step`` says how many batches a step completes; the time per batch, comparable with every other
-runtime's step, is the step time divided by it (whoever times ``run`` must divide, as
+A step is one "wave": up to the plugin's optimal number of infer requests (``OPTIMAL_NUMBER_OF_INFER_REQUESTS``,
+one per stream), each on its own batch of the request's size (consecutive slices of the feeds), started
+together and all waited for; the outputs are the requests' outputs concatenated. The session's
+``batches_per_step`` says how many batches a full step completes; the time per batch, comparable with every
+other runtime's step, is the step time divided by it (whoever times ``run`` must divide, as
 ``getattr(session, "batches_per_step", 1)``):
 
 - LATENCY: one stream, so one request: a step is one batch, ``batches_per_step == 1``.
@@ -21,6 +21,7 @@ Compilation happens in :func:`prepare`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,19 +33,31 @@ _HINTS = ("LATENCY", "THROUGHPUT")
 
 
 class WaveSession:
-    """Infer requests started together and waited for together; ``run`` returns the first one's outputs."""
+    """Infer requests started together and waited for together, one batch of ``batch_size`` each."""
 
-    def __init__(self, requests: list[Any]) -> None:
+    def __init__(self, requests: list[Any], batch_size: int) -> None:
         self.requests = requests
+        self.batch_size = batch_size
         self.batches_per_step = len(requests)
 
-    def run(self) -> list[np.ndarray]:
-        for request in self.requests:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One wave over ``feeds``: k batches (k <= ``batches_per_step``) on the first k requests."""
+        import openvino as ov
+
+        samples = len(next(iter(feeds.values())))
+        used = self.requests[:max(1, -(-samples // self.batch_size))]
+        if samples != len(used) * self.batch_size or len(used) > len(self.requests):
+            raise ValueError(f"a wave takes a multiple of {self.batch_size} samples, at most "
+                             f"{self.batch_size * len(self.requests)}; got {samples}")
+        for index, request in enumerate(used):
+            part = slice(index * self.batch_size, (index + 1) * self.batch_size)
+            for port in request.model_inputs:
+                request.set_tensor(port, ov.Tensor(np.ascontiguousarray(feeds[port.get_any_name()][part])))
             request.start_async()
-        for request in self.requests:
+        for request in used:
             request.wait()
-        first = self.requests[0]
-        return [np.array(first.get_output_tensor(i).data) for i in range(len(first.model_outputs))]
+        count = len(used[0].model_outputs)
+        return [np.concatenate([np.array(r.get_output_tensor(i).data) for r in used]) for i in range(count)]
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> WaveSession:
@@ -64,10 +77,4 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> WaveSession:
     device = "GPU" if request.device == "gpu" else "CPU"
     compiled = core.compile_model(model, device, config)
     depth = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
-    requests = []
-    for _ in range(depth):
-        infer = compiled.create_infer_request()
-        for port in compiled.inputs:
-            infer.set_tensor(port, ov.Tensor(np.ascontiguousarray(inputs[port.get_any_name()])))
-        requests.append(infer)
-    return WaveSession(requests)
+    return WaveSession([compiled.create_infer_request() for _ in range(depth)], request.batch_size)

@@ -6,7 +6,8 @@ backward and an SGD-with-momentum update.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,8 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
 
 def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
                   wrap: Callable[[Any], Any] | None = None) -> FunctionSession:
-    """The session for a zoo model; ``wrap`` transforms the module (e.g. ``torch.compile``)."""
+    """The session for a zoo model; ``wrap`` transforms the module (e.g. ``torch.compile``). ``inputs`` are
+    unused: eager modules take any batch."""
     import torch
 
     from modak.image.zoo import get_entry
@@ -36,10 +38,14 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         torch.backends.cudnn.allow_tf32 = request.precision == "tf32"
     entry = get_entry(request.zoo)
     model = entry.build(request.input_shapes).to(device)
-    tensors = [torch.from_numpy(inputs[name]).to(device) for name in entry.input_shapes]
-    if request.params.get("channels_last"):
+    channels_last = bool(request.params.get("channels_last"))
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)
-        tensors = [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in tensors]
+
+    def tensors(feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        found = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(device) for name in entry.input_shapes]
+        return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
+                for t in found]
     module = wrap(model) if wrap else model
     dtype = getattr(torch, _AUTOCAST[request.precision]) if request.precision in _AUTOCAST else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -48,9 +54,9 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
     if request.task == "inference":
-        def infer() -> list[np.ndarray]:
+        def infer(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
             with torch.inference_mode(), autocast():
-                outputs = _as_list(module(*tensors))
+                outputs = _as_list(module(*tensors(feeds)))
             sync()
             return [o.float().cpu().numpy() for o in outputs]
         return FunctionSession(infer)
@@ -59,10 +65,10 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = torch.amp.GradScaler(device.type, enabled=request.precision == "fp16")
 
-    def train_step() -> list[np.ndarray]:
+    def train_step(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         optimizer.zero_grad(set_to_none=True)
         with autocast():
-            loss = sum(o.float().square().mean() for o in _as_list(module(*tensors)))
+            loss = sum(o.float().square().mean() for o in _as_list(module(*tensors(feeds))))
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()

@@ -1,7 +1,7 @@
 """Apache TVM (Relax): the ONNX graph imported at the request's static shapes, optionally tuned with
 MetaSchedule, compiled for the host CPU and run in the Relax virtual machine.
 
-A step is one call of the compiled ``main`` on the request's batch (inputs already in TVM tensors,
+A step is one call of the compiled ``main`` on a batch of the request's size (inputs copied into TVM tensors,
 outputs copied back to NumPy). Importing, tuning and compiling all happen in :func:`prepare`.
 
 Parameters:
@@ -33,6 +33,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +83,10 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     vm = relax.VirtualMachine(executable, tvm.cpu())
     main = vm["main"]
     names = [value.name for value in model.graph.input if value.name in inputs]
-    arguments = [tvm.runtime.tensor(np.ascontiguousarray(inputs[name]), tvm.cpu()) for name in names]
+    device = tvm.cpu()
 
-    def step() -> list[np.ndarray]:
+    def step(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        arguments = [tvm.runtime.tensor(np.ascontiguousarray(feeds[name]), device) for name in names]
         return [o.numpy() for o in _as_list(main(*arguments))]
     return FunctionSession(step)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -58,7 +59,10 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     jittable = torchax.interop.JittableModule(model)
     params = {k: _to_jax(v, device) for k, v in jittable.params.items()}
     buffers = {k: _to_jax(v, device) for k, v in jittable.buffers.items()}
-    args = [jax.device_put(inputs[name], device) for name in entry.input_shapes]
+    args = [jax.device_put(inputs[name], device) for name in entry.input_shapes]  # the shapes to compile for
+
+    def arguments(feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        return [jax.device_put(np.ascontiguousarray(feeds[name]), device) for name in entry.input_shapes]
     compute = getattr(jax.numpy, _LOWER[request.precision]) if request.precision in _LOWER else None
 
     def forward(params: dict, buffers: dict, args: list) -> tuple[list, dict]:
@@ -82,8 +86,8 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
 
         jax.block_until_ready(infer(params, buffers, args))  # compile
 
-        def run_inference() -> list[np.ndarray]:
-            return [np.asarray(o) for o in jax.block_until_ready(infer(params, buffers, args))]
+        def run_inference(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+            return [np.asarray(o) for o in jax.block_until_ready(infer(params, buffers, arguments(feeds)))]
         return FunctionSession(run_inference)
 
     def loss_fn(params: dict, buffers: dict, args: list) -> tuple[Any, dict]:
@@ -102,9 +106,9 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
              "momentum": jax.tree.map(lambda w: jax.numpy.zeros_like(w), params)}
     jax.block_until_ready(train_step(state["params"], state["buffers"], state["momentum"], args))  # compile
 
-    def run_training() -> list[np.ndarray]:
+    def run_training(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         loss, state["params"], state["buffers"], state["momentum"] = jax.block_until_ready(
-            train_step(state["params"], state["buffers"], state["momentum"], args))
+            train_step(state["params"], state["buffers"], state["momentum"], arguments(feeds)))
         return [np.asarray(loss, dtype=np.float32)]
     return FunctionSession(run_training)
 
