@@ -16,7 +16,7 @@ log() { printf '[provision] %s\n' "$*" >&2; }
 python_packages() {
   # torch first, pinned: the local CPU wheel. An unpinned torch would pull the CUDA build.
   python3 -m pip install -q torch==2.13.0
-  python3 -m pip install -q -e ".[test,torch,runtimes]"
+  python3 -m pip install -q -e ".[test,torch,runtimes,serve]"
 }
 
 apt_packages() {

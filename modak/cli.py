@@ -300,8 +300,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(f"requirements lock: {lock['packages']} packages, {lock['digest']} ({lock['file']})")
     if data["smoke_test"]:
         smoke = data["smoke_test"]
-        print(f"smoke test: {smoke['runtime']} ran one step in {smoke['step_seconds'] * 1e3:.3g} ms with "
-              f"{smoke['threads']} threads (predicted {data['predicted_step_seconds'] * 1e3:.3g} ms)")
+        print(f"smoke test: {smoke['runtime']}, {smoke['steps']} steps, {smoke['message']}")
+        if "serve" in smoke:
+            print(f"smoke test: the server answered one infer request in {smoke['serve']['latency_s'] * 1e3:.3g} ms")
     if data["pushed"]:
         print(f"pushed {data['pushed']['ref']} ({data['pushed']['digest']})")
     if data["oci_archive"]:

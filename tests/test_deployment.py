@@ -52,9 +52,10 @@ def test_bench_environment_is_the_entrypoints(runtime: str, tmp_path: Path) -> N
     for index, ranked in enumerate(plan.ranked):
         chosen = replace(plan, ranked=(ranked, *(r for r in plan.ranked if r is not ranked)))
         out = tmp_path / f"out{index}"
-        render(build_description(chosen, created="2026-01-01T00:00:00Z"), out)
+        ir = build_description(chosen, created="2026-01-01T00:00:00Z")
+        render(ir, out)
         image = _env([str(out / "entrypoint.sh"), "env", "-0"],
-                     {**base, "PYTHONPATH": str(out / "modak-lib"), "MODAK_PLAN": str(out / "plan.json")})
+                     {**base, "PYTHONPATH": str(out / ir.runtime_wheel), "MODAK_PLAN": str(out / "plan.json")})
         bench_env = {**base, **launch_environment(plan, ranked.candidate, tmp_path / "bench.json", tmp_path / "w")}
         measured = _env(launch_command("env", "-0"), bench_env)
         assert measured == image, ranked.candidate.name

@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import zipfile
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -186,16 +187,19 @@ def test_golden(rendered: dict[str, Rendered], case: str, name: str) -> None:
 def test_build_context_is_complete(rendered: dict[str, Rendered]) -> None:
     slurm = rendered["slurm"]
     out = slurm.out
-    assert {p.name for p in out.iterdir()} == {*OUTPUTS, ".dockerignore", "modak-lib", "model", "app", "wheels", "ca.crt"}
+    assert {p.name for p in out.iterdir()} == {*OUTPUTS, ".dockerignore", "modak-wheel", "model", "app", "wheels", "ca.crt"}
     ignore = (out / ".dockerignore").read_text().splitlines()
     assert "*" in ignore and {f"!{p.name}" for p in out.iterdir() if p.name != ".dockerignore"} <= set(ignore)
     assert sorted(p.name for p in (out / "model").iterdir()) == ["model.onnx", "model.onnx.data"]
     assert (out / "app" / "serve.py").is_file() and (out / "app" / "conf" / "settings.toml").is_file()
     assert (out / "wheels" / "internal_tool-1.0-py3-none-any.whl").is_file()
-    assert (out / "modak-lib" / "modak" / "image" / "runner.py").is_file()
-    shipped = {p.relative_to(out / "modak-lib" / "modak").parts[0] for p in (out / "modak-lib" / "modak").rglob("*")}
-    assert shipped == {"__init__.py", "errors.py", "paths.py", "image"}  # the in-image code only
-    assert not list((out / "modak-lib").rglob("__pycache__"))
+    with zipfile.ZipFile(out / slurm.ir.runtime_wheel) as wheel:
+        names = wheel.namelist()
+        entry_points = wheel.read(next(n for n in names if n.endswith("dist-info/entry_points.txt"))).decode()
+    shipped = {n.split("/")[1] for n in names if n.startswith("modak/")}
+    assert shipped == {"__init__.py", "errors.py", "paths.py", "image", "runtime"}  # the in-image code only
+    assert "modak/runtime/cli.py" in names and not any("__pycache__" in n for n in names)
+    assert "modak = modak.runtime.cli:main" in entry_points
     for name in ("entrypoint.sh", "job.sh"):
         assert (out / name).stat().st_mode & 0o777 == 0o755
     plan = json.loads(slurm.text("plan.json"))
@@ -219,8 +223,9 @@ def _post_commands(ir: BuildDescription) -> list[list[str]]:
     commands = [["set", "-eu"], ["export", "DEBIAN_FRONTEND=noninteractive"], ["apt-get", "update"],
                 ["apt-get", "install", "-y", "--no-install-recommends", *ir.apt_packages],
                 ["rm", "-rf", "/var/lib/apt/lists/*"], ["python3", "-m", "venv", ir.venv],
-                [*assignments, *ir.pip.argv(build_dir)], ["mkdir", "-p", ir.workdir]]
-    return commands + ([["rm", "-rf", build_dir]] if ir.pip.mounts() else [])
+                [*assignments, *ir.pip.argv(build_dir)], list(ir.runtime_install(build_dir)),
+                ["mkdir", "-p", ir.workdir]]
+    return commands + [["rm", "-rf", build_dir]]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -236,7 +241,7 @@ def test_spython_round_trip(rendered: dict[str, Rendered], case: str) -> None:
         environment[name] = shlex.split(value)[0]
     assert environment == {**dict(ir.env), "PATH": f"{ir.path_prepend}:$PATH"}
     files = [(c.source, c.destination) for c in ir.copies]
-    files += [(path, f"{ir.def_build_dir}/{path}") for path in ir.pip.mounts()]
+    files += [(path, f"{ir.def_build_dir}/{path}") for path in (*ir.pip.mounts(), ir.runtime_wheel)]
     assert [tuple(line.split()) for line in recipe.files] == files
     assert [shlex.split(line) for line in recipe.install] == _post_commands(ir)
     assert dict(line.split(" ", 1) for line in recipe.labels) == dict(ir.labels)
@@ -253,7 +258,7 @@ def test_dockerfile_matches_description(rendered: dict[str, Rendered]) -> None:
     assert "--mount=type=bind,source=ca.crt,target=/run/modak/ca.crt" in text
     assert "PIP_CERT=/run/modak/ca.crt /opt/venv/bin/pip install" in text
     assert "COPY [\"ca.crt\"" not in text and "COPY [\"wheels\"" not in text
-    order = [text.index(marker) for marker in ("apt-get install", "pip install", '"modak-lib/modak"', '"model"',
+    order = [text.index(marker) for marker in ("apt-get install", "pip install", "--no-deps --no-index", '"model"',
                                                '"entrypoint.sh"', '"plan.json"', '"app"', "LABEL ")]
     assert order == sorted(order)
     assert _docker_env(text)["MODAK_PLAN"] == dict(ir.env)["MODAK_PLAN"]
@@ -330,7 +335,7 @@ def test_hostile_strings_stay_data(hostile: Rendered, tmp_path: Path) -> None:
     shapes = {f"x{''.join(HOSTILE).replace('/', '_')}": [4]}
     assert json.loads((out / "plan.json").read_text())["deployment"]["input_shapes"] == shapes
     for path in out.rglob("*"):
-        if path.is_file() and "modak-lib" not in path.parts:
+        if path.is_file() and "modak-wheel" not in path.parts:
             text = _normalized(path.read_text(errors="replace"), hostile.plan)
             assert not re.search(r"(?<![\w.])49(?![\w.])", text), f"{path.name} evaluated a template expression"
 
@@ -374,8 +379,10 @@ def test_spec_rejects_hostile_constrained_fields(tmp_path: Path, which: str, loc
 
 
 def _launcher(out: Path) -> dict[str, str]:
-    """What a rendered entrypoint needs outside its image: the in-image package and the plan it applies."""
-    return {"PATH": os.environ["PATH"], "PYTHONPATH": str(out / "modak-lib"), "MODAK_PLAN": str(out / "plan.json")}
+    """What a rendered entrypoint needs outside its image: the in-image package (the wheel, importable as a zip)
+    and the plan it applies."""
+    wheel = next((out / "modak-wheel").glob("*.whl"))
+    return {"PATH": os.environ["PATH"], "PYTHONPATH": str(wheel), "MODAK_PLAN": str(out / "plan.json")}
 
 
 def _threads(script: Path, cgroup: Path, env: dict[str, str], *command: str,
@@ -606,7 +613,7 @@ def test_failed_render_keeps_existing_output(tmp_path: Path, monkeypatch: pytest
     assert written == [out / name for name in OUTPUTS]
     assert (out / "Dockerfile").read_text().startswith(f"# Generated by modak {modak.__version__}: ")
     assert f'io.modak.version="{modak.__version__}"' in (out / "Dockerfile").read_text()
-    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, ".dockerignore", "bert-gpu.sif", "modak-lib",
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, ".dockerignore", "bert-gpu.sif", "modak-wheel",
                                                             "model"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "spec"]
 

@@ -9,8 +9,11 @@
    The runtime's tuned artifacts are added in the same stage where there are any (see :func:`tuned_artifacts`).
    An engine whose images cannot change after their build (Apptainer) keeps the image as it is
    (:meth:`Engine.add_layer <modak.build.engines.Engine.add_layer>`).
-4. **Smoke test** (unless ``smoke=False``): run the image's entrypoint with the self-test command; it prints
-   one JSON line (runtime, threads, step time), which must say ``status: ok`` and name the plan's runtime.
+4. **Smoke test** (unless ``smoke=False``): run the image's entrypoint with ``modak self-test`` (plus
+   ``--serve`` for inference images: the server started in the container answers one real infer request); it
+   times at least 20 steps after warm-up and prints one JSON line (runtime, threads, median and spread, the
+   plan's predicted interval and a sentence saying whether the median falls inside it), which must say
+   ``status: ok`` and name the plan's runtime. A median outside the interval is reported, not a failure.
 5. **Tag** the image with the engine's name for it (the plan's reference; a SIF file for Apptainer), only now:
    a failed or interrupted build, or a failed smoke test, leaves no tag.
 6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels.
@@ -37,7 +40,7 @@ from modak.documents import document
 from modak.errors import Interrupted, PushFailed, SmokeTestFailed
 from modak.image.deployment import MODEL_FILE, WORK_DIR
 from modak.image.runtimes.base import reusable_artifacts
-from modak.render.ir import DEFAULT_COMMAND, BuildDescription, build_description
+from modak.render.ir import SELF_TEST_COMMAND, BuildDescription, build_description
 from modak.render.render import DOCKERIGNORE, render
 
 if TYPE_CHECKING:
@@ -181,6 +184,7 @@ def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
             progress.phase("smoke test")
             start = time.perf_counter()
             smoke = smoke_test(engine, image_id, plan, options.smoke_timeout, out_dir / SMOKE_LOG)
+            progress.phase(f"smoke test: {smoke.get('message', 'ok')}")
             seconds["smoke"] = time.perf_counter() - start
             (out_dir / SMOKE_NAME).write_text(json.dumps(smoke, indent=2, sort_keys=True) + "\n")
             artifacts += [out_dir / SMOKE_LOG, out_dir / SMOKE_NAME]
@@ -242,6 +246,11 @@ def tuned_artifacts(plan: Plan, bench_workdir: Path = BENCH_WORKDIR) -> dict[str
     return {f"{WORK_DIR}/{relative}": path for relative, path in found.items()}
 
 
+def smoke_command(plan: Plan) -> tuple[str, ...]:
+    """The smoke test's command: the self-test, which for inference jobs also serves one request."""
+    return (*SELF_TEST_COMMAND, *(("--serve",) if plan.loaded.job.task.value == "inference" else ()))
+
+
 def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
                log: Path | None = None) -> dict[str, Any]:
     """Run the image's entrypoint with the self-test; its JSON, checked against the plan's choice.
@@ -249,9 +258,10 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     ``log`` gets the run's exit code, stdout and stderr (whatever the outcome)."""
     candidate = plan.choice.candidate
     gpus = plan.ceilings.gpu_count if candidate.device == "gpu" else 0
-    outcome = engine.run(image, DEFAULT_COMMAND, timeout=timeout, gpus=gpus)
+    command = smoke_command(plan)
+    outcome = engine.run(image, command, timeout=timeout, gpus=gpus)
     if log is not None:
-        log.write_text(f"# modak: {' '.join(DEFAULT_COMMAND)} in image {image}: exit {outcome.exit_code}"
+        log.write_text(f"# modak: {' '.join(command)} in image {image}: exit {outcome.exit_code}"
                        f"{' (timed out)' if outcome.timed_out else ''}\n# stdout\n{outcome.stdout}"
                        f"\n# stderr\n{outcome.stderr}")
     where = f"image {image}" + (f" (output in {log})" if log is not None else "")

@@ -23,6 +23,7 @@ import yaml
 import modak
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.paths import data_dir
+from modak.render.package import wheel_name
 from modak.spec.resolve import APP_DIR, DataBind
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 # Where things live in the image.
 VENV = "/opt/venv"
-LIB_DIR = "/opt/modak/lib"
 ENTRYPOINT = "/opt/modak/entrypoint.sh"
 LOCK_FILE = "/opt/modak/requirements.lock"  # what pip resolved (``pip freeze --all`` in the pip step)
 # Where the CA bundle and the wheelhouse are visible during the pip step only: a bind mount in a Dockerfile,
@@ -40,13 +40,13 @@ DOCKER_BUILD_MOUNT = "/run/modak"
 DEF_BUILD_DIR = "/opt/modak-build"
 
 # The build context's top-level entries: the generated files and the folders and files copied into the images.
-LIB_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT = "modak-lib", "model", "app", "wheels", "ca.crt"
-CONTEXT_ENTRIES = (LIB_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT)
-# The in-image code: modak's package root, the stdlib-only foundations it imports, and modak.image.
-IMAGE_PACKAGE = ("__init__.py", "errors.py", "paths.py", "image")
+RUNTIME_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT = "modak-wheel", "model", "app", "wheels", "ca.crt"
+CONTEXT_ENTRIES = (RUNTIME_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT)
 
 BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")
-DEFAULT_COMMAND = ("python3", "-m", "modak.image.runner", "--self-test")
+SERVE_COMMAND = ("modak", "serve")  # the default command of inference images
+SELF_TEST_COMMAND = ("modak", "self-test")  # the default of training images without a command; the smoke test
+SERVE_PORT = 8080
 USER_NAME = "modak"
 USER_UID = 1000
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -159,6 +159,8 @@ class BuildDescription:
     context: tuple[ContextItem, ...]
     job: JobScript
     plan_document: str  # plan.json: the plan, with the chosen deployment the entrypoint applies
+    runtime_wheel: str  # context path of modak's in-image package (:mod:`modak.render.package`), built by render
+    ports: tuple[int, ...] = ()  # what the default command listens on
     templates: tuple[Path, ...] = ()  # site template folders, in front of modak's own
     venv: str = VENV
     path_prepend: str = f"{VENV}/bin"
@@ -176,6 +178,12 @@ class BuildDescription:
         """Every baked variable except PATH (which templates prepend ``path_prepend`` to)."""
         return self.build_env + self.runtime_env
 
+    def runtime_install(self, build_dir: str) -> tuple[str, ...]:
+        """The pip command installing modak's in-image package from ``build_dir`` (after the pinned dependencies:
+        no index, no dependencies)."""
+        return (f"{self.venv}/bin/pip", "install", "--no-deps", "--no-index", "--no-cache-dir",
+                "--disable-pip-version-check", f"{build_dir}/{self.runtime_wheel}")
+
 
 def build_description(plan: Plan, created: str | None = None) -> BuildDescription:
     """The build description of the plan's chosen candidate (the plan's inputs were checked when it was made)."""
@@ -192,10 +200,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
     base = _base_image(needs.base, loaded)
     apt = [*BASE_APT, *needs.apt, *(pkg for p, key in recipe.chosen(candidate) for pkg in p.apt.get(key, ()))]
 
-    package = Path(modak.__file__).resolve().parent
-    context = [ContextItem(package / entry, f"{LIB_CONTEXT}/modak/{entry}", ("__pycache__",))
-               for entry in IMAGE_PACKAGE]
-    context.append(ContextItem(plan.source.onnx_path, f"{MODEL_CONTEXT}/{MODEL_FILE}"))
+    context = [ContextItem(plan.source.onnx_path, f"{MODEL_CONTEXT}/{MODEL_FILE}")]
     context += [ContextItem(plan.source.onnx_path.parent / location, f"{MODEL_CONTEXT}/{location}")
                 for location in plan.source.data_files]
     files = loaded.files
@@ -203,20 +208,25 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
         context.append(ContextItem(files.ca_bundle, CA_CONTEXT))
     context += [ContextItem(wheel, f"{WHEELS_CONTEXT}/{wheel.name}") for wheel in files.wheels]
     context += [ContextItem(path, f"{APP_CONTEXT}/{path.name}") for path in files.app_files]
-    copies = [Copy(f"{LIB_CONTEXT}/modak", f"{LIB_DIR}/modak"), Copy(MODEL_CONTEXT, MODEL_DIR),
-              Copy("entrypoint.sh", ENTRYPOINT), Copy("plan.json", PLAN_FILE)]
+    copies = [Copy(MODEL_CONTEXT, MODEL_DIR), Copy("entrypoint.sh", ENTRYPOINT), Copy("plan.json", PLAN_FILE)]
     if files.app_files:
         copies.append(Copy(APP_CONTEXT, APP_DIR))
     flags = plan.ceilings.compiler_flags(base.gcc) if base.gcc else ""
-    command = tuple(job.entrypoint.command) if job.entrypoint and job.entrypoint.command else DEFAULT_COMMAND
-    runtime_env = (*IMAGE_LOCATIONS.items(), ("PYTHONPATH", LIB_DIR))
+    serving = job.task.value == "inference"
+    if job.entrypoint and job.entrypoint.command:
+        command = tuple(job.entrypoint.command)
+    else:
+        command = SERVE_COMMAND if serving else SELF_TEST_COMMAND
+    runtime_env = (*IMAGE_LOCATIONS.items(), *((("MODAK_PORT", str(SERVE_PORT)),) if serving else ()))
     return BuildDescription(
         summary=f"job {job.name} on target {target.name}: {candidate.name}",
         image=image, base=base, apt_packages=tuple(_unique(apt)),
         build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=_pip_step(plan),
         copies=tuple(copies), runtime_env=runtime_env, labels=_labels(plan, image, base, created),
         command=command, context=tuple(context), job=_job_script(plan, image),
-        plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n", templates=files.templates)
+        plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
+        runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", ports=(SERVE_PORT,) if serving else (),
+        templates=files.templates)
 
 
 def _pip_step(plan: Plan) -> PipStep:
@@ -226,7 +236,7 @@ def _pip_step(plan: Plan) -> PipStep:
     needs = recipe.container[plan.choice.candidate.device]
     pins = [_compact(r) for r in needs.pip]
     pinned = {_project(r) for r in pins}
-    pins += [r for r in image_requirements() if _project(r) not in pinned]
+    pins += [r for r in image_requirements(job.task.value) if _project(r) not in pinned]
     pins += [_compact(r) for r in (job.entrypoint.requirements if job.entrypoint else [])]
     recipe_index = [needs.pip_index_url] if needs.pip_index_url and python.recipe_indexes else []
     extra = recipe_index + list(python.extra_index_urls)
@@ -236,10 +246,12 @@ def _pip_step(plan: Plan) -> PipStep:
                    wheelhouse=WHEELS_CONTEXT if files.wheels else None)
 
 
-def image_requirements() -> tuple[str, ...]:
-    """What modak's in-image package needs in every image (``recipes/image.yaml``); a recipe's own pin of the
-    same project wins."""
-    return tuple(yaml.safe_load((data_dir("recipes") / "image.yaml").read_text())["requirements"])
+def image_requirements(task: str | None = None) -> tuple[str, ...]:
+    """What modak's in-image package needs in images of ``task`` (``recipes/image.yaml``: every image's, then the
+    task's; all of them when ``task`` is None); a recipe's own pin of the same project wins."""
+    pins = yaml.safe_load((data_dir("recipes") / "image.yaml").read_text())
+    tasks = [task] if task else [k for k in pins if k != "requirements"]
+    return (*pins["requirements"], *(r for t in tasks for r in pins.get(t, ())))
 
 
 def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> tuple[tuple[str, str], ...]:

@@ -47,6 +47,7 @@ import modak
 from modak.errors import InputError
 from modak.paths import data_dir
 from modak.render.ir import CONTEXT_ENTRIES, BuildDescription, ContextItem
+from modak.render.package import build_wheel
 
 OUTPUTS = ("Dockerfile", "Singularity.def", "entrypoint.sh", "job.sh", "plan.json")
 SHIPPED = "modak"  # the prefix under which site templates reach modak's own
@@ -162,6 +163,7 @@ def render(ir: BuildDescription, out_dir: Path) -> list[Path]:
             path.chmod(0o755 if name in _EXECUTABLE else 0o644)
         for item in ir.context:
             _copy(item, staging)
+        _normalize(build_wheel(staging / Path(ir.runtime_wheel).parent))
         (staging / DOCKERIGNORE).write_text(
             "# Written by modak: the build context is the generated files only.\n*\n"
             + "".join(f"!{name}\n" for name in (*OUTPUTS, *CONTEXT_ENTRIES)))

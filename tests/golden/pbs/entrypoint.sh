@@ -6,6 +6,6 @@
 set -euo pipefail
 
 if (( $# == 0 )); then
-    set -- python3 -m modak.image.runner --self-test
+    set -- modak serve
 fi
 exec python3 -m modak.image.launch -- "$@"
