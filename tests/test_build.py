@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -183,6 +184,15 @@ def test_example_image_is_labelled_locked_and_smoke_tested(cnn: Built, engine: D
     smoke = data["smoke_test"]
     assert smoke["status"] == "ok" and smoke["runtime"] == runtime and smoke["device"] == "cpu"
     assert isinstance(smoke["threads"], int) and smoke["threads"] >= 1 and smoke["step_seconds"] > 0
+    # at least 20 timed steps, their spread, and the plan's predicted interval with a verdict
+    assert smoke["steps"] >= 20 and smoke["step_p10_seconds"] <= smoke["step_seconds"] <= smoke["step_p90_seconds"]
+    choice = next(c for c in plan["candidates"] if c["name"] == plan["choice"])
+    assert smoke["predicted_interval_seconds"] == choice["interval_seconds"]
+    low, high = choice["interval_seconds"]
+    assert smoke["within_prediction"] == (low <= smoke["step_seconds"] <= high)
+    assert ("within the predicted interval" in smoke["message"]) == smoke["within_prediction"]
+    # an inference image's smoke test also served one real infer request from inside the container
+    assert smoke["serve"]["status"] == "ok" and smoke["serve"]["latency_s"] > 0
     assert json.loads((out / "smoke-test.json").read_text()) == smoke
     assert engine.client.api.inspect_image(cnn.ref)["Config"]["User"] == "modak"
     # The build log was streamed to the output folder, step by step.
@@ -234,8 +244,121 @@ def test_torch_from_wheelhouse(torch_image: Built, engine: DockerEngine) -> None
     assert image_labels(engine, torch_image.ref)["io.modak.runtime"] == "pytorch"
     # The CA bundle and the wheelhouse were build-time mounts only: not in the image.
     assert engine.read_file(torch_image.ref, "/run/modak/ca.crt") is None
-    assert engine.read_file(torch_image.ref, "/opt/modak/lib/modak/image/runner.py") is not None
-    assert engine.read_file(torch_image.ref, "/opt/modak/lib/modak/plan.py") is None  # in-image code only
+    # modak is installed as the modak-runtime wheel: the in-image code only, and the image's modak command
+    site = "/opt/venv/lib/python3.11/site-packages/modak"
+    assert engine.read_file(torch_image.ref, f"{site}/runtime/cli.py") is not None
+    assert engine.read_file(torch_image.ref, f"{site}/plan.py") is None
+    assert engine.read_file(torch_image.ref, "/opt/venv/bin/modak") is not None
+    lock = engine.read_file(torch_image.ref, "/opt/modak/requirements.lock").decode()
+    assert not {"scikit-learn", "matplotlib", "pydantic", "hatchling", "jinja2"} & {
+        line.split("==")[0].lower() for line in lock.splitlines()}
+
+
+# --- the image runs the user's job: serving, batch, training --------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _onnx_reference(model: Path, feeds: dict[str, Any]) -> list[Any]:
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_served_image_answers_the_reference_client(cnn: Built, engine: DockerEngine) -> None:
+    """The inference image's default command serves the Open Inference Protocol: Triton's reference client gets
+    ONNX Runtime's outputs for the same inputs, /metrics counts the requests, SIGTERM ends it cleanly."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    port = _free_port()
+    container = engine.client.containers.run(cnn.ref, detach=True, ports={"8080/tcp": ("127.0.0.1", port)})
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if client.is_server_ready():
+                    break
+            except Exception:  # not listening yet
+                pass
+            container.reload()
+            assert container.status == "running", container.logs().decode()[-2000:]
+            assert time.monotonic() < deadline, "the server did not become ready in 180 s"
+            time.sleep(0.5)
+        assert client.is_server_live()
+        assert client.is_model_ready(cnn.data["job"]), "the model is served under the job's name"
+        metadata = client.get_model_metadata(cnn.data["job"])
+        (tensor,) = metadata["inputs"]
+        assert tensor["datatype"] == "FP32" and tensor["shape"] == [-1, 1, 28, 28]
+        x = np.random.default_rng(0).standard_normal((5, 1, 28, 28)).astype(np.float32)
+        infer_input = httpclient.InferInput(tensor["name"], list(x.shape), "FP32")
+        infer_input.set_data_from_numpy(x)
+        result = client.infer(cnn.data["job"], [infer_input])
+        expected = _onnx_reference(cnn.out / "model" / "model.onnx", {tensor["name"]: x})
+        for output, reference in zip(metadata["outputs"], expected):
+            np.testing.assert_allclose(result.as_numpy(output["name"]), reference, rtol=1e-3, atol=1e-4)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            assert "infer" in response.read().decode()
+        container.stop(timeout=30)  # SIGTERM: graceful shutdown
+        assert container.wait(timeout=60)["StatusCode"] == 0, container.logs().decode()[-2000:]
+    finally:
+        container.remove(force=True)
+
+
+def test_batch_mode_in_the_image(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
+    """``modak run`` in the image over a folder of .npy/.npz files: outputs as ONNX Runtime's, each written once;
+    a second run resumes (skips what is there, writes what is missing)."""
+    import numpy as np
+
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    outputs.mkdir()
+    outputs.chmod(0o777)  # the image runs as uid 1000
+    model = cnn.out / "model" / "model.onnx"
+    import onnx
+
+    name = onnx.load(str(model), load_external_data=False).graph.input[0].name
+    rng = np.random.default_rng(1)
+    items = {f"item{i}": rng.standard_normal((n, 1, 28, 28)).astype(np.float32) for i, n in enumerate([1, 5, 64, 70])}
+    for stem, array in items.items():
+        if stem == "item1":
+            np.savez(inputs / f"{stem}.npz", **{name: array})
+        else:
+            np.save(inputs / f"{stem}.npy", array)
+
+    def run() -> dict[str, Any]:
+        container = engine.client.containers.run(
+            cnn.ref, ["modak", "run", "--input", "/in", "--output", "/out", "--json", "--quiet"], detach=True,
+            network_mode="none", volumes={str(inputs): {"bind": "/in", "mode": "ro"},
+                                          str(outputs): {"bind": "/out", "mode": "rw"}})
+        try:
+            code = container.wait(timeout=300)["StatusCode"]
+            stdout = container.logs(stdout=True, stderr=False).decode()
+            assert code == 0, container.logs().decode()[-2000:]
+        finally:
+            container.remove(force=True)
+        return json.loads(stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert (first["done"], first["skipped"]) == (4, 0)
+    assert sorted(p.name for p in outputs.iterdir()) == sorted(f"{stem}.npz" for stem in items)
+    (outputs / "item0.npz").unlink()
+    (outputs / "item2.npz").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in outputs.iterdir()}
+    second = run()
+    assert (second["done"], second["skipped"]) == (2, 2)
+    assert {p.name: p.stat().st_mtime_ns for p in outputs.iterdir() if p.name in kept} == kept
+    assert sorted(p.name for p in outputs.iterdir()) == sorted(f"{stem}.npz" for stem in items)
+    for stem, array in items.items():
+        with np.load(outputs / f"{stem}.npz", allow_pickle=False) as result:
+            expected = _onnx_reference(model, {name: array})
+            assert len(result.files) == len(expected)
+            for got, reference in zip((result[key] for key in result.files), expected):
+                np.testing.assert_allclose(got, reference, rtol=1e-3, atol=1e-4)
 
 
 # --- failures ------------------------------------------------------------------------------------------------
