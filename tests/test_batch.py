@@ -249,3 +249,12 @@ def test_model_with_two_inputs_reads_archives_by_input_name(tmp_path):
     assert_matches(env, tmp_path / "out" / "b.npz", feeds["b"], batched=False)
     done = modak_run(env, "--input", data / "a.npz", "--output", tmp_path / "npy", "--format", "npy")
     assert done.returncode == 2 and "single-output" in done.stderr
+
+
+def test_model_that_cannot_load_exits_3(tmp_path):
+    env = _plan(tmp_path / "plan", tmp_path / "missing.onnx", {"input": [784]}, None)
+    np.save(tmp_path / "a.npy", np.zeros((1, 784), "float32"))
+    done = modak_run(env, "--input", tmp_path / "a.npy", "--output", tmp_path / "out", "--json")
+    assert done.returncode == 3, done.stderr
+    assert "cannot load the model" in done.stderr and "Traceback" not in done.stderr
+    assert summary_of(done)["status"] == "error" and outputs_in(tmp_path / "out") == []
