@@ -63,7 +63,7 @@ class Server:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "plan.json").write_text(json.dumps({"deployment": deployment.to_dict()}))
         env = {**os.environ, "MODAK_PLAN": str(folder / "plan.json"), "MODAK_MODEL": onnx_path,
-               "MODAK_WORKDIR": str(folder)}
+               "MODAK_WORKDIR": str(folder), "PYTHONPATH": str(Path(serve.__file__).parents[2])}
         # ``modak serve`` once modak.runtime.cli's other commands are all there; the module itself until then.
         command = (["modak.runtime", "serve"] if importlib.util.find_spec("modak.runtime.batch")
                    else ["modak.runtime.serve"])
@@ -346,14 +346,15 @@ def test_full_queue_is_refused_and_sigterm_finishes_requests_in_flight(onnx_path
 class FakeSession:
     """y = 2 x + sum(ids) per sample; raises on NaN (a runtime failure)."""
 
-    def __init__(self, noise: bool = False) -> None:
-        self.noise = noise
+    def __init__(self, noise: bool = False, seconds: float = 0.0) -> None:
+        self.noise, self.seconds = noise, seconds
         self.steps: list[int] = []
 
     def run(self, feeds):
         x, ids = feeds["x"], feeds["ids"]
         if np.isnan(x).any():
             raise RuntimeError("NaN in x")
+        time.sleep(self.seconds)
         self.steps.append(len(x))
         y = 2 * x + ids.sum(axis=1, keepdims=True)
         return [y + np.random.default_rng().standard_normal(y.shape) if self.noise else y]
@@ -439,6 +440,24 @@ def test_a_failing_request_in_a_batch_fails_alone_and_the_server_goes_on():
                              (_fake_inputs([[0.0] * 3], [[1, 2], [3, 4]])["inputs"], "same number of samples")]:
             status, answer = _post(url, {"inputs": bad})
             assert status == 400 and message in answer["error"], answer
+
+
+def test_no_queue_delay_runs_one_request_per_step():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with in_thread(fake_model(FakeSession(seconds=0.05)), serve.Settings(max_queue_delay_ms=0)) as url:
+        answers: list[tuple[int, dict]] = []
+        threads = [threading.Thread(target=lambda i=i: answers.append(_post(url, _fake_inputs([[i, 0, 0]], [[0, 0]]))))
+                   for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert sorted(a[1]["outputs"][0]["data"][0] for a in answers) == [0, 2, 4, 6, 8, 10]
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+            samples = {(s.name, s.labels.get("le")): s.value
+                       for f in text_string_to_metric_families(response.read().decode()) for s in f.samples}
+    assert samples["modak_batch_requests_count", None] == samples["modak_batch_requests_bucket", "1.0"] == 6
 
 
 def test_settings_out_of_range_are_refused():

@@ -18,9 +18,9 @@ little-endian bytes after the JSON header (``Inference-Header-Content-Length`` a
 
 Dynamic batching: requests wait in a bounded queue; a batcher on the event loop takes the oldest one and the
 following ones while their samples fit in ``--max-batch``, waiting at most ``--max-queue-delay-ms`` after the
-oldest arrived for more to come (0: one request per step). The batch runs as ONE :meth:`Model.run` in a single
-worker thread (a session is not assumed thread-safe; the runtime's own threads do the parallel work) and its
-outputs are split back. A request larger than ``--max-batch`` runs alone (:meth:`Model.run` cuts it into steps).
+oldest arrived for more to come (0: batching off, one request per step). The batch runs as ONE
+:meth:`Model.run` in a single worker thread (a session is not assumed thread-safe; the runtime's own threads do
+the parallel work) and its outputs are split back. A request larger than ``--max-batch`` runs alone (:meth:`Model.run` cuts it into steps).
 When a batch of several requests fails, each is run again alone, so that only the faulty one gets the error.
 
 Limits: bodies over ``--max-body-mb`` are refused with 413 (a declared Content-Length at once; a chunked body as
@@ -368,6 +368,8 @@ class Batcher:
 
     def _fits(self) -> tuple[int, bool]:
         """How many queued requests (from the oldest) the next batch takes, and whether it is full."""
+        if self.limits.delay_s == 0:  # batching off: one request per step
+            return 1, True
         taken, samples = 0, 0
         for pending in self._pending:
             if taken and samples + pending.samples > self.limits.max_batch:
