@@ -186,6 +186,18 @@ def test_reference_client_metadata_and_inference(server, reference):
         client.close()
 
 
+def test_keep_alive_answers_are_not_held_back_by_nagle(server):
+    connection = http.client.HTTPConnection(server.url, timeout=30)
+    times = []
+    for _ in range(7):  # Nagle's algorithm against delayed ACKs holds each answer back 40 ms
+        start = time.perf_counter()
+        connection.request("GET", "/v2/health/live")
+        connection.getresponse().read()
+        times.append(time.perf_counter() - start)
+    connection.close()
+    assert sorted(times)[3] < 0.02, times
+
+
 def test_concurrent_requests_are_batched_and_answered_each_with_its_own_outputs(server, reference):
     before = server.metrics()
     threads, requests_each = 16, 3
