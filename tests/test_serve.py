@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import importlib.util
 import json
 import os
 import queue
@@ -64,11 +63,8 @@ class Server:
         (folder / "plan.json").write_text(json.dumps({"deployment": deployment.to_dict()}))
         env = {**os.environ, "MODAK_PLAN": str(folder / "plan.json"), "MODAK_MODEL": onnx_path,
                "MODAK_WORKDIR": str(folder), "PYTHONPATH": str(Path(serve.__file__).parents[2])}
-        # ``modak serve`` once modak.runtime.cli's other commands are all there; the module itself until then.
-        command = (["modak.runtime", "serve"] if importlib.util.find_spec("modak.runtime.batch")
-                   else ["modak.runtime.serve"])
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m", *command, "--host", "127.0.0.1",
+            [sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m", "modak.runtime", "serve", "--host", "127.0.0.1",
              "--port", "0", *options], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log: queue.Queue[str] = queue.Queue()
         self.lines: list[str] = []

@@ -752,8 +752,3 @@ def _post(url: str, document: dict[str, Any], timeout_s: float) -> dict[str, Any
     except urllib.error.HTTPError as exc:
         raise RuntimeError(f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
 
-
-if __name__ == "__main__":  # ``python -m modak.runtime.serve``: the same as ``modak serve``
-    _parser = argparse.ArgumentParser(prog="modak serve", description="Open Inference Protocol (KServe v2) server")
-    configure(_parser)
-    raise SystemExit(main(_parser.parse_args()))
