@@ -135,6 +135,10 @@ class JobScript:
     sif: str  # default image file for Apptainer (MODAK_SIF overrides it)
     data: DataBind | None
     log_file: str
+    # what the script runs when given no arguments, instead of the image's default command: a batch job cannot
+    # run a server that never ends, so an inference image's job runs its self-test (``modak run ...`` as
+    # arguments runs batch inference); empty: the image's default command
+    default_command: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -212,7 +216,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
     if files.app_files:
         copies.append(Copy(APP_CONTEXT, APP_DIR))
     flags = plan.ceilings.compiler_flags(base.gcc) if base.gcc else ""
-    serving = job.task.value == "inference"
+    serving = _serves(job)
     if job.entrypoint and job.entrypoint.command:
         command = tuple(job.entrypoint.command)
     else:
@@ -324,7 +328,13 @@ def _job_script(plan: Plan, image: Image) -> JobScript:
         nodes=1,  # the plan runs one process on one node
         cpus_per_task=plan.ceilings.cores,
         gpus=plan.ceilings.gpu_count if plan.choice.candidate.device == "gpu" else 0,
-        engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data, log_file=log)
+        engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data, log_file=log,
+        default_command=SELF_TEST_COMMAND if _serves(job) else ())
+
+
+def _serves(job: Any) -> bool:
+    """Whether the image's default command is the server (an inference job without a command of its own)."""
+    return job.task.value == "inference" and not (job.entrypoint and job.entrypoint.command)
 
 
 def _pbs_walltime(limit: str) -> str:

@@ -11,5 +11,10 @@
 set -euo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
+# The image serves by default; a batch job runs this instead (e.g. give: modak run --input DIR --output DIR).
+if (( $# == 0 )); then
+    set -- modak self-test
+fi
+
 exec docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --gpus all \
     localhost/modak/bert-gpu:onnxruntime-<digest12> "$@"
