@@ -13,7 +13,7 @@ import numpy as np
 
 from modak.image.runtimes.base import FunctionSession, RunRequest
 
-_AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
@@ -47,7 +47,7 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
                 for t in found]
     module = wrap(model) if wrap else model
-    dtype = getattr(torch, _AUTOCAST[request.precision]) if request.precision in _AUTOCAST else None
+    dtype = getattr(torch, AUTOCAST[request.precision]) if request.precision in AUTOCAST else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def autocast() -> Any:

@@ -1,0 +1,64 @@
+"""An ordinary PyTorch training loop, with the image's plan applied by modak.runtime.torch.prepare.
+
+Synthetic, learnable data (noisy copies of ten fixed images), so the loss must go down.
+Steps: the first argument or $STEPS (default 60). Logs the plan, the loss and step times.
+"""
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import modak.runtime.torch
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def batches(steps: int, batch: int = 64):
+    """Noisy copies of ten fixed random "digit" images, labelled by which one they copy."""
+    generator = torch.Generator().manual_seed(0)
+    digits = torch.randn(10, 1, 28, 28, generator=generator)
+    for _ in range(steps):
+        labels = torch.randint(0, 10, (batch,), generator=generator)
+        yield digits[labels] + 2.0 * torch.randn(batch, 1, 28, 28, generator=generator), labels
+
+
+def main() -> int:
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("STEPS", "60"))
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model, optimizer, step = modak.runtime.torch.prepare(model, optimizer)
+    print(step.describe(), flush=True)
+    losses = []
+    for index, (images, labels) in enumerate(batches(steps), 1):
+        images, labels = step.inputs(images), step.inputs(labels)
+        with step:
+            loss = F.cross_entropy(model(images), labels)
+        step.update(loss)
+        losses.append(loss.detach().item())
+        if index % 10 == 0 or index == steps:
+            print(f"step {index}: loss {sum(losses[-10:]) / len(losses[-10:]):.4f}, "
+                  f"{step.times[-1] * 1e3:.1f} ms", flush=True)
+    first, last = sum(losses[:10]) / len(losses[:10]), sum(losses[-10:]) / len(losses[-10:])
+    print(f"done: {steps} steps, loss {first:.4f} -> {last:.4f}, median step {step.median_seconds() * 1e3:.1f} ms",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
