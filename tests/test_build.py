@@ -361,6 +361,29 @@ def test_batch_mode_in_the_image(cnn: Built, engine: DockerEngine, tmp_path: Pat
                 np.testing.assert_allclose(got, reference, rtol=1e-3, atol=1e-4)
 
 
+def test_training_image_runs_the_users_script(engine: DockerEngine, wheelhouse: Path, tmp_path: Path) -> None:
+    """examples/cnn-train-cpu built for real (torch from the wheelhouse, as in test_torch_from_wheelhouse): the
+    image's default command is the user's train.py, which logs the plan it applies and a falling loss."""
+    example = ROOT / "examples" / "cnn-train-cpu"
+    folder = tmp_path / "spec"
+    shutil.copytree(example, folder)
+    target = yaml.safe_load((example / "target.yaml").read_text())
+    target["python"] = {**target.get("python", {}), "wheelhouse": str(wheelhouse), "recipe_indexes": False}
+    (folder / "target.yaml").write_text(yaml.safe_dump(target, sort_keys=False))
+    data = build(folder / "job.yaml", "-o", tmp_path / "out")
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert data["smoke_test"]["status"] == "ok" and data["smoke_test"]["steps"] >= 20
+    outcome = engine.run(data["image"]["ref"], None, env={"STEPS": "30"}, timeout=600)
+    assert outcome.exit_code == 0, outcome.stderr[-3000:]
+    lines = outcome.stdout.splitlines()
+    deployment = plan["deployment"]
+    assert lines[0].startswith(f"modak plan: runtime {deployment['runtime']} on cpu, precision "
+                               f"{deployment['precision']}")
+    assert all(f"{name}={value}" in lines[0] for name, value in deployment["params"].items())
+    done = lines[-1].split()
+    assert done[0] == "done:" and float(done[6].rstrip(",")) < float(done[4]), lines[-1]  # loss A -> B: B < A
+
+
 # --- failures ------------------------------------------------------------------------------------------------
 
 def test_failing_build_step_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine,
