@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,19 +136,17 @@ def load(plan: str | Path | None = None, model: str | Path | None = None) -> Mod
         environ[PLAN_VARIABLE] = str(plan)
     if model is not None:
         environ[MODEL_VARIABLE] = str(model)
+    deployment = read_deployment(location(PLAN_VARIABLE, environ))
     if "MODAK_THREADS" not in environ:
-        deployment = read_deployment(location(PLAN_VARIABLE, environ))
         applied = environment(deployment, environ) if PRELOAD not in deployment.env else _without_preload(
             deployment, environ)
         os.environ.update(applied)
         environ.update(applied)
-    return open_model(request_from_environment(environ))
+    return open_model(request_from_environment(environ), deployment)
 
 
 def open_model(request: RunRequest, deployment: Deployment | None = None) -> Model:
     """A :class:`Model` for ``request`` (what :func:`load` and ``modak measure`` both use)."""
-    import time
-
     deployment = deployment or _deployment_of(request)
     inputs, outputs = _graph_specs(request)
     start = time.perf_counter()

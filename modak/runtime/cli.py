@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXIT_USAGE = 2
-EXIT_FAILED = 3
 EXIT_INTERRUPTED = 130
 
 
