@@ -46,7 +46,7 @@ def _train(model, optimizer, step, steps: int = 25) -> list[float]:
             loss = torch.nn.functional.cross_entropy(model(step.inputs(x)), step.inputs(y))
             dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         step.update(loss)
-        losses.append(float(loss))
+        losses.append(loss.detach().item())
     return losses, dtype
 
 
