@@ -368,20 +368,15 @@ class FakeSession:
         return [y + np.random.default_rng().standard_normal(y.shape) if self.noise else y]
 
 
-class FakeModel(Model):
-    def example_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(seed)
-        return {"x": rng.standard_normal((self.capacity, 3)).astype(np.float32),
-                "ids": rng.integers(0, 9, (self.capacity, 2))}
-
-
 def fake_model(session: FakeSession, batch_size: int = 4) -> Model:
     deployment = Deployment(runtime="fake", device="cpu", precision="fp32", task="inference", params={}, env={},
                             batch_size=batch_size, input_shapes={"x": [3], "ids": [2]})
     request = RunRequest(runtime="fake", device="cpu", precision="fp32", params={}, threads=1, task="inference",
                          onnx_path="", zoo=None, batch_size=batch_size, input_shapes={"x": [3], "ids": [2]}, workdir="")
-    return FakeModel(deployment, request, session, (TensorSpec("x", (3,), "float32"), TensorSpec("ids", (2,), "int64")),
-                 (TensorSpec("y", (3,), "float32"),))
+    rng = np.random.default_rng(0)
+    sample = {"x": rng.standard_normal((batch_size, 3)).astype(np.float32), "ids": rng.integers(0, 9, (batch_size, 2))}
+    return Model(deployment, request, session, (TensorSpec("x", (3,), "float32"), TensorSpec("ids", (2,), "int64")),
+                 (TensorSpec("y", (3,), "float32"),), sample)
 
 
 @contextlib.contextmanager

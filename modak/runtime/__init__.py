@@ -57,6 +57,7 @@ class Model:
     session: Session
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    sample_batch: Mapping[str, np.ndarray]  # the deterministic batch it was prepared with (one batch_size)
     prepare_seconds: float = 0.0
 
     @property
@@ -118,10 +119,9 @@ class Model:
         """One step of the session on feeds already in its shape (``capacity`` samples): what is timed."""
         return self.session.run(feeds)
 
-    def example_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Deterministic inputs of one full step (random floats, in-range integer ids)."""
-        one = make_inputs(RunRequest(**{**self.request.__dict__, "seed": seed}))
-        return {name: np.concatenate([a] * self.batches_per_step) for name, a in one.items()}
+    def example_inputs(self) -> dict[str, np.ndarray]:
+        """Deterministic inputs of one full step: :attr:`sample_batch` repeated ``batches_per_step`` times."""
+        return {name: np.concatenate([a] * self.batches_per_step) for name, a in self.sample_batch.items()}
 
 
 def load(plan: str | Path | None = None, model: str | Path | None = None) -> Model:
@@ -149,12 +149,13 @@ def open_model(request: RunRequest, deployment: Deployment | None = None) -> Mod
     """A :class:`Model` for ``request`` (what :func:`load` and ``modak measure`` both use)."""
     deployment = deployment or _deployment_of(request)
     inputs, outputs = _graph_specs(request)
+    sample = make_inputs(request)
     start = time.perf_counter()
-    session = load_runtime(request.runtime).prepare(request, make_inputs(request))
+    session = load_runtime(request.runtime).prepare(request, sample)
     prepare_s = time.perf_counter() - start
     if request.task == "training":
         outputs = (TensorSpec("loss", (), "float32"),)
-    return Model(deployment, request, session, inputs, outputs, prepare_s)
+    return Model(deployment, request, session, inputs, outputs, sample, prepare_s)
 
 
 def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequest:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE
-from modak.image.runtimes.base import TOLERANCE, RunRequest, make_inputs, relative_error
+from modak.image.runtimes.base import TOLERANCE, RunRequest, relative_error
 from modak.runtime import Model, open_model, request_from_environment
 
 _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
@@ -44,7 +44,7 @@ def measure(request: RunRequest, repeat: int = 20, budget_s: float = 10.0, check
     outputs = [model.step(feeds) for _ in range(TRAINING_CHECK_STEPS if request.task == "training" else 1)]
     first_s = (time.perf_counter() - first_start) / len(outputs) / per_run
     if check:
-        reference = reference_outputs(request, make_inputs(request))
+        reference = reference_outputs(request, dict(model.sample_batch))
         first_batch = [[o[:request.batch_size] if request.task == "inference" else o for o in run] for run in outputs]
         error = relative_error(_flatten(first_batch), reference)
         result["max_abs_error"] = error
