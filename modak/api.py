@@ -100,15 +100,13 @@ def submit(plan: Plan, out_dir: str | Path | None = None, wait_seconds: float | 
 
 
 def bench(plan: Plan, selection: Sequence[str], settings: BenchSettings, store: Path | None = None,
-          on_start: Callable[[Candidate], None] | None = None,
-          on_result: Callable[[Candidate, Measurement], None] | None = None) -> tuple[list[Measurement], Path]:
-    """Measure the selected candidates (``all``, ``top-K``, names) one at a time, storing each row in the perf
-    store as soon as it is measured; the rows and the store's path. Ctrl-C keeps what was measured."""
+          on_launch: Callable[[Candidate, dict], None] | None = None) -> tuple[list[Measurement], Path]:
+    """Measure the selected candidates (``all``, ``top-K``, names) with the measurement protocol, storing their
+    rows in the perf store after every round; the rows and the store's path. Ctrl-C keeps what was measured."""
     from modak.bench.harness import bench as measure
     from modak.bench.harness import select_candidates
     from modak.measurements.store import PerfStore
 
     with PerfStore(store) as perf:
-        rows = measure(plan, select_candidates(plan, list(selection)), perf, settings, on_start=on_start,
-                       on_result=on_result)
+        rows = measure(plan, select_candidates(plan, list(selection)), perf, settings, on_launch=on_launch)
         return rows, perf.path

@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
+    def protocol_args(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--launches", type=int, default=3,
+                         help="launches per candidate, in interleaved rounds of random order (default 3)")
+        sub.add_argument("--min-seconds", type=float, default=1.0, help="timed seconds per launch, at least (1)")
+        sub.add_argument("--budget", type=float, default=10.0, help="timed seconds per launch, at most (10)")
+        sub.add_argument("--seed", type=int, default=None, help="seed of the rounds' order (default: random)")
+
     def job_args(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("job", type=Path, help="job spec (YAML)")
         sub.add_argument("--target", "-t", type=Path, help="target spec (YAML); overrides the job's 'target'")
@@ -71,8 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     job_args(sub)
     sub.add_argument("--candidates", nargs="+", default=["all"], metavar="SEL",
                      help="all (default), top-K by prediction, or candidate/runtime names")
-    sub.add_argument("--repeat", type=int, default=20, help="timed steps per candidate (default 20)")
-    sub.add_argument("--budget", type=float, default=10.0, help="seconds of timed steps per candidate, at most")
+    protocol_args(sub)
     sub.add_argument("--json", action="store_true", help="print the measured rows as JSON")
 
     sub = command("probe", _cmd_probe, "measure this machine's ceilings and write a Target file")
@@ -327,43 +333,58 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace, launches: int | None = None) -> Any:
+    from modak.bench.harness import BenchSettings
+
+    return BenchSettings(launches=launches or args.launches, min_seconds=args.min_seconds, budget_s=args.budget,
+                         seed=args.seed)
+
+
+def _launch_line(candidate: Any, result: dict) -> str:
+    """One launch as the user reads it: its median, or why it failed, and whether it ran on a busy machine."""
+    timing = (f"{result['step_median_s'] * 1e3:.3g} ms" if result.get("status") == "ok"
+              else f"{result.get('status')}: {result.get('error')}")
+    busy = result.get("busy")
+    return (f"{candidate.name}: {timing}" + (f" — CONTENDED ({'; '.join(busy)})" if busy else "")
+            + (" (launched again: the first try ran beside other work)" if result.get("retried_after") else ""))
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from modak import api
-    from modak.bench.harness import BenchSettings, select_candidates
+    from modak.bench.harness import select_candidates
     from modak.measurements.store import default_store_path
 
-    if args.repeat < 1 or args.budget <= 0:
-        raise InputError("--repeat must be at least 1 and --budget positive")
+    settings = _settings(args)
     plan = _plan(args)
-    total = len(select_candidates(plan, args.candidates))
+    total = len(select_candidates(plan, args.candidates)) * settings.launches
     rows: list[Any] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=_console(stderr=True), transient=False) as progress:
         task = progress.add_task("measuring", total=total)
 
-        def report(candidate: Any, row: Any) -> None:
-            rows.append(row)
-            timing = f"{row.step_median_s * 1e3:.3g} ms" if row.step_median_s else row.status
-            progress.console.print(f"{candidate.name}: {timing}" + (f" ({row.error})" if row.error else ""),
-                                   highlight=False)
+        def report(candidate: Any, result: dict) -> None:
+            progress.console.print(_launch_line(candidate, result), highlight=False)
             progress.advance(task)
 
         try:
-            _, path = api.bench(plan, args.candidates, BenchSettings(args.repeat, args.budget), args.store,
-                                on_start=lambda c: progress.update(task, description=c.name[:60]),
-                                on_result=report)
+            rows, path = api.bench(plan, args.candidates, settings, args.store, on_launch=report)
         except KeyboardInterrupt:
-            print(f"modak: interrupted; {len(rows)} measurement(s) kept in {args.store or default_store_path()}",
+            print(f"modak: interrupted; the rounds measured so far are kept in {args.store or default_store_path()}",
                   file=sys.stderr)
             return EXIT_INTERRUPTED
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
     ok = sum(r.status == "ok" for r in rows)
-    print(f"{ok}/{len(rows)} candidates measured, stored in {path}", file=sys.stderr)
+    contended = [r for r in rows if r.status == "contended"]
+    print(f"{ok}/{len(rows)} candidates measured ({settings.launches} launches each), stored in {path}",
+          file=sys.stderr)
+    if contended:
+        print(f"modak: {len(contended)} candidate(s) ran on a busy machine even when launched again and are stored "
+              "as 'contended' (not used by the model): measure again when the machine is quiet", file=sys.stderr)
     return 0
 
 

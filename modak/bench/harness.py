@@ -1,43 +1,69 @@
-"""Measure candidates for real: one fresh process per candidate, rows stored as soon as they are measured.
+"""Measure candidates for real with the measurement protocol: interleaved rounds of fresh launches, each watched
+for contention, aggregated into one stored row per candidate with its interval.
 
-Each candidate runs as ``python -m modak.image.launch -- python -m modak.runtime measure``: the launcher is
-what the image's entrypoint runs, so the candidate gets the environment its image would set on this allocation
-(thread counts, the parameters' variables, a preloaded allocator) from the same code, and what is measured is
-what ships. Ctrl-C stops the current candidate; everything measured before is kept.
+Each launch is ``python -m modak.image.launch -- python -m modak.runtime measure``: the launcher is what the
+image's entrypoint runs, so the candidate gets the environment its image would set on this allocation (thread
+counts, pinning, the pools' wait policy, the parameters' variables, a preloaded allocator) from the same code,
+and what is measured is what ships. The launch times steps for a duration, with garbage collection frozen, and
+reports what else used its CPUs meanwhile (:mod:`modak.runtime.measure`).
+
+A session runs rounds: every candidate still in the race launches once per round, in a random order, so slow
+drift of the machine hits all candidates alike and launch ``i`` of two candidates can be compared as a pair. A
+launch that ran beside other work (other processes' CPU time, steal time, a slowed canary) is launched again up to
+``retries`` times; if it stays contended, its row is stored with status ``contended``, which no model learns from,
+and the user is told. Rows are stored after every round (Ctrl-C keeps them). Dispatchers run a round's launches
+here, one at a time, or as a Slurm job array (:mod:`modak.bench.dispatch`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
-import os
 import platform
-import subprocess
+import random
+import shutil
+import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
+from modak.bench.dispatch import Dispatcher, LaunchTask, LocalDispatcher
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
 from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
+from modak.measurements.stats import median_interval, spread
 from modak.measurements.store import Measurement, PerfStore, as_json
 from modak.paths import write_atomic
 from modak.plan import Plan
+from modak.runtime.measure import contention_reasons
 from modak.spec.models import Precision
 from modak.workload.analysis import WorkloadProfile
 
 DEFAULT_TIMEOUT_S = 1800.0
 BENCH_WORKDIR = Path(tempfile.gettempdir()) / "modak-work"  # runtimes' work folders (TVM tuning databases, ...)
+PROTOCOL = 2
+CANARY_LIMIT = 2.5  # a canary this much slower than the host's best: beside other work (quiet VMs vary 1.9x, see notes)
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    repeat: int = 20
-    budget_s: float = 10.0  # seconds of timed steps per candidate, at most
-    timeout_s: float = DEFAULT_TIMEOUT_S  # whole candidate (prepare, tune, check, time), at most
+    """The measurement protocol's knobs."""
 
+    launches: int = 3  # launches per candidate, one per interleaved round
+    min_seconds: float = 1.0  # timed seconds per launch, at least
+    budget_s: float = 10.0  # timed seconds per launch, at most
+    timeout_s: float = DEFAULT_TIMEOUT_S  # one launch (prepare, tune, check, time), at most
+    retries: int = 2  # launches again of a launch that ran on a busy machine
+    seed: int | None = None  # the rounds' order (None: random)
+
+    def __post_init__(self) -> None:
+        if self.launches < 1 or self.min_seconds < 0 or self.budget_s <= 0 or self.retries < 0:
+            raise InputError("launches must be at least 1, --min-seconds not negative, --budget positive "
+                             "and retries not negative")
 
 
 def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
@@ -71,38 +97,149 @@ def launch_command(*command: str) -> list[str]:
     return [sys.executable, "-m", "modak.image.launch", "--", *command]
 
 
+@dataclass
+class Session:
+    """One measurement session: rounds of launches of ``candidates``, each candidate's launches kept in round order.
+
+    ``run_round(alive)`` launches every candidate of ``alive`` once (random order), re-launches contended ones,
+    stores the updated rows and returns them; a candidate whose launch fails leaves the session."""
+
+    plan: Plan
+    store: PerfStore
+    settings: BenchSettings = BenchSettings()
+    dispatcher: Dispatcher = field(default_factory=LocalDispatcher)
+    workdir: Path = BENCH_WORKDIR
+    on_launch: Callable[[Candidate, dict], None] | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    launches: dict[str, list[dict]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    rounds: int = 0
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.settings.seed)
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"modak-session-{self.id}-", dir=self.workdir.parent
+                                              if self.workdir.parent.exists() else None))
+
+    def close(self) -> None:
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def task(self, candidate: Candidate) -> LaunchTask:
+        """The launch of ``candidate``: its deployment written to this session's folder."""
+        folder = self._scratch / _slug(candidate.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        env = launch_environment(self.plan, candidate, folder / "plan.json", self.workdir / candidate.runtime)
+        command = launch_command(sys.executable, "-m", "modak.runtime", "measure", "--min-seconds",
+                                 str(self.settings.min_seconds), "--budget", str(self.settings.budget_s))
+        return LaunchTask(candidate.name, env, tuple(command), self.settings.timeout_s, folder)
+
+    def run_round(self, alive: Sequence[Candidate]) -> dict[str, Measurement]:
+        """Launch each candidate of ``alive`` once, in random order; the updated rows by candidate name (also
+        stored)."""
+        order = [c for c in alive if c.name not in self.failed]
+        self._random.shuffle(order)
+        results = dict(zip((c.name for c in order), self.dispatcher.run([self.task(c) for c in order])))
+        for attempt in range(self.settings.retries):
+            busy = [c for c in order if self._verdict(results[c.name])]
+            if not busy:
+                break
+            for candidate, again in zip(busy, self.dispatcher.run([self.task(c) for c in busy])):
+                again["retried_after"] = self._verdict(results[candidate.name])
+                results[candidate.name] = again
+        rows: dict[str, Measurement] = {}
+        for candidate in order:
+            result = results[candidate.name]
+            result["busy"] = self._verdict(result)
+            if result.get("status") == "ok":
+                self._remember_canary(result)
+                self.launches.setdefault(candidate.name, []).append(result)
+            elif not self.launches.get(candidate.name):
+                self.failed[candidate.name] = result.get("error") or result.get("status", "error")
+            else:  # measured before, failed now: keep the launches, leave the race
+                self.failed[candidate.name] = result.get("error") or "failed"
+            if self.on_launch:
+                self.on_launch(candidate, result)
+            rows[candidate.name] = self.row(candidate, result)
+        self.store.add(rows.values())
+        self.rounds += 1
+        return rows
+
+    def row(self, candidate: Candidate, last: dict) -> Measurement:
+        """``candidate``'s row from its launches so far (the failing ``last`` result if it has none)."""
+        launches = self.launches.get(candidate.name)
+        if not launches:
+            return measurement_row(self.plan, candidate, last)
+        return aggregate_row(self.plan, candidate, launches, self.id)
+
+    def _verdict(self, result: dict) -> list[str]:
+        """Why ``result``'s launch was not alone on its CPUs (empty: it was)."""
+        report = result.get("contention") or {}
+        reasons = contention_reasons(report)
+        best = self.store.canary_best(platform.node())
+        canary = report.get("canary_s")
+        if best and canary and canary > CANARY_LIMIT * best:
+            reasons.append(f"a fixed loop ran {canary / best:.2f}x slower than its best on this host")
+        return reasons
+
+    def _remember_canary(self, result: dict) -> None:
+        canary = (result.get("contention") or {}).get("canary_s")
+        if canary and not result["busy"]:
+            self.store.record_canary(platform.node(), canary)
+
+
+def _slug(name: str) -> str:
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return "".join(ch if ch.isalnum() else "-" for ch in name)[:60] + f"-{digest}"
+
+
 def bench(plan: Plan, candidates: Iterable[Candidate], store: PerfStore, settings: BenchSettings = BenchSettings(),
-          workdir: Path = BENCH_WORKDIR, on_start: Callable[[Candidate], None] | None = None,
-          on_result: Callable[[Candidate, Measurement], None] | None = None) -> list[Measurement]:
-    """Measure ``candidates`` of ``plan`` one by one, adding each row to ``store`` as soon as it is measured."""
-    rows: list[Measurement] = []
-    for candidate in candidates:
-        if on_start:
-            on_start(candidate)
-        row = measurement_row(plan, candidate, _run_one(plan, candidate, settings, workdir))
-        store.add([row])
-        rows.append(row)
-        if on_result:
-            on_result(candidate, row)
-    return rows
+          workdir: Path = BENCH_WORKDIR, dispatcher: Dispatcher | None = None,
+          on_round: Callable[[int, list[Measurement]], None] | None = None,
+          on_launch: Callable[[Candidate, dict], None] | None = None) -> list[Measurement]:
+    """Measure ``candidates`` of ``plan`` in ``settings.launches`` interleaved rounds, storing rows after every
+    round; the final rows (one per candidate)."""
+    candidates = list(candidates)
+    with Session(plan, store, settings, dispatcher or LocalDispatcher(), workdir, on_launch) as session:
+        rows: dict[str, Measurement] = {}
+        for index in range(settings.launches):
+            alive = [c for c in candidates if c.name not in session.failed]
+            if not alive:
+                break
+            measured = session.run_round(alive)
+            rows.update(measured)
+            if on_round:
+                on_round(index, list(measured.values()))
+        return [rows[c.name] for c in candidates if c.name in rows]
 
 
-def _run_one(plan: Plan, candidate: Candidate, settings: BenchSettings, workdir: Path) -> dict:
-    with tempfile.TemporaryDirectory(prefix="modak-bench-") as scratch:
-        env = {**os.environ, **launch_environment(plan, candidate, Path(scratch) / "plan.json",
-                                                   workdir / candidate.runtime)}
-        command = launch_command(sys.executable, "-m", "modak.runtime", "measure", "--repeat",
-                                 str(settings.repeat), "--budget", str(settings.budget_s))
-        try:
-            process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=settings.timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"status": "error", "error": f"timed out after {settings.timeout_s:.0f} s"}
-    lines = process.stdout.strip().splitlines()
-    try:
-        return json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (process.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"status": "error", "error": f"runner exited with {process.returncode}: {tail}"[:2000]}
+def aggregate_row(plan: Plan, candidate: Candidate, launches: list[dict], session: str) -> Measurement:
+    """One row from a candidate's launches: the median over launches, its interval and spread, and what else ran
+    during each launch; ``contended`` if any launch stayed contended after its retries."""
+    medians = [float(r["step_median_s"]) for r in launches]
+    center, low, high = median_interval(medians)
+    busy = [r for r in launches if r.get("busy")]
+    merged = {
+        "status": "contended" if busy else "ok", "threads": launches[-1].get("threads"),
+        "step_median_s": center, "step_p10_s": statistics.median(r["step_p10_s"] for r in launches),
+        "step_p90_s": statistics.median(r["step_p90_s"] for r in launches),
+        "repeats": sum(int(r.get("repeats", 0)) for r in launches),
+        "throughput_per_s": plan.loaded.job.model.batch_size / center,
+        "compile_s": statistics.median(r.get("compile_s") or 0.0 for r in launches),
+        "peak_rss_mb": max(r.get("peak_rss_mb") or 0.0 for r in launches),
+        "max_abs_error": max(r.get("max_abs_error") or 0.0 for r in launches),
+        "error": ("; ".join(sorted({reason for r in busy for reason in r["busy"]})) if busy else None),
+        "versions": launches[-1].get("versions", {})}
+    contention = [{**(r.get("contention") or {}), "busy": r.get("busy") or [], "retried_after": r.get("retried_after")}
+                  for r in launches]
+    row = measurement_row(plan, candidate, merged)
+    return Measurement(**{**row.__dict__, "protocol": PROTOCOL, "launches": len(launches),
+                          "launch_medians": as_json(medians), "session": session, "ci_low_s": low, "ci_high_s": high,
+                          "spread": spread(medians), "contention": as_json(contention)})
 
 
 def workload_columns(workload: WorkloadProfile) -> dict[str, Any]:

@@ -11,11 +11,12 @@ import csv
 import json
 import os
 import sqlite3
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the measurement protocol's columns (launches, interval, spread, contention)
+STATUSES = ("ok", "incorrect", "error", "contended")  # only "ok" rows are training data
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Measurement:
     params: str  # JSON of the candidate's parameters
     threads: int | None
     # measured
-    status: str  # "ok", "incorrect" (failed the reference check) or "error"
+    status: str  # "ok", "incorrect" (failed the reference check), "error" or "contended" (see ``contention``)
     step_median_s: float | None
     step_p10_s: float | None
     step_p90_s: float | None
@@ -61,6 +62,15 @@ class Measurement:
     error: str | None
     versions: str  # JSON: package versions
     measured_at: str  # ISO 8601 UTC
+    # how the median was obtained (protocol 2: modak/bench/protocol.py; rows of protocol 1 have one launch)
+    protocol: int = 1
+    launches: int = 1
+    launch_medians: str | None = None  # JSON list: each launch's median step, in the order of its session's rounds
+    session: str | None = None  # the bench/tune run whose interleaved rounds the launches belong to (pairs rows)
+    ci_low_s: float | None = None  # 90% confidence interval of the step time over launches
+    ci_high_s: float | None = None
+    spread: float | None = None  # launch-to-launch coefficient of variation
+    contention: str | None = None  # JSON: what else ran during each launch and the verdict
 
     @property
     def key(self) -> tuple:
@@ -70,10 +80,11 @@ class Measurement:
 
 
 COLUMNS = tuple(f.name for f in fields(Measurement))
-_INT = {"cores", "batch_size", "parameters", "nodes", "threads", "repeats"}
+_INT = {"cores", "batch_size", "parameters", "nodes", "threads", "repeats", "protocol", "launches"}
 _FLOAT = {"peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs", "flops", "bytes", "forward_flops",
           "step_median_s", "step_p10_s", "step_p90_s", "throughput_per_s", "compile_s", "peak_rss_mb",
-          "max_abs_error"}
+          "max_abs_error", "ci_low_s", "ci_high_s", "spread"}
+_DEFAULTS = {f.name: f.default for f in fields(Measurement) if f.default is not MISSING}  # columns added later
 
 
 def default_store_path() -> Path:
@@ -98,7 +109,13 @@ class PerfStore:
         with self._db:
             self._db.execute(f"CREATE TABLE IF NOT EXISTS measurements ({columns}, UNIQUE ({key}))")
             self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(measurements)")}
+            for column in (c for c in COLUMNS if c not in present):  # a store written by an older modak
+                kind = "INTEGER" if column in _INT else "REAL" if column in _FLOAT else "TEXT"
+                default = _DEFAULTS[column]
+                self._db.execute(f"ALTER TABLE measurements ADD COLUMN {column} {kind}"
+                                 + ("" if default is None else f" DEFAULT {int(default)}"))
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     def __enter__(self) -> "PerfStore":
         return self
@@ -126,6 +143,18 @@ class PerfStore:
         clause = " AND ".join(f"{c} = ?" for c in where)
         query = f"SELECT {', '.join(COLUMNS)} FROM measurements" + (f" WHERE {clause}" if clause else "")
         return [Measurement(*row) for row in self._db.execute(query + " ORDER BY rowid", tuple(where.values()))]
+
+    def canary_best(self, host: str) -> float | None:
+        """The fastest quiet canary (:func:`modak.runtime.measure.canary_seconds`) seen on ``host``."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (f"canary_best_s:{host}",)).fetchone()
+        return float(row[0]) if row else None
+
+    def record_canary(self, host: str, seconds: float) -> None:
+        """Remember ``seconds`` if it is the fastest canary seen on ``host``."""
+        best = self.canary_best(host)
+        if best is None or seconds < best:
+            with self._db:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"canary_best_s:{host}", repr(seconds)))
 
     def export_csv(self, path: Path, **where: object) -> int:
         """Write matching rows to ``path`` (atomically); returns how many."""
@@ -160,11 +189,12 @@ def read_csv(path: Path) -> Iterator[Measurement]:
     """Measurements from a CSV file of the store's columns (as shipped under ``perfmodels/``)."""
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        present = set(reader.fieldnames or ())
+        missing = set(COLUMNS) - present - set(_DEFAULTS)
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
         for record in reader:
-            yield Measurement(**{c: _parse(c, record[c]) for c in COLUMNS})
+            yield Measurement(**{c: _parse(c, record[c]) for c in COLUMNS if c in present})
 
 
 def _parse(column: str, text: str) -> object:

@@ -3,7 +3,7 @@
     modak serve [--port 8080]                 Open Inference Protocol (KServe v2) server: the inference default
     modak run --input PATH --output DIR       batch inference over .npy/.npz files, resumable
     modak self-test [--steps 20] [--serve]    the build's smoke test: timed steps against the prediction
-    modak measure [--repeat N] [--budget S]   what ``modak bench`` runs per candidate (JSON on stdout)
+    modak measure [--min-seconds S] [--budget S]   what ``modak bench`` runs per launch (JSON on stdout)
 
 Every command reads the deployment the image's entrypoint applied (``$MODAK_PLAN``, ``$MODAK_MODEL``,
 ``$MODAK_THREADS``; see :mod:`modak.runtime`). Exit codes: 0 done, 2 bad arguments or inputs, 3 the model or the
@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
     test.add_argument("--steps", type=int, default=20, help="timed steps after warm-up (default 20)")
     test.add_argument("--serve", action="store_true", help="also start the server and send it one infer request")
     measure = commands.add_parser("measure", help="check against the fp32 reference and time (JSON)")
-    measure.add_argument("--repeat", type=int, default=20)
+    measure.add_argument("--min-seconds", type=float, default=1.0, help="seconds of timed steps at least")
     measure.add_argument("--budget", type=float, default=10.0, help="seconds of timed steps at most")
     measure.add_argument("--no-check", action="store_true", help="skip the reference check")
     return main_parser
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "self-test":
             return measure.run_reported(lambda: measure.self_test(args.steps, serve_check=args.serve))
-        return measure.run_reported(lambda: measure.measure_deployment(args.repeat, args.budget, not args.no_check))
+        return measure.run_reported(lambda: measure.measure_deployment(args.min_seconds, args.budget, not args.no_check))
     except KeyboardInterrupt:
         print("modak: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

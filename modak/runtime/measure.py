@@ -11,7 +11,9 @@ and the thread count it set):
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
 import resource
 import statistics
@@ -19,6 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,9 +37,16 @@ _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvi
 TRAINING_CHECK_STEPS = 2  # the second loss depends on the first update, so gradients and optimizer are checked
 
 
-def measure(request: RunRequest, repeat: int = 20, budget_s: float = 10.0, check: bool = True) -> dict[str, Any]:
-    """Prepare, check against the fp32 reference, warm up, then time ``repeat`` steps (within ``budget_s``)."""
+MIN_SAMPLE_S = 1e-3  # a timed sample spans enough steps to last this long (sub-millisecond steps are grouped)
+MIN_SAMPLES = 3
+
+
+def measure(request: RunRequest, min_seconds: float = 1.0, budget_s: float = 10.0,
+            check: bool = True) -> dict[str, Any]:
+    """Prepare, check against the fp32 reference, warm up, then time steps for ``min_seconds`` (at most
+    ``budget_s``), watching what else runs on this process's CPUs meanwhile (:class:`CpuWatch`)."""
     result: dict[str, Any] = {"status": "error", "versions": _versions()}
+    canary = canary_seconds()  # before the runtime starts threads of its own
     model = open_model(request)
     feeds = model.example_inputs()
     per_run = model.batches_per_step  # a step may process several batches (OpenVINO streams)
@@ -53,30 +63,142 @@ def measure(request: RunRequest, repeat: int = 20, budget_s: float = 10.0, check
                           error=f"output differs from the fp32 reference by {error:.3g} (relative), "
                                 f"tolerance {TOLERANCE[request.precision]:g}")
             return result
-    times = step_times(model, feeds, repeat, budget_s)
+    with CpuWatch() as watch:
+        timing = step_times(model, feeds, min_seconds, budget_s)
+    times = timing.samples
     median = statistics.median(times)
     result.update(
         status="ok", step_median_s=median, step_p10_s=_quantile(times, 0.1), step_p90_s=_quantile(times, 0.9),
-        repeats=len(times), throughput_per_s=request.batch_size / median,
-        compile_s=model.prepare_seconds + max(0.0, first_s - median), peak_rss_mb=_peak_rss_mb())
+        repeats=timing.steps, samples=len(times), timed_seconds=timing.seconds,
+        throughput_per_s=request.batch_size / median,
+        compile_s=model.prepare_seconds + max(0.0, first_s - median), peak_rss_mb=_peak_rss_mb(),
+        contention={**watch.report(), "canary_s": canary},
+        protocol={"min_seconds": min_seconds, "min_sample_s": MIN_SAMPLE_S, "steps_per_sample": timing.group,
+                  "gc": "frozen", **{k: os.environ[k] for k in PROTOCOL_VARIABLES if k in os.environ}})
     return result
 
 
-def step_times(model: Model, feeds: dict[str, np.ndarray], repeat: int, budget_s: float,
-               minimum: int = 3) -> list[float]:
-    """Sorted seconds per batch of up to ``repeat`` steps (at least ``minimum``, more only within ``budget_s``),
-    after a warm-up of one step and up to 0.5 s."""
-    deadline = time.perf_counter() + budget_s
-    warm_until = time.perf_counter() + min(0.5, budget_s / 10)
+PROTOCOL_VARIABLES = ("MODAK_WAIT_POLICY", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES", "MODAK_CPUS")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Timed samples (seconds per batch, sorted), the steps each sample grouped, all steps, seconds timed."""
+
+    samples: list[float]
+    group: int
+    steps: int
+    seconds: float
+
+
+def step_times(model: Model, feeds: dict[str, np.ndarray], min_seconds: float = 1.0, budget_s: float = 10.0,
+               min_samples: int = MIN_SAMPLES) -> Timing:
+    """Time ``model``'s steps by duration: after a warm-up (one step, then up to 0.5 s), samples of ``group``
+    steps each (enough to last :data:`MIN_SAMPLE_S`) until ``min_seconds`` are timed and ``min_samples`` taken;
+    more than ``min_samples`` only within ``budget_s``. Garbage collection is frozen and off while timing."""
+    per_run = model.batches_per_step
+    start = time.perf_counter()
     model.step(feeds)
+    fastest = time.perf_counter() - start
+    warm_until = time.perf_counter() + min(0.5, budget_s / 10)
     while time.perf_counter() < warm_until:
-        model.step(feeds)
-    times: list[float] = []
-    while len(times) < repeat and (len(times) < minimum or time.perf_counter() < deadline):
         t0 = time.perf_counter()
         model.step(feeds)
-        times.append((time.perf_counter() - t0) / model.batches_per_step)
-    return sorted(times)
+        fastest = min(fastest, time.perf_counter() - t0)
+    group = max(1, math.ceil(MIN_SAMPLE_S / max(fastest, 1e-9)))
+    samples: list[float] = []
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        begin = time.perf_counter()
+        deadline = begin + max(budget_s, min_seconds)
+        while len(samples) < min_samples or (time.perf_counter() - begin < min_seconds
+                                             and time.perf_counter() < deadline):
+            t0 = time.perf_counter()
+            for _ in range(group):
+                model.step(feeds)
+            samples.append((time.perf_counter() - t0) / group / per_run)
+        seconds = time.perf_counter() - begin
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    return Timing(sorted(samples), group, len(samples) * group, seconds)
+
+
+class CpuWatch:
+    """What else ran on this process's CPUs while the ``with`` block ran: the other processes' CPU time (busy
+    time of these CPUs in ``/proc/stat`` minus this process's own), the hypervisor's steal time, both in cores,
+    and the load average. Fields are None where ``/proc`` cannot be read."""
+
+    def __enter__(self) -> "CpuWatch":
+        self._cpus = sorted(os.sched_getaffinity(0))
+        self._start = (time.perf_counter(), _own_cpu_seconds(), _cpu_ticks(self._cpus))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end = (time.perf_counter(), _own_cpu_seconds(), _cpu_ticks(self._cpus))
+
+    def report(self) -> dict[str, Any]:
+        (w0, own0, ticks0), (w1, own1, ticks1) = self._start, self._end
+        wall = max(w1 - w0, 1e-9)
+        report: dict[str, Any] = {"cpus": len(self._cpus), "wall_s": round(wall, 4),
+                                  "own_cores": round((own1 - own0) / wall, 3), "load1": round(os.getloadavg()[0], 2),
+                                  "other_cores": None, "steal_cores": None}
+        if ticks0 and ticks1:
+            hz = os.sysconf("SC_CLK_TCK")
+            busy = (ticks1[0] - ticks0[0]) / hz
+            report["other_cores"] = round(max(0.0, busy - (own1 - own0)) / wall, 3)
+            report["steal_cores"] = round((ticks1[1] - ticks0[1]) / hz / wall, 3)
+        return report
+
+
+OTHER_CORES_LIMIT = 0.2  # other processes' CPU use (cores, or 10% of the CPUs if more) that marks a timing
+STEAL_CORES_LIMIT = 0.1
+
+
+def contention_reasons(report: Mapping[str, Any]) -> list[str]:
+    """Why a :class:`CpuWatch` report shows a shared machine (empty: it looked quiet)."""
+    reasons = []
+    other, steal = report.get("other_cores"), report.get("steal_cores")
+    if other is not None and other > max(OTHER_CORES_LIMIT, 0.1 * report.get("cpus", 1)):
+        reasons.append(f"other processes used {other:.2f} of {report.get('cpus')} CPUs")
+    if steal is not None and steal > STEAL_CORES_LIMIT:
+        reasons.append(f"the hypervisor took {steal:.2f} CPUs (steal time)")
+    return reasons
+
+
+def _own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _cpu_ticks(cpus: list[int]) -> tuple[int, int] | None:
+    """(busy, steal) clock ticks of ``cpus`` since boot, from ``/proc/stat``."""
+    wanted = {f"cpu{c}" for c in cpus}
+    busy = steal = 0
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            for line in stat:
+                words = line.split()
+                if words and words[0] in wanted:
+                    user, nice, system, _idle, _iowait, irq, softirq, stolen = (int(w) for w in words[1:9])
+                    busy += user + nice + system + irq + softirq
+                    steal += stolen
+    except (OSError, ValueError):
+        return None
+    return busy, steal
+
+
+def canary_seconds() -> float:
+    """Seconds of a fixed single-threaded Python loop (best of 5): how fast one core is for this process now (run
+    it before a runtime starts threads: spinning pools slow it)."""
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        sum(i * i for i in range(100_000))
+        best = min(best, time.perf_counter() - t0)
+    return round(best, 6)
 
 
 def reference_outputs(request: RunRequest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -121,10 +243,10 @@ def _versions() -> dict[str, str]:
 SELF_TEST_STEPS = 20
 
 
-def measure_deployment(repeat: int, budget_s: float, check: bool) -> dict[str, Any]:
+def measure_deployment(min_seconds: float, budget_s: float, check: bool) -> dict[str, Any]:
     """:func:`measure` of the deployment the launcher applied, with the threads it used."""
     request = request_from_environment()
-    return {**measure(request, repeat, budget_s, check), "threads": request.threads}
+    return {**measure(request, min_seconds, budget_s, check), "threads": request.threads}
 
 
 def self_test(steps: int = SELF_TEST_STEPS, budget_s: float = 120.0, serve_check: bool = False) -> dict[str, Any]:
@@ -135,16 +257,22 @@ def self_test(steps: int = SELF_TEST_STEPS, budget_s: float = 120.0, serve_check
     model = open_model(request)
     feeds = model.example_inputs()
     outputs = model.step(feeds)
-    times = step_times(model, feeds, repeat=max(steps, 1), budget_s=budget_s, minimum=steps)
+    with CpuWatch() as watch:
+        timing = step_times(model, feeds, min_seconds=0.0, budget_s=budget_s, min_samples=max(steps, 1))
+    times = timing.samples
     median = statistics.median(times)
+    contention = watch.report()
     report: dict[str, Any] = {
         "status": "ok", "runtime": request.runtime, "device": request.device, "precision": request.precision,
         "params": request.params, "threads": request.threads, "prepare_seconds": round(model.prepare_seconds, 4),
-        "steps": len(times), "step_seconds": round(median, 6),
+        "steps": timing.steps, "samples": len(times), "step_seconds": round(median, 6), "contention": contention,
         "step_p10_seconds": round(_quantile(times, 0.1), 6), "step_p90_seconds": round(_quantile(times, 0.9), 6),
         "outputs": {spec.name: list(np.shape(o)) for spec, o in zip(model.outputs, outputs)},
         "versions": _versions()}
     report.update(compare_with_prediction(median, _chosen_candidate(), request.threads))
+    busy = contention_reasons(contention)
+    if busy:
+        report["message"] += f"; measured while {', '.join(busy)}"
     if serve_check:
         from modak.runtime.serve import self_check
 

@@ -1,9 +1,13 @@
-"""ONNX Runtime: intra/inter-op threads, graph optimization level, execution mode; CPU or CUDA provider."""
+"""ONNX Runtime: intra/inter-op threads and their wait policy, graph optimization level, execution mode; CPU or CUDA
+provider."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from modak.image.deployment import WAIT_VARIABLE
 from modak.image.runtimes.base import FunctionSession, RunRequest
 
 _LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -21,6 +25,9 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[params.get("graph_optimization", "all")])
     options.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if params.get("execution_mode") == "parallel"
                               else ort.ExecutionMode.ORT_SEQUENTIAL)
+    spinning = "0" if os.environ.get(WAIT_VARIABLE) == "passive" else "1"  # the launcher's explicit wait policy
+    options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
     providers = ["CUDAExecutionProvider"] if request.device == "gpu" else ["CPUExecutionProvider"]
     session = ort.InferenceSession(request.onnx_path, options, providers=providers)
     if request.device == "gpu" and "CUDAExecutionProvider" not in session.get_providers():

@@ -1,0 +1,88 @@
+"""Statistics of repeated measurements: an interval for one configuration, a paired ratio for two, and the
+equivalence verdict the decision metrics and ``modak tune`` share.
+
+Launches of one session are interleaved in rounds (every candidate once per round, in random order), so launch
+``i`` of two candidates ran at about the same time: their ratio cancels what drifted between rounds. Ratios are
+summarized by their geometric mean; intervals come from a percentile bootstrap over rounds (seeded, so a result
+is reproducible), or from a t interval on log times for a single configuration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+CONFIDENCE = 0.9
+RESAMPLES = 4000
+EQUIVALENCE_MARGIN = 0.05  # "as fast as the best": within 5%
+
+
+def median_interval(launch_medians: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(center, low, high) of a configuration's step time from its launches' medians: the median of the launches,
+    and a t interval on their logarithms (one launch: a zero-width interval, which says nothing)."""
+    values = np.log(np.asarray(launch_medians, dtype=float))
+    center = float(np.exp(np.median(values)))
+    if len(values) < 2:
+        return center, center, center
+    from scipy.stats import t
+
+    half = float(t.ppf(0.5 + confidence / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    mean = float(values.mean())
+    return center, float(math.exp(mean - half)), float(math.exp(mean + half))
+
+
+def spread(launch_medians: Sequence[float]) -> float:
+    """Launch-to-launch coefficient of variation (0 for one launch)."""
+    values = np.asarray(launch_medians, dtype=float)
+    return float(values.std(ddof=1) / values.mean()) if len(values) >= 2 else 0.0
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``a / b`` step-time ratio with its interval; below 1 means ``a`` is faster."""
+
+    estimate: float
+    low: float
+    high: float
+    rounds: int
+    paired: bool
+
+    def faster(self) -> bool:
+        """``a`` is confidently faster than ``b``."""
+        return self.high < 1.0
+
+    def slower(self) -> bool:
+        """``a`` is confidently slower than ``b``."""
+        return self.low > 1.0
+
+    def equivalent(self, margin: float = EQUIVALENCE_MARGIN) -> bool:
+        """``a`` is shown to be at most ``margin`` slower than ``b`` (the interval's upper end within it)."""
+        return self.high <= 1.0 + margin
+
+    def describe(self) -> str:
+        return f"{self.estimate:.3f}x [{self.low:.3f}, {self.high:.3f}]"
+
+
+def ratio(a: Sequence[float], b: Sequence[float], paired: bool = True, confidence: float = CONFIDENCE,
+          resamples: int = RESAMPLES, seed: int = 0) -> Ratio:
+    """The ratio of ``a``'s step times to ``b``'s: paired by round (``a[i]`` and ``b[i]`` ran in the same round;
+    the first ``min(len)`` rounds are used), or, unpaired, the ratio of geometric means with each side
+    resampled on its own. The interval is a percentile bootstrap."""
+    rng = np.random.default_rng(seed)
+    low_q, high_q = 100 * (0.5 - confidence / 2), 100 * (0.5 + confidence / 2)
+    la, lb = np.log(np.asarray(a, dtype=float)), np.log(np.asarray(b, dtype=float))
+    if paired:
+        rounds = min(len(la), len(lb))
+        logs = la[:rounds] - lb[:rounds]
+        means = logs[rng.integers(0, rounds, (resamples, rounds))].mean(axis=1)
+        center = float(logs.mean())
+    else:
+        rounds = min(len(la), len(lb))
+        means = (la[rng.integers(0, len(la), (resamples, len(la)))].mean(axis=1)
+                 - lb[rng.integers(0, len(lb), (resamples, len(lb)))].mean(axis=1))
+        center = float(la.mean() - lb.mean())
+    low, high = np.percentile(means, [low_q, high_q])
+    return Ratio(math.exp(center), math.exp(float(low)), math.exp(float(high)), rounds, paired)
