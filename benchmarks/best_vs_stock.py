@@ -39,7 +39,7 @@ def main() -> int:
         key = (row.model, row.task, row.batch_size)
         if key not in best or row.step_median_s < best[key].step_median_s:
             best[key] = row
-    settings = BenchSettings(repeat=10, budget_s=2.0)
+    settings = BenchSettings(launches=3, min_seconds=0.5, budget_s=2.0)
     print(f"{'workload':<28} {'best configuration':<72} {'stock ms':>9} {'best ms':>9} {'speedup':>8}")
     speedups = []
     with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "side-by-side.sqlite") as store:

@@ -53,7 +53,7 @@ def measure(workloads: list[tuple[str, str, int]], name: str) -> list[Measuremen
     print(f"new machine: {target.cpu.sockets * target.cpu.cores_per_socket} core(s), "
           f"{target.cpu.peaks.fp32_gflops} GFLOP/s fp32, {target.cpu.peaks.memory_bandwidth_gbs} GB/s", flush=True)
     doc = SpecDocument(Path(f"<probe {name}>"))
-    settings = BenchSettings(repeat=10, budget_s=2.0)
+    settings = BenchSettings(launches=3, min_seconds=0.5, budget_s=2.0)
     rows: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "local.sqlite") as store:
         for model, task, batch in workloads:

@@ -45,7 +45,7 @@ def main() -> int:
     rows = [r for r in read_csv(args.data) if r.status == "ok" and r.machine == target.name]
     workloads = sorted({(r.model, r.task, r.batch_size) for r in rows
                         if (not args.models or r.model in args.models) and (not args.task or r.task == args.task)})
-    settings = BenchSettings(repeat=10, budget_s=2.0)
+    settings = BenchSettings(launches=3, min_seconds=0.5, budget_s=2.0)
     print(f"{'workload':<28} {'zero-shot pick':<58} {'stock ms':>9} {'pick ms':>9} {'best ms':>9} "
           f"{'vs stock':>8} {'regret':>7}")
     speedups, regrets = [], []

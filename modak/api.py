@@ -20,11 +20,12 @@ if TYPE_CHECKING:
     from modak.build.pipeline import BuildOptions, BuildResult, Progress
     from modak.build.submit import Submission
     from modak.candidates.enumerate import Candidate
-    from modak.measurements.store import Measurement
+    from modak.measurements.store import Measurement, TunedChoice
     from modak.plan import Plan
     from modak.predict.base import Predictor
     from modak.render.ir import BuildDescription
     from modak.spec.loader import LoadedJob
+    from modak.workload.analysis import WorkloadProfile
 
 PredictorName = Literal["default", "roofline"]
 
@@ -53,7 +54,20 @@ def plan_job(job: str | Path, target: str | Path | None = None, predictor_name: 
 
     loaded = load(job, target)
     source, workload = load_analysis(loaded)
-    return make_plan(loaded, source, workload, using or predictor(predictor_name, store))
+    return make_plan(loaded, source, workload, using or predictor(predictor_name, store),
+                     tuned=tuned_choice(loaded, workload, store))
+
+
+def tuned_choice(loaded: LoadedJob, workload: WorkloadProfile, store: Path | None = None) -> TunedChoice | None:
+    """The winner ``modak tune`` recorded in the perf store for this job's workload on its target, if any."""
+    from modak.measurements.store import PerfStore, default_store_path
+    from modak.plan import workload_identity
+
+    path = store or default_store_path()
+    if not path.exists():
+        return None
+    with PerfStore(path) as perf:
+        return perf.tuned(loaded.target.name, workload_identity(loaded, workload))
 
 
 @dataclass(frozen=True)

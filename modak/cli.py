@@ -81,6 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     protocol_args(sub)
     sub.add_argument("--json", action="store_true", help="print the measured rows as JSON")
 
+    sub = command("tune", _cmd_tune, "measure the plan's shortlist on this target, race it, and record the winner "
+                                     "for `modak plan`/`modak build`")
+    job_args(sub)
+    sub.add_argument("--budget", type=float, default=600.0, help="wall-clock seconds for the race (default 600)")
+    sub.add_argument("--trials", type=int, default=8, help="candidates raced, at most (default 8)")
+    sub.add_argument("--dispatch", choices=["local", "slurm"], default="local",
+                     help="run launches here (default) or as Slurm job arrays on the target's partition")
+    sub.add_argument("--min-seconds", type=float, default=1.0, help="timed seconds per launch, at least (1)")
+    sub.add_argument("--seed", type=int, default=None, help="seed of the rounds' order (default: random)")
+    sub.add_argument("--json", action="store_true", help="print the race as JSON")
+
     sub = command("probe", _cmd_probe, "measure this machine's ceilings and write a Target file")
     sub.add_argument("-o", "--output", type=Path, required=True, help="Target YAML to write")
     sub.add_argument("--name", default=None, help="target name (default: the host name)")
@@ -386,6 +397,38 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"modak: {len(contended)} candidate(s) ran on a busy machine even when launched again and are stored "
               "as 'contended' (not used by the model): measure again when the machine is quiet", file=sys.stderr)
     return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from modak.bench import dispatch
+    from modak.bench.harness import BenchSettings
+    from modak.bench.tune import TuneSettings, describe, result_dict, tune
+    from modak.measurements.store import PerfStore
+
+    settings = TuneSettings(budget_s=args.budget, trials=args.trials,
+                            protocol=BenchSettings(min_seconds=args.min_seconds, seed=args.seed))
+    plan = _plan(args)
+    dispatcher = (dispatch.SlurmDispatcher(partition=plan.loaded.target.scheduler.partition)
+                  if args.dispatch == "slurm" else dispatch.LocalDispatcher())
+    console = _console(stderr=True)
+
+    def round_done(index: int, alive: list[str], dropped: list[str]) -> None:
+        console.print(f"round {index}: {len(alive)} left" + (f"; dropped {', '.join(dropped)}" if dropped else ""),
+                      highlight=False)
+
+    with PerfStore(args.store) as perf:
+        try:
+            result = tune(plan, perf, settings, dispatcher,
+                          on_launch=lambda c, r: console.print(_launch_line(c, r), highlight=False),
+                          on_round=round_done)
+        except KeyboardInterrupt:
+            print(f"modak: interrupted; the launches measured so far are kept in {perf.path}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    if args.json:
+        print(json.dumps(document(result_dict(result)), indent=2))
+    else:
+        print("\n".join(describe(result)))
+    return 0 if result.winner else EXIT_FAILURE
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:

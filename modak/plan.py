@@ -13,6 +13,7 @@ from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.documents import document
 from modak.errors import InputError
 from modak.image.deployment import Deployment
+from modak.measurements.store import TunedChoice
 from modak.predict.base import Prediction, Predictor, predict_many
 from modak.predict.default import default_predictor
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
@@ -51,6 +52,7 @@ class Plan:
     pruned: tuple[Pruned, ...]
     reasons: tuple[str, ...]
     stock: RankedCandidate | None  # the stock deployment (a recipe marked ``stock``), if it can run the job
+    tuned: TunedChoice | None = None  # the winner ``modak tune`` measured for this workload on this target, if chosen
 
     @property
     def choice(self) -> RankedCandidate:
@@ -87,6 +89,11 @@ class Plan:
             "candidates": [_ranked_dict(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
             "pruned": [{"runtime": p.runtime, "reason": p.reason} for p in self.pruned],
             "choice": self.choice.candidate.name,
+            "tuned": None if self.tuned is None else {
+                "candidate": self.tuned.candidate, "step_seconds": self.tuned.step_s,
+                "interval_seconds": [self.tuned.ci_low_s, self.tuned.ci_high_s], "confident": self.tuned.confident,
+                "trials": self.tuned.trials, "measured_at": self.tuned.measured_at},
+            "worth_tuning": [r.candidate.name for r in worth_tuning(self)],
             "deployment": self.deployment().to_dict(),
             "reasons": list(self.reasons),
         })
@@ -97,9 +104,31 @@ class Plan:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
+def workload_identity(loaded: LoadedJob, workload: WorkloadProfile) -> str:
+    """What a tuned winner is recorded for: the job's model graph (name and size), task, batch and shapes."""
+    return json.dumps({"model": workload.model_name, "task": workload.task.value, "batch_size": workload.batch_size,
+                       "input_shapes": {k: list(v) for k, v in workload.input_shapes.items()},
+                       "flops": workload.flops, "parameters": workload.parameters, "nodes": len(workload.ops),
+                       "precisions": sorted(p.value for p in loaded.job.precision), "device": loaded.job.device.value},
+                      sort_keys=True, separators=(",", ":"))
+
+
+TUNE_TOP = 3  # the model's top candidates that are always worth measuring
+
+
+def worth_tuning(plan: Plan, top: int = TUNE_TOP) -> list[RankedCandidate]:
+    """The candidates worth measuring on the target (``modak tune``'s shortlist): the predicted top ``top``, every
+    candidate whose predicted interval overlaps the leader's, and the stock deployment; best predicted first."""
+    leader = min(plan.ranked, key=lambda r: r.objective_seconds)
+    chosen = [r for i, r in enumerate(sorted(plan.ranked, key=lambda r: r.objective_seconds))
+              if i < top or r.prediction.low_seconds < leader.prediction.high_seconds or r is plan.stock]
+    return chosen
+
+
 def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile, predictor: Predictor | None = None,
-              catalog: Mapping[str, Recipe] | None = None) -> Plan:
-    """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run."""
+              catalog: Mapping[str, Recipe] | None = None, tuned: TunedChoice | None = None) -> Plan:
+    """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run. A ``tuned`` winner
+    (``modak tune``) that is still a candidate is chosen over the prediction."""
     job = loaded.job
     catalog = catalog or load_catalog()
     predictor = predictor or default_predictor()
@@ -133,12 +162,22 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
     stock = next((r for r in ranked if catalog[r.candidate.runtime].is_stock(r.candidate)), None)
     fastest = ranked[0]
-    kept_over = fastest if stock is not None and not _confidently_faster(fastest, stock, job.objective.steps) else None
-    if kept_over is not None:
-        ranked = [stock] + [r for r in ranked if r is not stock]
+    winner = next((r for r in ranked if tuned is not None and r.candidate.name == tuned.candidate), None)
+    kept_over = None
+    if winner is not None:
+        ranked = [winner] + [r for r in ranked if r is not winner]
+    else:
+        tuned = None
+        kept_over = fastest if stock is not None and not _confidently_faster(fastest, stock, job.objective.steps) else None
+        if kept_over is not None:
+            ranked = [stock] + [r for r in ranked if r is not stock]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
-    return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned),
-                _reasons(loaded, ranked, pruned, kept_over), stock)
+    reasons = _reasons(loaded, ranked, pruned, kept_over)
+    if tuned is not None:
+        reasons = (f"chose {tuned.candidate}: tuned on {loaded.target.name} — {tuned.summary}",
+                   *(r.replace("chose ", "the model predicted for it: ", 1) if i == 0 else r
+                     for i, r in enumerate(reasons)))
+    return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
 
 
 def _confidently_faster(fastest: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:

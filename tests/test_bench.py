@@ -24,7 +24,7 @@ def modak(*args: str) -> subprocess.CompletedProcess:
 
 def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
     store = tmp_path / "perf.sqlite"
-    result = modak("bench", str(CNN), "--candidates", "onnxruntime", "--repeat", "3", "--budget", "0.5",
+    result = modak("bench", str(CNN), "--candidates", "onnxruntime", "--launches", "2", "--min-seconds", "0.2", "--budget", "0.5",
                    "--store", str(store), "--json")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
@@ -38,7 +38,7 @@ def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
         assert json.loads(row.versions)["onnxruntime"] and row.compile_s >= 0 and row.peak_rss_mb > 0
         assert json.loads(row.op_class_flops)["conv"] > 0
     # A second run of the same configuration replaces its row instead of adding one.
-    again = modak("bench", str(CNN), "--candidates", "top-1", "--repeat", "3", "--budget", "0.2", "--store", str(store))
+    again = modak("bench", str(CNN), "--candidates", "top-1", "--launches", "1", "--min-seconds", "0.1", "--budget", "0.2", "--store", str(store))
     assert again.returncode == 0, again.stderr
     with PerfStore(store) as perf:
         assert len(perf.rows()) <= len(rows) + 1
@@ -89,7 +89,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     import time
 
     store = tmp_path / "perf.sqlite"
-    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "all", "--repeat", "3",
+    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "all", "--launches", "1", "--min-seconds", "0.1",
                                 "--budget", "0.3", "--store", str(store)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240

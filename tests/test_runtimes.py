@@ -48,7 +48,7 @@ def zoo_request(runtime: str, zoo: str, task: str = "inference", *, workdir: Pat
 
 
 def measure(request: RunRequest) -> dict:
-    return runner.measure(request, repeat=3, budget_s=1)
+    return runner.measure(request, min_seconds=0.1, budget_s=1)
 
 
 def assert_ok(result: dict, precision: str = "fp32") -> None:
@@ -167,7 +167,7 @@ modak.runtime.load_runtime = (lambda n: types.SimpleNamespace(prepare=lowered) i
 results = {}
 for name, text in json.loads(sys.stdin.read()).items():
     try:
-        results[name] = runner.measure(RunRequest.from_json(text), repeat=3, budget_s=1)
+        results[name] = runner.measure(RunRequest.from_json(text), min_seconds=0.1, budget_s=1)
     except Exception as exc:
         results[name] = {"status": "error", "error": repr(exc)}
 print(json.dumps(results))
@@ -267,7 +267,7 @@ def _run_subprocess(request: RunRequest, tmp_path: Path) -> tuple[int, dict]:
     env = {**os.environ, "MODAK_PLAN": str(tmp_path / "plan.json"), "MODAK_MODEL": request.onnx_path,
            "MODAK_WORKDIR": request.workdir}
     done = subprocess.run([sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m",
-                           "modak.runtime", "measure", "--repeat", "3", "--budget", "0.5"],
+                           "modak.runtime", "measure", "--min-seconds", "0.1", "--budget", "0.5"],
                           capture_output=True, text=True, timeout=120, env=env)
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 

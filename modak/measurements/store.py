@@ -79,7 +79,26 @@ class Measurement:
                 self.device, self.precision, self.params, self.threads)
 
 
+@dataclass(frozen=True)
+class TunedChoice:
+    """The winner of ``modak tune`` for one workload on one target: what the plan then chooses."""
+
+    machine: str
+    workload: str  # JSON identity of the job's workload (:func:`modak.plan.workload_identity`)
+    candidate: str  # the winning candidate's name
+    step_s: float  # its measured step time (median over launches) and 90% interval
+    ci_low_s: float
+    ci_high_s: float
+    confident: bool  # every other finalist was confidently slower; False: the budget ran out first
+    trials: int  # candidates raced
+    rounds: int
+    session: str  # the measurement session (its rows are in the store)
+    summary: str  # one sentence: how it won
+    measured_at: str
+
+
 COLUMNS = tuple(f.name for f in fields(Measurement))
+TUNED_COLUMNS = tuple(f.name for f in fields(TunedChoice))
 _INT = {"cores", "batch_size", "parameters", "nodes", "threads", "repeats", "protocol", "launches"}
 _FLOAT = {"peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs", "flops", "bytes", "forward_flops",
           "step_median_s", "step_p10_s", "step_p90_s", "throughput_per_s", "compile_s", "peak_rss_mb",
@@ -109,6 +128,8 @@ class PerfStore:
         with self._db:
             self._db.execute(f"CREATE TABLE IF NOT EXISTS measurements ({columns}, UNIQUE ({key}))")
             self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS tuned ({', '.join(TUNED_COLUMNS)}, "
+                             "PRIMARY KEY (machine, workload))")
             present = {row[1] for row in self._db.execute("PRAGMA table_info(measurements)")}
             for column in (c for c in COLUMNS if c not in present):  # a store written by an older modak
                 kind = "INTEGER" if column in _INT else "REAL" if column in _FLOAT else "TEXT"
@@ -143,6 +164,21 @@ class PerfStore:
         clause = " AND ".join(f"{c} = ?" for c in where)
         query = f"SELECT {', '.join(COLUMNS)} FROM measurements" + (f" WHERE {clause}" if clause else "")
         return [Measurement(*row) for row in self._db.execute(query + " ORDER BY rowid", tuple(where.values()))]
+
+    def record_tuned(self, choice: TunedChoice) -> None:
+        """Store ``choice``, replacing an earlier winner for the same workload and target."""
+        with self._db:
+            self._db.execute(f"INSERT OR REPLACE INTO tuned VALUES ({', '.join('?' for _ in TUNED_COLUMNS)})",
+                             tuple(getattr(choice, c) for c in TUNED_COLUMNS))
+
+    def tuned(self, machine: str, workload: str) -> TunedChoice | None:
+        """The tuned winner for ``workload`` on ``machine``, if ``modak tune`` recorded one."""
+        row = self._db.execute(f"SELECT {', '.join(TUNED_COLUMNS)} FROM tuned WHERE machine = ? AND workload = ?",
+                               (machine, workload)).fetchone()
+        if row is None:
+            return None
+        values = dict(zip(TUNED_COLUMNS, row))
+        return TunedChoice(**{**values, "confident": bool(values["confident"])})
 
     def canary_best(self, host: str) -> float | None:
         """The fastest quiet canary (:func:`modak.runtime.measure.canary_seconds`) seen on ``host``."""

@@ -279,6 +279,10 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
         ("io.modak.predicted-step-seconds", f"{prediction.step_seconds:.6g}"),
         ("io.modak.predictor", prediction.predictor),
         ("io.modak.plan-digest", plan.digest()),
+        *((("io.modak.tuned", _json({"step-seconds": plan.tuned.step_s, "interval-seconds":
+                                     [plan.tuned.ci_low_s, plan.tuned.ci_high_s], "confident": plan.tuned.confident,
+                                     "trials": plan.tuned.trials, "measured-at": plan.tuned.measured_at})),)
+          if plan.tuned else ()),
     )
 
 

@@ -1,0 +1,219 @@
+"""``modak tune``: the model shortlists, the target decides.
+
+The plan's candidates worth measuring (:func:`modak.plan.worth_tuning`: the predicted top few, every candidate
+whose predicted interval overlaps the leader's, and stock) race in measurement rounds
+(:class:`modak.bench.harness.Session`). After ``min_rounds`` rounds, a candidate is dropped once it is confidently
+slower than the current leader (the lower end of the paired per-round ratio's interval above 1). The race
+stops when one candidate is left (the winner is confidently the fastest), when the budget would be exceeded by
+another round (the leader wins, not confidently, and its statistical ties are named), or after ``max_rounds``.
+Every launch is stored as it is measured; the winner is recorded for the job's workload on the target, and
+``modak plan``/``modak build`` choose it from then on and say so. Compile and tuning time (TVM MetaSchedule
+trials included) happen inside the launches, so they count against the same budget.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from modak.bench.dispatch import Dispatcher
+from modak.bench.harness import BENCH_WORKDIR, BenchSettings, Session
+from modak.candidates.enumerate import Candidate
+from modak.errors import InputError
+from modak.measurements.stats import Ratio, median_interval, ratio
+from modak.measurements.store import Measurement, PerfStore, TunedChoice
+from modak.plan import Plan, workload_identity, worth_tuning
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """The race's limits; ``protocol`` times each launch (its ``launches`` is not used: rounds are)."""
+
+    budget_s: float = 600.0  # wall-clock seconds for the whole race
+    trials: int = 8  # candidates raced, at most
+    min_rounds: int = 3  # launches of every candidate before any is dropped
+    max_rounds: int = 8
+    protocol: BenchSettings = BenchSettings()
+
+    def __post_init__(self) -> None:
+        if self.budget_s <= 0 or self.trials < 1 or not 1 <= self.min_rounds <= self.max_rounds:
+            raise InputError("--budget must be positive, --trials at least 1, and 1 <= min rounds <= max rounds")
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A finalist at the end of the race."""
+
+    name: str
+    launches: int
+    step_s: float | None  # median over its launches (None: it never measured)
+    interval: tuple[float, float] | None
+    versus_winner: Ratio | None  # its step time / the winner's
+    status: str  # winner, tied, dropped after N rounds, failed: ..., contended
+    row: Measurement | None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    shortlist: tuple[str, ...]
+    zero_shot: str  # the plan's choice before tuning
+    winner: str | None
+    confident: bool
+    stopped: str  # why the race ended
+    rounds: int
+    seconds: float
+    standings: tuple[Standing, ...]
+    recorded: TunedChoice | None
+
+
+def shortlist(plan: Plan, trials: int) -> list[Candidate]:
+    """At most ``trials`` candidates worth tuning, stock kept in when there is room for two."""
+    worth = [r.candidate for r in worth_tuning(plan)]
+    stock = plan.stock.candidate if plan.stock else None
+    if stock is None or stock in worth[:trials] or trials < 2:
+        return worth[:trials]
+    return [c for c in worth if c != stock][: trials - 1] + [stock]
+
+
+def tune(plan: Plan, store: PerfStore, settings: TuneSettings = TuneSettings(), dispatcher: Dispatcher | None = None,
+         on_launch: Callable[[Candidate, dict], None] | None = None,
+         on_round: Callable[[int, list[str], list[str]], None] | None = None) -> TuneResult:
+    """Race the plan's shortlist on this target (see the module's description); ``on_round(round, alive,
+    dropped)`` is told after every round."""
+    from modak.bench.dispatch import LocalDispatcher
+
+    finalists = shortlist(plan, settings.trials)
+    alive = list(finalists)
+    dropped: dict[str, int] = {}
+    start = time.monotonic()
+    stopped = f"{settings.max_rounds} rounds measured"
+    with Session(plan, store, settings.protocol, dispatcher or LocalDispatcher(), BENCH_WORKDIR,
+                 on_launch) as session:
+        rows: dict[str, Measurement] = {}
+        round_seconds = 0.0
+        while session.rounds < settings.max_rounds:
+            elapsed = time.monotonic() - start
+            if session.rounds and elapsed + round_seconds > settings.budget_s:
+                stopped = f"the budget ({settings.budget_s:g} s) leaves no time for another round"
+                break
+            began = time.monotonic()
+            rows.update(session.run_round(alive))
+            round_seconds = time.monotonic() - began
+            alive = [c for c in alive if c.name not in session.failed]
+            if not alive:
+                stopped = "every candidate failed"
+                break
+            out = _confidently_slower(session, alive) if session.rounds >= settings.min_rounds else []
+            for candidate in out:
+                dropped[candidate.name] = session.rounds
+            alive = [c for c in alive if c not in out]
+            if on_round:
+                on_round(session.rounds, [c.name for c in alive], [c.name for c in out])
+            if len(alive) == 1 and session.rounds >= settings.min_rounds:
+                stopped = "one candidate left: every other was confidently slower"
+                break
+        return _result(plan, store, session, finalists, alive, dropped, rows, stopped, time.monotonic() - start)
+
+
+def _center(session: Session, candidate: Candidate) -> float:
+    """The geometric mean of ``candidate``'s launches: the same center as the paired ratios'."""
+    times = [r["step_median_s"] for r in session.launches[candidate.name]]
+    return math.exp(sum(math.log(t) for t in times) / len(times))
+
+
+def _confidently_slower(session: Session, alive: list[Candidate]) -> list[Candidate]:
+    """The candidates whose paired ratio to the current leader is confidently above 1."""
+    leader = min(alive, key=lambda c: _center(session, c))
+    return [c for c in alive if c is not leader and _versus(session, c, leader).slower()]
+
+
+def _versus(session: Session, a: Candidate, b: Candidate) -> Ratio:
+    return ratio([r["step_median_s"] for r in session.launches[a.name]],
+                 [r["step_median_s"] for r in session.launches[b.name]], paired=True)
+
+
+def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Candidate], alive: list[Candidate],
+            dropped: dict[str, int], rows: dict[str, Measurement], stopped: str, seconds: float) -> TuneResult:
+    measured = [c for c in alive if session.launches.get(c.name)]
+    winner = min(measured, key=lambda c: _center(session, c)) if measured else None
+    confident = winner is not None and len(alive) == 1 and session.rounds >= 2
+    standings = []
+    for candidate in finalists:
+        launches = session.launches.get(candidate.name, [])
+        row = rows.get(candidate.name)
+        versus = _versus(session, candidate, winner) if launches and winner and candidate is not winner else None
+        if candidate is winner:
+            status = "winner"
+        elif candidate.name in dropped:
+            status = f"dropped after {dropped[candidate.name]} rounds"
+        elif candidate.name in session.failed:
+            status = f"failed: {session.failed[candidate.name]}"
+        else:
+            status = "tied with the winner" if versus and not versus.slower() else "slower"
+        if row is not None and row.status == "contended":
+            status += " (contended)"
+        median, low, high = median_interval([r["step_median_s"] for r in launches]) if launches else (None, 0, 0)
+        standings.append(Standing(candidate.name, len(launches), median, (low, high) if launches else None, versus,
+                                  status, row))
+    recorded = None
+    winner_row = rows.get(winner.name) if winner else None
+    if winner is not None and winner_row is not None and winner_row.status == "ok":
+        recorded = _record(plan, store, session, winner, winner_row, confident, len(finalists), standings)
+    return TuneResult(tuple(c.name for c in finalists), plan.choice.candidate.name,
+                      winner.name if winner else None, confident, stopped, session.rounds, seconds,
+                      tuple(standings), recorded)
+
+
+def _record(plan: Plan, store: PerfStore, session: Session, winner: Candidate, row: Measurement, confident: bool,
+            trials: int, standings: list[Standing]) -> TunedChoice:
+    others = [s for s in standings if s.versus_winner is not None]
+    stock = next((s for s in others if plan.stock and s.name == plan.stock.candidate.name), None)
+    summary = (f"measured {row.step_median_s * 1e3:.3g} ms per step [{row.ci_low_s * 1e3:.3g}, "
+               f"{row.ci_high_s * 1e3:.3g}] over {row.launches} launches in `modak tune` "
+               + ("(confidently the fastest" if confident else "(the fastest when the race stopped, not confidently")
+               + f" of {trials} candidates"
+               + (f"; stock was {stock.versus_winner.describe()} its step time" if stock else "") + ")")
+    choice = TunedChoice(
+        machine=plan.loaded.target.name, workload=workload_identity(plan.loaded, plan.workload),
+        candidate=winner.name, step_s=row.step_median_s, ci_low_s=row.ci_low_s, ci_high_s=row.ci_high_s,
+        confident=confident, trials=trials, rounds=session.rounds, session=session.id, summary=summary,
+        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    store.record_tuned(choice)
+    return choice
+
+
+def result_dict(result: TuneResult) -> dict:
+    """JSON-ready form of a race (``modak tune --json``)."""
+    return {
+        "shortlist": list(result.shortlist), "zero_shot": result.zero_shot, "winner": result.winner,
+        "confident": result.confident, "stopped": result.stopped, "rounds": result.rounds,
+        "seconds": round(result.seconds, 2), "recorded": result.recorded is not None,
+        "standings": [{"candidate": s.name, "launches": s.launches, "step_seconds": s.step_s,
+                       "interval_seconds": list(s.interval) if s.interval else None, "status": s.status,
+                       "versus_winner": None if s.versus_winner is None else {
+                           "ratio": s.versus_winner.estimate, "interval": [s.versus_winner.low,
+                                                                          s.versus_winner.high]}}
+                      for s in result.standings]}
+
+
+def describe(result: TuneResult) -> list[str]:
+    """Lines for the terminal."""
+    lines = [f"raced {len(result.shortlist)} candidates in {result.rounds} rounds, {result.seconds:.0f} s: "
+             f"{result.stopped}"]
+    for s in result.standings:
+        timing = (f"{s.step_s * 1e3:8.3g} ms [{s.interval[0] * 1e3:.3g}, {s.interval[1] * 1e3:.3g}]"
+                  if s.step_s else f"{'-':>8}")
+        versus = f"  {s.versus_winner.describe()} of the winner" if s.versus_winner else ""
+        lines.append(f"  {timing}  {s.status:<28} {s.name}{versus}")
+    if result.winner:
+        same = result.winner == result.zero_shot
+        lines.append(f"winner: {result.winner}" + (" (the plan's zero-shot choice too)" if same else
+                                                   f" (the plan had predicted {result.zero_shot})"))
+    if result.recorded:
+        lines.append("recorded for this job on this target: `modak plan` and `modak build` now choose it")
+    elif result.winner:
+        lines.append("not recorded: the winner's measurement ran on a busy machine; tune again when it is quiet")
+    return lines

@@ -1,0 +1,160 @@
+"""`modak tune`: racing on a fixed synthetic timing source, the recorded winner reaching `modak plan` and the
+build's labels, and a real (short) race through the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from modak.bench.dispatch import LaunchTask
+from modak.bench.harness import BenchSettings
+from modak.bench.tune import TuneSettings, shortlist, tune
+from modak.measurements.store import PerfStore
+from modak.plan import make_plan, workload_identity, worth_tuning
+from modak.spec.loader import load_job
+from modak.workload.source import load_analysis
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+
+
+class SyntheticDispatcher:
+    """Launch results from fixed true step times with seeded multiplicative noise per launch and a drift shared
+    by every launch of a round (what interleaving cancels)."""
+
+    def __init__(self, true_seconds: dict[str, float], noise: float, drift: float = 0.0, seed: int = 0) -> None:
+        self.true_seconds, self.noise, self.drift = true_seconds, noise, drift
+        self.rng = np.random.default_rng(seed)
+        self.launched: list[str] = []
+
+    def run(self, tasks: list[LaunchTask]) -> list[dict]:
+        shared = float(np.exp(self.rng.normal(0, self.drift)))
+        results = []
+        for task in tasks:
+            self.launched.append(task.name)
+            step = self.true_seconds[task.name] * shared * float(np.exp(self.rng.normal(0, self.noise)))
+            results.append({"status": "ok", "step_median_s": step, "step_p10_s": step * 0.98,
+                            "step_p90_s": step * 1.02, "repeats": 100, "threads": 2, "compile_s": 0.1,
+                            "contention": {"cpus": 2, "other_cores": 0.0, "steal_cores": 0.0}})
+        return results
+
+
+@pytest.fixture(scope="module")
+def plan():
+    loaded = load_job(CNN)
+    return make_plan(loaded, *load_analysis(loaded))
+
+
+def finalists(plan, count: int = 4) -> list[str]:
+    return [c.name for c in shortlist(plan, count)]
+
+
+def test_shortlist_is_top_overlapping_and_stock(plan):
+    worth = worth_tuning(plan)
+    ranked = sorted(plan.ranked, key=lambda r: r.objective_seconds)
+    assert worth[:3] == ranked[:3] and plan.stock in worth
+    leader = ranked[0].prediction
+    assert all(r in worth for r in ranked if r.prediction.low_seconds < leader.high_seconds)
+    assert len(shortlist(plan, 2)) == 2 and shortlist(plan, 2)[-1] == plan.stock.candidate
+    assert json.loads(json.dumps(plan.to_dict()))["worth_tuning"] == [r.candidate.name for r in worth]
+
+
+def test_race_drops_the_confidently_slower_and_declares_a_confident_winner(plan, tmp_path):
+    names = finalists(plan)
+    true = dict(zip(names, (2e-3, 2.5e-3, 3e-3, 10e-3)))
+    dispatcher = SyntheticDispatcher(true, noise=0.02, drift=0.2)
+    with PerfStore(tmp_path / "perf.sqlite") as store:
+        result = tune(plan, store, TuneSettings(budget_s=600, trials=4, min_rounds=3, max_rounds=8,
+                                                protocol=BenchSettings(seed=1)), dispatcher)
+        rows = store.rows()
+        recorded = store.tuned(plan.loaded.target.name, workload_identity(plan.loaded, plan.workload))
+    assert result.winner == names[0] and result.confident and result.rounds == 3
+    assert "confidently slower" in result.stopped
+    assert [s.status for s in result.standings] == ["winner"] + ["dropped after 3 rounds"] * 3
+    assert dispatcher.launched.count(names[0]) == 3 and len(dispatcher.launched) == 12
+    assert len(rows) == 4 and all(r.launches == 3 and r.protocol == 2 and r.status == "ok" for r in rows)
+    assert len({r.session for r in rows}) == 1
+    assert recorded is not None and recorded.candidate == names[0] and recorded.confident
+    assert recorded.ci_low_s <= recorded.step_s <= recorded.ci_high_s
+
+
+def test_race_between_equals_ends_on_the_budget_without_confidence(plan, tmp_path):
+    names = finalists(plan, 2)
+    dispatcher = SyntheticDispatcher({names[0]: 2e-3, names[1]: 2.01e-3}, noise=0.05, drift=0.1, seed=3)
+    with PerfStore(tmp_path / "perf.sqlite") as store:
+        result = tune(plan, store, TuneSettings(trials=2, min_rounds=3, max_rounds=5), dispatcher)
+    assert result.rounds == 5 and not result.confident and result.winner in names
+    loser = next(s for s in result.standings if s.name != result.winner)
+    assert loser.status == "tied with the winner" and loser.versus_winner.low < 1 < loser.versus_winner.high
+
+
+def test_budget_stops_before_a_round_that_would_not_fit(plan, tmp_path):
+    import time
+
+    class Slow(SyntheticDispatcher):
+        def run(self, tasks):
+            time.sleep(0.3)
+            return super().run(tasks)
+
+    names = finalists(plan, 2)
+    with PerfStore(tmp_path / "perf.sqlite") as store:
+        result = tune(plan, store, TuneSettings(budget_s=0.5, trials=2), Slow({n: 1e-3 for n in names}, 0.01))
+    assert result.rounds == 1 and "budget" in result.stopped and not result.confident
+
+
+def test_failed_candidate_leaves_the_race_and_is_reported(plan, tmp_path):
+    names = finalists(plan, 3)
+
+    class Failing(SyntheticDispatcher):
+        def run(self, tasks):
+            results = super().run(tasks)
+            return [{"status": "error", "error": "boom"} if t.name == names[1] else r for t, r in zip(tasks, results)]
+
+    with PerfStore(tmp_path / "perf.sqlite") as store:
+        result = tune(plan, store, TuneSettings(trials=3, max_rounds=3),
+                      Failing({n: t for n, t in zip(names, (1e-3, 1e-3, 5e-3))}, 0.01))
+        failed = store.rows(status="error")
+    assert next(s for s in result.standings if s.name == names[1]).status == "failed: boom"
+    assert len(failed) == 1 and failed[0].launches == 1 and result.winner == names[0]
+
+
+def test_tuned_winner_reaches_the_plan_and_the_image_labels(plan, tmp_path):
+    """The recorded winner becomes the plan's choice, with the reason, and the build's labels say so."""
+    from modak import api
+    from modak.render.ir import build_description
+
+    names = finalists(plan)
+    slow_pick = names[2]  # not the model's choice: the measurement decides
+    true = {n: (1e-3 if n == slow_pick else 4e-3) for n in names}
+    store_path = tmp_path / "perf.sqlite"
+    with PerfStore(store_path) as store:
+        tune(plan, store, TuneSettings(trials=4), SyntheticDispatcher(true, 0.01))
+    tuned = api.plan_job(CNN, store=store_path)
+    assert tuned.choice.candidate.name == slow_pick and tuned.tuned.candidate == slow_pick
+    assert tuned.reasons[0].startswith(f"chose {slow_pick}: tuned on ") and "confidently the fastest" in tuned.reasons[0]
+    assert tuned.to_dict()["tuned"]["candidate"] == slow_pick
+    labels = dict(build_description(tuned).labels)
+    assert labels["io.modak.runtime"] == tuned.choice.candidate.runtime
+    assert json.loads(labels["io.modak.tuned"])["confident"] is True
+    untuned = api.plan_job(CNN, store=tmp_path / "empty.sqlite")
+    assert untuned.tuned is None and "io.modak.tuned" not in dict(build_description(untuned).labels)
+
+
+def test_tune_command_races_for_real(tmp_path):
+    """A short real race of two candidates through the command line: rows stored, winner recorded."""
+    store = tmp_path / "perf.sqlite"
+    done = subprocess.run([sys.executable, "-m", "modak", "tune", str(CNN), "--trials", "2", "--budget", "120",
+                           "--min-seconds", "0.2", "--seed", "0", "--store", str(store), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["winner"] in result["shortlist"] and len(result["shortlist"]) == 2 and result["rounds"] >= 1
+    with PerfStore(store) as perf:
+        rows = perf.rows()
+    assert len(rows) == 2 and all(r.session == rows[0].session for r in rows)
+    assert all(1 <= r.launches <= result["rounds"] for r in rows if r.status in ("ok", "contended"))
