@@ -1,0 +1,69 @@
+"""A real CPU hog started during `modak bench` is detected in every launch, the rows are stored as contended and
+`modak model fit` does not learn from them; the watch itself reports a quiet stretch as quiet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from modak.measurements.store import PerfStore
+from modak.runtime.measure import CpuWatch, contention_reasons
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+HOG = "import time\nend = time.time() + 600\nwhile time.time() < end: pass"
+
+
+def test_watch_sees_a_busy_loop_in_another_process():
+    hog = subprocess.Popen([sys.executable, "-c", HOG])
+    try:
+        time.sleep(0.3)
+        with CpuWatch() as watch:
+            time.sleep(1.0)
+        busy = watch.report()
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy["other_cores"] > 0.7 and contention_reasons(busy), busy
+    with CpuWatch() as watch:
+        time.sleep(1.0)
+    quiet = watch.report()
+    assert quiet["other_cores"] < 0.2 and not contention_reasons(quiet), quiet
+
+
+def test_a_cpu_hog_during_bench_is_detected_every_time_and_not_learned_from(tmp_path):
+    store = tmp_path / "perf.sqlite"
+    plan = json.loads(subprocess.run([sys.executable, "-m", "modak", "plan", str(CNN), "--json"], capture_output=True,
+                                     text=True, check=True).stdout)
+    chosen = plan["choice"]
+    bench = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", chosen, "--launches",
+                              "2", "--min-seconds", "0.5", "--budget", "1", "--store", str(store)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hog = subprocess.Popen([sys.executable, "-c", HOG])  # started while bench starts: a real neighbour
+    try:
+        _, stderr = bench.communicate(timeout=600)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert bench.returncode == 0, stderr[-3000:]
+    assert "CONTENDED" in stderr and "stored as 'contended'" in stderr
+    with PerfStore(store) as perf:
+        rows = perf.rows()
+    assert len(rows) == 1 and rows[0].status == "contended" and rows[0].launches == 2
+    launches = json.loads(rows[0].contention)
+    assert all(launch["busy"] and launch["retried_after"] for launch in launches), launches  # tried 3 times each
+    assert all(launch["other_cores"] > 0.2 for launch in launches)
+
+    fit = subprocess.run([sys.executable, "-m", "modak", "model", "fit", "--store", str(store)], capture_output=True,
+                         text=True, env={**os.environ})
+    assert fit.returncode == 0, fit.stderr
+    assert "(0 from the local store)" in fit.stdout, fit.stdout
+
+    from modak.predict.evaluate import ok_rows, training_data
+
+    rows_used, _ = training_data(store)
+    assert not [r for r in ok_rows(rows_used) if r.session == rows[0].session]
