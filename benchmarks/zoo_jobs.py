@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
+from dataclasses import replace
 
 from modak.bench.harness import BenchSettings, bench
 from modak.candidates.catalog import Recipe
@@ -32,15 +32,12 @@ def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Ta
 
 def measure_side_by_side(plan: Plan, candidates: dict[str, Candidate], rounds: int,
                          settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
-    """Median step time of each labelled candidate, measured in alternation for ``rounds`` rounds so that
-    machine noise hits all alike; None for a candidate that never ran."""
-    times: dict[str, list[float]] = {label: [] for label in candidates}
-    for _ in range(rounds):
-        for label, candidate in candidates.items():
-            row = bench(plan, [candidate], store, settings)[0]
-            if row.step_median_s:
-                times[label].append(row.step_median_s)
-    return {label: statistics.median(values) if values else None for label, values in times.items()}
+    """Median step time of each labelled candidate over ``rounds`` interleaved rounds (the harness's protocol:
+    random order in every round, so machine noise hits all alike); None for a candidate that never ran."""
+    rows = bench(plan, list(candidates.values()), store, replace(settings, launches=rounds))
+    by_name = {c.name: r for c, r in zip(candidates.values(), rows)}
+    return {label: by_name[c.name].step_median_s if c.name in by_name else None
+            for label, c in candidates.items()}
 
 
 def stock_candidate(plan: Plan) -> Candidate:
