@@ -158,3 +158,18 @@ def test_tune_command_races_for_real(tmp_path):
         rows = perf.rows()
     assert len(rows) == 2 and all(r.session == rows[0].session for r in rows)
     assert all(1 <= r.launches <= result["rounds"] for r in rows if r.status in ("ok", "contended"))
+
+
+@pytest.mark.skipif(not __import__("shutil").which("sbatch"), reason="Slurm's sbatch is not installed")
+def test_tune_dispatches_rounds_as_slurm_job_arrays(tmp_path):
+    """`--dispatch slurm`: every round runs as a job array on the real Slurm; rows and winner as locally."""
+    store = tmp_path / "perf.sqlite"
+    done = subprocess.run([sys.executable, "-m", "modak", "tune", str(CNN), "--trials", "2", "--budget", "90",
+                           "--min-seconds", "0.2", "--dispatch", "slurm", "--store", str(store), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["winner"] in result["shortlist"] and result["rounds"] >= 1
+    with PerfStore(store) as perf:
+        rows = perf.rows()
+        assert len(rows) == 2 and all(r.launches >= 1 and r.step_median_s > 0 for r in rows)
