@@ -30,17 +30,25 @@ def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Ta
     return make_plan(loaded, *load_analysis(loaded), predictor or RooflinePredictor(), catalog)
 
 
-def measure_side_by_side(plan: Plan, candidates: dict[str, Candidate], rounds: int,
-                         settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
-    """Median step time of each labelled candidate, measured in alternation for ``rounds`` rounds so that
-    machine noise hits all alike; None for a candidate that never ran."""
-    times: dict[str, list[float]] = {label: [] for label in candidates}
+def measure_rounds(plan: Plan, candidates: dict[str, Candidate], rounds: int, settings: BenchSettings,
+                   store: PerfStore) -> dict[str, list[float | None]]:
+    """Each labelled candidate's median step time in each of ``rounds`` rounds, measured in alternation so that
+    machine noise hits all alike (time ``i`` of two candidates ran in the same round; None: that run failed)."""
+    times: dict[str, list[float | None]] = {label: [] for label in candidates}
     for _ in range(rounds):
         for label, candidate in candidates.items():
-            row = bench(plan, [candidate], store, settings)[0]
-            if row.step_median_s:
-                times[label].append(row.step_median_s)
-    return {label: statistics.median(values) if values else None for label, values in times.items()}
+            times[label].append(bench(plan, [candidate], store, settings)[0].step_median_s or None)
+    return times
+
+
+def measure_side_by_side(plan: Plan, candidates: dict[str, Candidate], rounds: int,
+                         settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
+    """Median step time of each labelled candidate over :func:`measure_rounds`; None for one that never ran."""
+    medians: dict[str, float | None] = {}
+    for label, values in measure_rounds(plan, candidates, rounds, settings, store).items():
+        ran = [t for t in values if t is not None]
+        medians[label] = statistics.median(ran) if ran else None
+    return medians
 
 
 def stock_candidate(plan: Plan) -> Candidate:
