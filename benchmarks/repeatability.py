@@ -7,8 +7,9 @@ Re-measure part of the campaign on the same machine into a second CSV, for examp
     python benchmarks/repeatability.py perfmodels/cpu-ci-epyc-2c-b.csv /tmp/again.csv
 
 Run A's measured step times are then scored as if they were predictions of run B's, with the same metrics as
-``modak model eval`` (MAPE, Kendall tau per workload, regret of the top-1 pick). No predictor can be expected
-to beat these numbers on run B: they are what the machine's run-to-run variation alone costs.
+``modak model eval`` (MAPE, Kendall tau per workload, hit rate and captured speedup of the top-1 pick). No
+predictor can be expected to beat these numbers on run B: they are what the machine's run-to-run variation
+alone costs.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import replace
 
 from modak.bench.harness import BenchSettings, bench
@@ -30,14 +32,21 @@ def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Ta
     return make_plan(loaded, *load_analysis(loaded), predictor or RooflinePredictor(), catalog)
 
 
-def measure_side_by_side(plan: Plan, candidates: dict[str, Candidate], rounds: int,
-                         settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
-    """Median step time of each labelled candidate over ``rounds`` interleaved rounds (the harness's protocol:
-    random order in every round, so machine noise hits all alike); None for a candidate that never ran."""
+def measure_rounds(plan: Plan, candidates: dict[str, Candidate], rounds: int, settings: BenchSettings,
+                   store: PerfStore) -> dict[str, list[float]]:
+    """Each labelled candidate's launch medians over ``rounds`` interleaved rounds of the harness (random order in
+    every round, so time ``i`` of two candidates ran in the same round); empty for a candidate that failed."""
     rows = bench(plan, list(candidates.values()), store, replace(settings, launches=rounds))
     by_name = {c.name: r for c, r in zip(candidates.values(), rows)}
-    return {label: by_name[c.name].step_median_s if c.name in by_name else None
+    return {label: json.loads(by_name[c.name].launch_medians or "[]") if c.name in by_name else []
             for label, c in candidates.items()}
+
+
+def measure_side_by_side(plan: Plan, candidates: dict[str, Candidate], rounds: int,
+                         settings: BenchSettings, store: PerfStore) -> dict[str, float | None]:
+    """Median step time of each labelled candidate over :func:`measure_rounds`; None for one that never ran."""
+    return {label: statistics.median(values) if values else None
+            for label, values in measure_rounds(plan, candidates, rounds, settings, store).items()}
 
 
 def stock_candidate(plan: Plan) -> Candidate:

@@ -100,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("model", _cmd_model, "fit or evaluate the learned performance model")
     sub.add_argument("action", choices=["fit", "eval"], help="fit: refit and summarize; eval: cross-validate")
     sub.add_argument("--store", type=Path, help="local perf store to include (default: $MODAK_STORE or ~/.local/share/modak)")
+    sub.add_argument("--seeds", type=int, default=3,
+                     help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
 
     sub = command("render", _cmd_render, "write Dockerfile, Singularity.def, entrypoint, job script and plan")
     job_args(sub)
@@ -212,7 +214,7 @@ def _cmd_model(args: argparse.Namespace) -> int:
     if args.action == "eval":
         print(f"{len(usable)} measured rows, {len({r.model for r in usable})} models, "
               f"{len({r.machine for r in usable})} target(s)")
-        print(format_scores(evaluate(usable)))
+        print(format_scores(evaluate(usable, args.seeds)))
         return 0
     start = time.perf_counter()
     model = LearnedPredictor(rows, weights)

@@ -1,43 +1,115 @@
-"""Honest evaluation of the learned model: leave one model (or one target) out, then score the held-out rows.
+"""Honest evaluation of the learned model: hold out one model (or one model family, or one target), then score
+the held-out rows.
 
-Metrics on the held-out rows: MAPE of the step time; per workload (model, task, batch on one machine), the
-Kendall tau between predicted and measured ranking of its candidates and the regret of the top-1 pick
-(measured time of the predicted best / measured best - 1). Rows whose (runtime, device) the training fold does
-not cover are counted, not scored. A physics-only baseline (roofline bound / median utilization of the
-runtime in the training fold) is scored on the same rows for comparison.
+Accuracy on the held-out rows: MAPE of the step time, the Kendall tau between predicted and measured ranking of
+each workload's candidates (model, task, batch and input shapes on one machine), the share of measured times
+inside the predicted 80% interval. Decisions, per workload with at least two scored rows: the pick (predicted
+fastest) against the best (measured fastest) by the ratio of their launches' step times with its bootstrap
+interval (paired by round when both ran interleaved in one session): a *hit* when the pick is the best or shown
+to be within 5% of it (an equivalence test, so any of several rows tied with the best is a hit), a *miss* when
+shown to be more than 5% slower, *undecided* when the data cannot tell. Rows of one launch (protocol 1) give
+zero-width intervals: the test then reduces to the point ratio. Captured speedup: the pick's speedup over the
+stock deployment divided by the best's. Rows whose (runtime, device) the training fold does not cover are
+counted, not scored. A physics-only baseline (roofline bound / median utilization of the runtime in the
+training fold) is scored on the same rows for comparison.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from modak.candidates.catalog import Recipe, load_catalog
+from modak.measurements.stats import EQUIVALENCE_MARGIN, Ratio, ratio
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
 from modak.paths import data_dir
-from modak.predict.learned import LearnedPredictor, example_from_row
+from modak.predict.learned import LearnedPredictor, candidate_from_row, example_from_row
 
 LOCAL_WEIGHT = 3.0  # rows measured on the user's machines count more than shipped ones
+HIT, MISS, UNDECIDED = "hit", "miss", "undecided"
+_VARIANT = re.compile(r"(_v\d+|_(?:tiny|small|base|large)|\d+)$")  # resnet18, mobilenet_v2, bert_base
 
 
 @dataclass(frozen=True)
 class Scores:
-    """Metrics of one evaluation scheme for one predictor."""
+    """Metrics of one evaluation scheme for one predictor (fit with ``seed``; None: nothing random)."""
 
     scheme: str
     predictor: str
+    seed: int | None
     rows: int
     uncovered: int
     mape: float
     kendall_tau_median: float
-    regret_median: float
-    regret_p90: float
-    workloads: int
     interval_coverage: float  # share of measured times inside the predicted 80% interval (NaN: no interval)
+    workloads: int  # with >= 2 scored rows: the decisions
+    hit_rate: float
+    undecided: float  # share of workloads the data cannot decide (misses: the rest)
+    one_launch: int  # verdicts resting on rows of one launch each (the equivalence test is the point ratio)
+    captured_median: float  # (stock / pick) / (stock / best) over workloads with a stock row
+    captured_p10: float
+    pick_speedup: float  # geometric mean of stock / pick over the same workloads
+    no_stock: int  # workloads without a measured stock row (no captured speedup)
+
+    @property
+    def miss_rate(self) -> float:
+        """Share of workloads whose pick is shown to be more than 5% slower than the best."""
+        return 1.0 - self.hit_rate - self.undecided
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The pick of one workload against its measured best."""
+
+    verdict: str  # HIT, MISS or UNDECIDED
+    ratio: Ratio  # pick / best
+    one_launch: bool  # the verdict rests on two rows of one launch each: a zero-width interval
+
+
+def family(model: str) -> str:
+    """A model's family: its name without a trailing size or version (resnet18, resnet50 -> resnet)."""
+    return _VARIANT.sub("", model) or model
+
+
+def launch_times(row: Measurement) -> list[float]:
+    """The row's per-launch median step seconds (protocol 1: its one median)."""
+    return json.loads(row.launch_medians) if row.launch_medians else [row.step_median_s]
+
+
+def decision(pick: Measurement, best: Measurement) -> Decision:
+    """Whether ``pick`` is as fast as ``best`` (within ``EQUIVALENCE_MARGIN``), shown to be slower, or neither.
+    Paired by round when both rows belong to one session and have >= 2 launches."""
+    a, b = launch_times(pick), launch_times(best)
+    if pick.step_median_s <= best.step_median_s:  # the pick is (tied with) the measured best
+        return Decision(HIT, Ratio(1.0, 1.0, 1.0, min(len(a), len(b)), False), False)
+    paired = pick.session is not None and pick.session == best.session and min(len(a), len(b)) >= 2
+    r = ratio(a, b, paired=paired)
+    return Decision(verdict(r), r, len(a) == 1 and len(b) == 1)
+
+
+def verdict(pick_over_best: Ratio) -> str:
+    """HIT: shown within ``EQUIVALENCE_MARGIN`` of the best; MISS: shown slower by more; else UNDECIDED."""
+    if pick_over_best.equivalent(EQUIVALENCE_MARGIN):
+        return HIT
+    return MISS if pick_over_best.low > 1.0 + EQUIVALENCE_MARGIN else UNDECIDED
+
+
+def stock_row(rows: Iterable[Measurement], catalog: Mapping[str, Recipe]) -> Measurement | None:
+    """The row of the stock deployment (the recipe marked stock at its defaults, as the plan keeps it), if any."""
+    return next((r for r in rows if r.runtime in catalog and catalog[r.runtime].is_stock(candidate_from_row(r))),
+                None)
+
+
+def captured_speedup(stock_s: float, pick_s: float, best_s: float) -> float:
+    """The pick's speedup over stock as a share of the best's (1: all of it), from their step seconds."""
+    return (stock_s / pick_s) / (stock_s / best_s)
 
 
 def shipped_rows() -> list[Measurement]:
@@ -66,16 +138,20 @@ def ok_rows(rows: Iterable[Measurement]) -> list[Measurement]:
     return [r for r in rows if r.status == "ok" and r.step_median_s]
 
 
-def evaluate(rows: list[Measurement]) -> list[Scores]:
-    """Leave-one-model-out (and leave-one-target-out with >= 2 machines) scores, learned vs baseline."""
+def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Recipe] | None = None) -> list[Scores]:
+    """Leave-one-model-out, family-held-out (and leave-one-target-out with >= 2 machines) scores of the learned
+    model fit with seeds ``0 .. seeds - 1``, and of the baseline."""
+    if seeds < 1:
+        raise ValueError("seeds must be >= 1")
     rows = ok_rows(rows)
-    schemes: list[tuple[str, Callable[[Measurement], str]]] = [("leave-one-model-out", lambda r: r.model)]
+    schemes: list[tuple[str, Callable[[Measurement], str]]] = [("leave-one-model-out", lambda r: r.model),
+                                                                ("family-held-out", lambda r: family(r.model))]
     if len({r.machine for r in rows}) >= 2:
         schemes.append(("leave-one-target-out", lambda r: r.machine))
     results = []
     for scheme, group_of in schemes:
-        learned: dict[int, float] = {}
-        intervals: dict[int, tuple[float, float]] = {}
+        learned: list[dict[int, float]] = [{} for _ in range(seeds)]
+        intervals: list[dict[int, tuple[float, float]]] = [{} for _ in range(seeds)]
         baseline: dict[int, float] = {}
         uncovered = 0
         for group in sorted({group_of(r) for r in rows}):
@@ -83,17 +159,20 @@ def evaluate(rows: list[Measurement]) -> list[Scores]:
             test = [(i, r) for i, r in enumerate(rows) if group_of(r) == group]
             if not train:
                 continue
-            model = LearnedPredictor(train)
-            covered = [(i, r) for i, r in test if (r.runtime, r.device) in model.coverage]
-            uncovered += len(test) - len(covered)
-            predictions = model.predict_examples([example_from_row(r) for _, r in covered])
             utilization = _median_utilization(train)
-            for (i, r), (step, low, high, _compile) in zip(covered, predictions):
-                learned[i] = step
-                intervals[i] = (low, high)
+            for seed in range(seeds):
+                model = LearnedPredictor(train, seed=seed, catalog=catalog)
+                covered = [(i, r) for i, r in test if (r.runtime, r.device) in model.coverage]
+                predictions = model.predict_examples([example_from_row(r) for _, r in covered])
+                for (i, r), (step, low, high, _compile) in zip(covered, predictions):
+                    learned[seed][i] = step
+                    intervals[seed][i] = (low, high)
+            uncovered += len(test) - len(covered)
+            for i, r in covered:
                 baseline[i] = example_from_row(r).bound_seconds / utilization[(r.runtime, r.device)]
-        results.append(score(scheme, "learned", rows, learned, uncovered, intervals))
-        results.append(score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}))
+        results += [score(scheme, "learned", rows, learned[seed], uncovered, intervals[seed], seed, catalog)
+                    for seed in range(seeds)]
+        results.append(score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}, None, catalog))
     return results
 
 
@@ -105,40 +184,96 @@ def _median_utilization(rows: list[Measurement]) -> dict[tuple[str, str], float]
 
 
 def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
-          intervals: dict[int, tuple[float, float]]) -> Scores:
-    """Metrics of ``predicted`` (row index -> step seconds) against the rows' measured medians."""
+          intervals: dict[int, tuple[float, float]], seed: int | None = None,
+          catalog: Mapping[str, Recipe] | None = None) -> Scores:
+    """Metrics of ``predicted`` (row index -> step seconds) against the rows' measurements."""
     from scipy.stats import kendalltau
 
+    catalog = catalog if catalog is not None else load_catalog()
     errors = [abs(predicted[i] - rows[i].step_median_s) / rows[i].step_median_s for i in predicted]
     workloads: dict[tuple, list[int]] = {}
-    for i in predicted:
-        r = rows[i]
+    for i, r in enumerate(rows):
         workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
-    taus, regrets = [], []
-    for members in workloads.values():
+    taus, decisions, captured, speedups = [], [], [], []
+    no_stock = 0
+    for everyone in workloads.values():
+        members = [i for i in everyone if i in predicted]
         if len(members) < 2:
             continue
-        measured = [rows[i].step_median_s for i in members]
-        guess = [predicted[i] for i in members]
-        pick = members[int(np.argmin(guess))]
-        regrets.append(rows[pick].step_median_s / min(measured) - 1.0)
+        fastest = min(predicted[i] for i in members)
+        # A tie in the prediction does not say which of the tied rows it means: the pick is the slowest of them.
+        pick = rows[max((i for i in members if predicted[i] == fastest), key=lambda i: rows[i].step_median_s)]
+        best = rows[min(members, key=lambda i: rows[i].step_median_s)]
+        decisions.append(decision(pick, best))
+        stock = stock_row((rows[i] for i in everyone), catalog)
+        if stock is None:
+            no_stock += 1
+        else:
+            captured.append(captured_speedup(stock.step_median_s, pick.step_median_s, best.step_median_s))
+            speedups.append(stock.step_median_s / pick.step_median_s)
         if len(members) >= 3:
-            tau = kendalltau(guess, measured).statistic
+            tau = kendalltau([predicted[i] for i in members], [rows[i].step_median_s for i in members]).statistic
             if not math.isnan(tau):
                 taus.append(tau)
-    return Scores(scheme, name, len(predicted), uncovered, statistics.mean(errors) if errors else math.nan,
+    verdicts = [d.verdict for d in decisions]
+    return Scores(scheme, name, seed, len(predicted), uncovered,
+                  statistics.mean(errors) if errors else math.nan,
                   statistics.median(taus) if taus else math.nan,
-                  statistics.median(regrets) if regrets else math.nan,
-                  float(np.percentile(regrets, 90)) if regrets else math.nan, len(regrets),
                   statistics.mean(low <= rows[i].step_median_s <= high for i, (low, high) in intervals.items())
-                  if intervals else math.nan)
+                  if intervals else math.nan,
+                  len(decisions),
+                  verdicts.count(HIT) / len(verdicts) if verdicts else math.nan,
+                  verdicts.count(UNDECIDED) / len(verdicts) if verdicts else math.nan,
+                  sum(d.one_launch for d in decisions),
+                  statistics.median(captured) if captured else math.nan,
+                  float(np.percentile(captured, 10)) if captured else math.nan,
+                  statistics.geometric_mean(speedups) if speedups else math.nan, no_stock)
+
+
+def seed_spread(values: Iterable[float]) -> tuple[float, float, float]:
+    """(mean, min, max) of a metric over seeds (NaN values left out; all NaN: NaN)."""
+    finite = [v for v in values if not math.isnan(v)]
+    return (statistics.mean(finite), min(finite), max(finite)) if finite else (math.nan, math.nan, math.nan)
+
+
+_METRICS: tuple[tuple[str, str, str], ...] = (  # (field, label, format)
+    ("mape", "MAPE", ".1%"),
+    ("kendall_tau_median", "Kendall tau, median", ".2f"),
+    ("interval_coverage", "in the 80% interval", ".1%"),
+    ("hit_rate", "hit rate (pick within 5% of best)", ".1%"),
+    ("undecided", "undecided (data cannot tell)", ".1%"),
+    ("miss_rate", "miss (shown > 5% slower)", ".1%"),
+    ("one_launch", "verdicts on one launch each", ".0f"),
+    ("captured_median", "captured speedup, median", ".3f"),
+    ("captured_p10", "captured speedup, p10", ".3f"),
+    ("pick_speedup", "pick over stock, geometric mean", ".2f"),
+)
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    mean, low, high = seed_spread(values)
+    if math.isnan(mean):
+        return "-"
+    text = format(mean, fmt)
+    return text if low == high else f"{text} [{format(low, fmt).rstrip('%')}–{format(high, fmt)}]"
 
 
 def format_scores(scores: list[Scores]) -> str:
-    lines = [f"{'scheme':<22} {'predictor':<28} {'rows':>5} {'uncov':>5} {'MAPE':>8} {'tau med':>8} "
-             f"{'regret med':>10} {'regret p90':>10} {'workloads':>9} {'in 80% int':>10}"]
+    """Per scheme, a table of metrics by predictor; a metric over several seeds reads mean [min–max]."""
+    blocks: dict[str, dict[str, list[Scores]]] = {}
     for s in scores:
-        lines.append(f"{s.scheme:<22} {s.predictor:<28} {s.rows:5d} {s.uncovered:5d} {s.mape:8.1%} "
-                     f"{s.kendall_tau_median:8.2f} {s.regret_median:10.1%} {s.regret_p90:10.1%} {s.workloads:9d} "
-                     + (f"{'-':>10}" if math.isnan(s.interval_coverage) else f"{s.interval_coverage:10.1%}"))
+        blocks.setdefault(s.scheme, {}).setdefault(s.predictor, []).append(s)
+    lines = []
+    for scheme, by_predictor in blocks.items():
+        first = next(iter(by_predictor.values()))[0]
+        seeded = {p: len(runs) for p, runs in by_predictor.items() if len(runs) > 1}
+        lines += [f"{scheme}: {first.rows} held-out rows ({first.uncovered} uncovered)",
+                  f"  {first.workloads} workloads with >= 2 of them: pick vs best ({first.no_stock} without a stock row)"]
+        lines += [f"  {p} over {n} seeds: mean [min–max]" for p, n in seeded.items()]
+        lines.append("  " + f"{'':<34}" + "".join(f"{p:<28}" for p in by_predictor).rstrip())
+        for field, label, fmt in _METRICS:
+            lines.append(f"  {label:<34}" + "".join(f"{_cell([getattr(s, field) for s in runs], fmt):<28}"
+                                                     for runs in by_predictor.values()).rstrip())
+        if any(s.one_launch for runs in by_predictor.values() for s in runs):
+            lines.append("  one launch each (protocol 1): a zero-width interval, the test is the point ratio <= 1.05")
     return "\n".join(lines)

@@ -141,11 +141,15 @@ def machine_signature(device: str, cores: int, fp32_gflops: float, bandwidth_gbs
     return (device, cores, round(fp32_gflops, 1), round(bandwidth_gbs, 1))
 
 
+def candidate_from_row(row: Measurement) -> Candidate:
+    """The candidate a stored row measured."""
+    return Candidate(row.runtime, row.device, Precision(row.precision), tuple(json.loads(row.params).items()),
+                     row.threads)
+
+
 def example_from_row(row: Measurement) -> Example:
     peak = row.peak_bf16_gflops if row.precision in ("bf16", "fp16") and row.peak_bf16_gflops else row.peak_fp32_gflops
-    candidate = Candidate(row.runtime, row.device, Precision(row.precision), tuple(json.loads(row.params).items()),
-                          row.threads)
-    return Example(candidate, row.cores, peak,
+    return Example(candidate_from_row(row), row.cores, peak,
                    row.bandwidth_gbs, row.task, row.batch_size, row.flops, row.bytes, row.forward_flops,
                    row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes),
                    machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs))
