@@ -72,11 +72,10 @@ def main() -> int:
             print(f"[{time.perf_counter() - started:6.0f} s] {model} {task} batch {batch}: {len(todo)} to measure",
                   flush=True)
 
-            def report(candidate, row) -> None:
-                timing = f"{row.step_median_s * 1e3:.4g} ms" if row.step_median_s else row.status
+            for candidate, row in zip(todo, bench(plan, todo, store, settings)):
+                timing = (f"{row.step_median_s * 1e3:.4g} ms [{row.ci_low_s * 1e3:.4g}, {row.ci_high_s * 1e3:.4g}]"
+                          if row.step_median_s and row.ci_low_s else row.status)
                 print(f"    {candidate.name}: {timing}" + (f"  [{row.error[:160]}]" if row.error else ""), flush=True)
-
-            bench(plan, todo, store, settings, on_result=report)
         if args.export:
             count = store.export_csv(args.export, machine=target.name)
             print(f"exported {count} rows to {args.export}")

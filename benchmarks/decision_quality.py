@@ -41,7 +41,7 @@ def main() -> int:
     parser.add_argument("--data", type=Path, required=True, help="campaign CSV (perfmodels/cpu-*.csv)")
     parser.add_argument("--models", nargs="+")
     parser.add_argument("--task", choices=["inference", "training"])
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (the bootstrap resamples them)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the paired t interval is over them)")
     args = parser.parse_args()
     target, target_doc = load_spec(args.target, Target)
     config = yaml.safe_load(CONFIG.read_text())

@@ -84,12 +84,13 @@ def test_probe_writes_a_target_the_planner_accepts(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
-    """SIGINT during a bench run: exit 130, and every candidate measured before it stays in the store."""
+    """SIGINT during a bench run: exit 130, and every round measured before it stays in the store (rows are
+    stored after each round, so the interrupt comes in the second)."""
     import signal
     import time
 
     store = tmp_path / "perf.sqlite"
-    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "all", "--launches", "1", "--min-seconds", "0.1",
+    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "all", "--launches", "2", "--min-seconds", "0.1",
                                 "--budget", "0.3", "--store", str(store)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
@@ -109,3 +110,39 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     with PerfStore(store) as perf:
         kept = perf.rows()
     assert len(kept) >= measured and all(r.status in ("ok", "error") for r in kept)
+
+
+def test_a_store_of_schema_1_gains_the_protocol_columns(tmp_path: Path) -> None:
+    """A perf store written before the measurement protocol opens with its rows intact and the new columns."""
+    import sqlite3
+
+    from modak.measurements.store import COLUMNS
+
+    old_columns = COLUMNS[:COLUMNS.index("measured_at") + 1]
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute(f"CREATE TABLE measurements ({', '.join(old_columns)})")
+    values = ["m", "x86_64", 2, 1.0, None, 1.0, None, "mlp", "inference", 1, "{}", 1.0, 1.0, 1.0, 1, 1, "{}", "{}",
+              "onnxruntime", "cpu", "fp32", "{}", 2, "ok", 0.001, 0.001, 0.001, 10, 1000.0, 0.1, 100.0, 0.0, None,
+              "{}", "2026-01-01T00:00:00+00:00"]
+    db.execute(f"INSERT INTO measurements VALUES ({', '.join('?' for _ in old_columns)})", values)
+    db.commit()
+    db.close()
+    with PerfStore(path) as perf:
+        (row,) = perf.rows()
+    assert row.protocol == 1 and row.launches == 1 and row.launch_medians is None and row.step_median_s == 0.001
+
+
+def test_intervals_and_paired_ratios() -> None:
+    from modak.measurements.stats import median_interval, ratio
+
+    center, low, high = median_interval([1.0, 1.1, 0.9])
+    assert center == 1.0 and low < 0.95 and high > 1.05
+    assert median_interval([2.0]) == (2.0, 2.0, 2.0)
+    # B is 20% slower than A in every round while the rounds drift by 2x: pairing cancels the drift.
+    a = [1.0, 2.0, 1.5, 0.8]
+    b = [x * 1.2 for x in a]
+    paired = ratio(b, a)
+    assert abs(paired.estimate - 1.2) < 1e-9 and paired.slower() and not paired.equivalent()
+    unpaired = ratio(b, a, paired=False)
+    assert unpaired.low < 1.0 < unpaired.high  # the drift hides the difference without pairing

@@ -21,6 +21,7 @@ from modak.workload.source import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+SEEDED = BenchSettings(seed=1)  # the rounds' order, hence which synthetic draw each candidate gets, is fixed
 
 
 class SyntheticDispatcher:
@@ -87,7 +88,7 @@ def test_race_between_equals_ends_on_the_budget_without_confidence(plan, tmp_pat
     names = finalists(plan, 2)
     dispatcher = SyntheticDispatcher({names[0]: 2e-3, names[1]: 2.01e-3}, noise=0.05, drift=0.1, seed=3)
     with PerfStore(tmp_path / "perf.sqlite") as store:
-        result = tune(plan, store, TuneSettings(trials=2, min_rounds=3, max_rounds=5), dispatcher)
+        result = tune(plan, store, TuneSettings(trials=2, min_rounds=3, max_rounds=5, protocol=SEEDED), dispatcher)
     assert result.rounds == 5 and not result.confident and result.winner in names
     loser = next(s for s in result.standings if s.name != result.winner)
     assert loser.status == "tied with the winner" and loser.versus_winner.low < 1 < loser.versus_winner.high
@@ -103,7 +104,7 @@ def test_budget_stops_before_a_round_that_would_not_fit(plan, tmp_path):
 
     names = finalists(plan, 2)
     with PerfStore(tmp_path / "perf.sqlite") as store:
-        result = tune(plan, store, TuneSettings(budget_s=0.5, trials=2), Slow({n: 1e-3 for n in names}, 0.01))
+        result = tune(plan, store, TuneSettings(budget_s=0.5, trials=2, protocol=SEEDED), Slow({n: 1e-3 for n in names}, 0.01))
     assert result.rounds == 1 and "budget" in result.stopped and not result.confident
 
 
@@ -116,7 +117,7 @@ def test_failed_candidate_leaves_the_race_and_is_reported(plan, tmp_path):
             return [{"status": "error", "error": "boom"} if t.name == names[1] else r for t, r in zip(tasks, results)]
 
     with PerfStore(tmp_path / "perf.sqlite") as store:
-        result = tune(plan, store, TuneSettings(trials=3, max_rounds=3),
+        result = tune(plan, store, TuneSettings(trials=3, max_rounds=3, protocol=SEEDED),
                       Failing({n: t for n, t in zip(names, (1e-3, 1e-3, 5e-3))}, 0.01))
         failed = store.rows(status="error")
     assert next(s for s in result.standings if s.name == names[1]).status == "failed: boom"
@@ -133,7 +134,7 @@ def test_tuned_winner_reaches_the_plan_and_the_image_labels(plan, tmp_path):
     true = {n: (1e-3 if n == slow_pick else 4e-3) for n in names}
     store_path = tmp_path / "perf.sqlite"
     with PerfStore(store_path) as store:
-        tune(plan, store, TuneSettings(trials=4), SyntheticDispatcher(true, 0.01))
+        tune(plan, store, TuneSettings(trials=4, protocol=SEEDED), SyntheticDispatcher(true, 0.01))
     tuned = api.plan_job(CNN, store=store_path)
     assert tuned.choice.candidate.name == slow_pick and tuned.tuned.candidate == slow_pick
     assert tuned.reasons[0].startswith(f"chose {slow_pick}: tuned on ") and "confidently the fastest" in tuned.reasons[0]
@@ -173,3 +174,16 @@ def test_tune_dispatches_rounds_as_slurm_job_arrays(tmp_path):
     with PerfStore(store) as perf:
         rows = perf.rows()
         assert len(rows) == 2 and all(r.launches >= 1 and r.step_median_s > 0 for r in rows)
+
+
+def test_a_leader_not_confidently_faster_than_stock_does_not_replace_it(plan, tmp_path):
+    """The stock guard, measured: 2% faster within 6% noise is not confidently faster, so stock is recorded."""
+    names = finalists(plan, 2)
+    stock = plan.stock.candidate.name
+    other = next(n for n in names if n != stock)
+    dispatcher = SyntheticDispatcher({other: 0.98e-3, stock: 1e-3}, noise=0.06, seed=5)
+    with PerfStore(tmp_path / "perf.sqlite") as store:
+        result = tune(plan, store, TuneSettings(trials=2, min_rounds=3, max_rounds=4, protocol=SEEDED), dispatcher)
+    assert result.winner == stock and not result.confident
+    assert result.recorded.candidate == stock and result.recorded.summary.startswith("kept the stock deployment")
+    assert next(s for s in result.standings if s.name == other).status == "fastest, not confidently faster than stock"

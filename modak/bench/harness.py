@@ -225,8 +225,8 @@ def aggregate_row(plan: Plan, candidate: Candidate, launches: list[dict], sessio
     busy = [r for r in launches if r.get("busy")]
     merged = {
         "status": "contended" if busy else "ok", "threads": launches[-1].get("threads"),
-        "step_median_s": center, "step_p10_s": statistics.median(r["step_p10_s"] for r in launches),
-        "step_p90_s": statistics.median(r["step_p90_s"] for r in launches),
+        "step_median_s": center, "step_p10_s": min(r["step_p10_s"] for r in launches),  # the launches' envelope
+        "step_p90_s": max(r["step_p90_s"] for r in launches),
         "repeats": sum(int(r.get("repeats", 0)) for r in launches),
         "throughput_per_s": plan.loaded.job.model.batch_size / center,
         "compile_s": statistics.median(r.get("compile_s") or 0.0 for r in launches),
