@@ -144,7 +144,7 @@ class Session:
         order = [c for c in alive if c.name not in self.failed]
         self._random.shuffle(order)
         results = dict(zip((c.name for c in order), self.dispatcher.run([self.task(c) for c in order])))
-        for attempt in range(self.settings.retries):
+        for _ in range(self.settings.retries):
             busy = [c for c in order if self._verdict(results[c.name])]
             if not busy:
                 break
@@ -158,10 +158,8 @@ class Session:
             if result.get("status") == "ok":
                 self._remember_canary(result)
                 self.launches.setdefault(candidate.name, []).append(result)
-            elif not self.launches.get(candidate.name):
+            else:  # leaves the session; launches measured before are kept in its row
                 self.failed[candidate.name] = result.get("error") or result.get("status", "error")
-            else:  # measured before, failed now: keep the launches, leave the race
-                self.failed[candidate.name] = result.get("error") or "failed"
             if self.on_launch:
                 self.on_launch(candidate, result)
             rows[candidate.name] = self.row(candidate, result)
