@@ -1,7 +1,7 @@
 """Decision quality of the plan, zero-shot: per held-out workload, the learned model is trained without any
 row of that workload's model, the plan picks a candidate, and then the pick, the stock deployment (PyTorch
 eager, framework defaults) and the campaign's measured best are measured side by side in this run, in
-alternating rounds. Per workload: the pick/best ratio paired by round with its bootstrap interval and the
+alternating rounds. Per workload: the pick/best ratio paired by round with its t interval and the
 verdict of ``modak model eval`` (hit: shown within 5% of the best; miss: shown more than 5% slower; undecided:
 the rounds cannot tell), the pick's speedup over stock and the share of the best's speedup it captures.
 
