@@ -146,17 +146,19 @@ def test_tuned_winner_reaches_the_plan_and_the_image_labels(plan, tmp_path):
     assert untuned.tuned is None and "io.modak.tuned" not in dict(build_description(untuned).labels)
 
 
+def tune_for_real(store: Path, *options: str) -> tuple[dict, list]:
+    """`modak tune --json` of two candidates of the CNN example: its result and the rows it stored."""
+    done = subprocess.run([sys.executable, "-m", "modak", "tune", str(CNN), "--trials", "2", "--min-seconds", "0.2",
+                           "--store", str(store), "--json", *options], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with PerfStore(store) as perf:
+        return json.loads(done.stdout), perf.rows()
+
+
 def test_tune_command_races_for_real(tmp_path):
     """A short real race of two candidates through the command line: rows stored, winner recorded."""
-    store = tmp_path / "perf.sqlite"
-    done = subprocess.run([sys.executable, "-m", "modak", "tune", str(CNN), "--trials", "2", "--budget", "120",
-                           "--min-seconds", "0.2", "--seed", "0", "--store", str(store), "--json"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--budget", "120", "--seed", "0")
     assert result["winner"] in result["shortlist"] and len(result["shortlist"]) == 2 and result["rounds"] >= 1
-    with PerfStore(store) as perf:
-        rows = perf.rows()
     assert len(rows) == 2 and all(r.session == rows[0].session for r in rows)
     assert all(1 <= r.launches <= result["rounds"] for r in rows if r.status in ("ok", "contended"))
 
@@ -164,16 +166,9 @@ def test_tune_command_races_for_real(tmp_path):
 @pytest.mark.skipif(not __import__("shutil").which("sbatch"), reason="Slurm's sbatch is not installed")
 def test_tune_dispatches_rounds_as_slurm_job_arrays(tmp_path):
     """`--dispatch slurm`: every round runs as a job array on the real Slurm; rows and winner as locally."""
-    store = tmp_path / "perf.sqlite"
-    done = subprocess.run([sys.executable, "-m", "modak", "tune", str(CNN), "--trials", "2", "--budget", "90",
-                           "--min-seconds", "0.2", "--dispatch", "slurm", "--store", str(store), "--json"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--budget", "90", "--dispatch", "slurm")
     assert result["winner"] in result["shortlist"] and result["rounds"] >= 1
-    with PerfStore(store) as perf:
-        rows = perf.rows()
-        assert len(rows) == 2 and all(r.launches >= 1 and r.step_median_s > 0 for r in rows)
+    assert len(rows) == 2 and all(r.launches >= 1 and r.step_median_s > 0 for r in rows)
 
 
 def test_a_leader_not_confidently_faster_than_stock_does_not_replace_it(plan, tmp_path):

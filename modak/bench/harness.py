@@ -144,17 +144,18 @@ class Session:
         order = [c for c in alive if c.name not in self.failed]
         self._random.shuffle(order)
         results = dict(zip((c.name for c in order), self.dispatcher.run([self.task(c) for c in order])))
+        busy = {name: self._verdict(result) for name, result in results.items()}
         for _ in range(self.settings.retries):
-            busy = [c for c in order if self._verdict(results[c.name])]
-            if not busy:
+            again = [c for c in order if busy[c.name]]
+            if not again:
                 break
-            for candidate, again in zip(busy, self.dispatcher.run([self.task(c) for c in busy])):
-                again["retried_after"] = self._verdict(results[candidate.name])
-                results[candidate.name] = again
+            for candidate, result in zip(again, self.dispatcher.run([self.task(c) for c in again])):
+                result["retried_after"] = busy[candidate.name]
+                results[candidate.name], busy[candidate.name] = result, self._verdict(result)
         rows: dict[str, Measurement] = {}
         for candidate in order:
             result = results[candidate.name]
-            result["busy"] = self._verdict(result)
+            result["busy"] = busy[candidate.name]
             if result.get("status") == "ok":
                 self._remember_canary(result)
                 self.launches.setdefault(candidate.name, []).append(result)

@@ -25,7 +25,7 @@ from modak.bench.dispatch import Dispatcher
 from modak.bench.harness import BENCH_WORKDIR, BenchSettings, Session
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
-from modak.measurements.stats import Ratio, median_interval, ratio
+from modak.measurements.stats import Ratio, ratio
 from modak.measurements.store import Measurement, PerfStore, TunedChoice
 from modak.plan import Plan, workload_identity, worth_tuning
 
@@ -163,9 +163,10 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
             status = "tied with the winner" if versus and not versus.slower() else "slower"
         if row is not None and row.status == "contended":
             status += " (contended)"
-        median, low, high = median_interval([r["step_median_s"] for r in launches]) if launches else (None, 0, 0)
-        standings.append(Standing(candidate.name, len(launches), median, (low, high) if launches else None, versus,
-                                  status, row))
+        measured_row = row if launches else None  # its median and interval over the launches
+        standings.append(Standing(candidate.name, len(launches), measured_row and measured_row.step_median_s,
+                                  (measured_row.ci_low_s, measured_row.ci_high_s) if measured_row else None,
+                                  versus, status, row))
     recorded = None
     winner_row = rows.get(winner.name) if winner else None
     if winner is not None and winner_row is not None and winner_row.status == "ok":
