@@ -90,14 +90,14 @@ def main() -> int:
         write_csv(args.save, rows)
     by_workload = {w: [r for r in rows if (r.model, r.task, r.batch_size) == w] for w in args.workloads}
     by_workload = {w: held for w, held in by_workload.items() if held}
-    before = {w: errors(held, LearnedPredictor(shipped).predict_examples([example_from_row(r) for r in held]))
+    before = {w: errors(held, LearnedPredictor.fit(shipped).predict_examples([example_from_row(r) for r in held]))
               for w, held in by_workload.items()}
 
     print(f"\n{'calibrated on':<26} {'held out':<26} {'n':>3} {'MAPE before':>11} {'after':>7} "
           f"{'regret before':>13} {'after':>7}")
     pairs = []
     for calibration, cal_rows in by_workload.items():
-        model = LearnedPredictor(shipped + cal_rows, [1.0] * len(shipped) + [LOCAL_WEIGHT] * len(cal_rows))
+        model = LearnedPredictor.fit(shipped + cal_rows, [1.0] * len(shipped) + [LOCAL_WEIGHT] * len(cal_rows))
         for held_out, held in by_workload.items():
             if held_out == calibration:
                 continue

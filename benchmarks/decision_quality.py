@@ -55,7 +55,7 @@ def main() -> int:
     results: list[tuple[str, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "side-by-side.sqlite") as store:
         for model, task, batch in workloads:
-            learned = LearnedPredictor([r for r in rows if r.model != model])
+            learned = LearnedPredictor.fit([r for r in rows if r.model != model])
             plan = zoo_plan(model, batch, task, config["precision"], target, target_doc, catalog,
                             FallbackPredictor((learned, RooflinePredictor())))
             same = [r for r in rows if (r.model, r.task, r.batch_size) == (model, task, batch)]

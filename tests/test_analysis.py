@@ -311,3 +311,45 @@ def test_zoo_source(tmp_path):
     assert (source.zoo, source.input_shapes) == ("mnist_cnn", {"input": [1, 32, 32]})
     _, p = load_analysis(load_job(write_job(tmp_path, "  zoo: bert_base\n  batch_size: 2\n")))
     assert p.input_shapes == {"input_ids": (128,)} and p.batch_size == 2
+
+
+def test_a_repeated_analysis_comes_from_the_cache_without_onnx_and_a_changed_file_is_analyzed_again(tmp_path):
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from onnx_graphs import write_onnx
+
+    write_onnx(tmp_path / "model.onnx", external=True)
+    (tmp_path / "target.yaml").write_text("apiVersion: modak/v1\nkind: Target\nname: t\ncpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\n"
+                                          "memory: {size_gb: 8}\n")
+    (tmp_path / "job.yaml").write_text("apiVersion: modak/v1\nkind: Job\nname: j\ntarget: target.yaml\ntask: inference\n"
+                                       "model: {onnx: model.onnx, batch_size: 4}\n")
+    script = ("import sys; from modak.spec.loader import load_job; from modak.workload.source import load_analysis; "
+              f"s, p = load_analysis(load_job({str(tmp_path / 'job.yaml')!r})); "
+              "print(p.flops, s.data_files, 'onnx' in sys.modules)")
+    env = {**__import__("os").environ, "MODAK_CACHE": str(tmp_path / "cache")}
+
+    def run() -> str:
+        return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    first, second = run(), run()
+    assert first[-1] == "True" and second[-1] == "False"  # the second plan never imported onnx
+    assert first[:-1] == second[:-1]
+    # Another model at the same path (other weights shape: other FLOPs) is analyzed afresh.
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "wider",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+                              [numpy_helper.from_array(np.ones((4, 8), np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save_model(model, tmp_path / "model.onnx")
+    third = run()
+    assert third[-1] == "True" and int(third[0]) != int(first[0])
+    # A cached analysis whose external data file went missing is not trusted: the full check reports it.
+    write_onnx(tmp_path / "model.onnx", external=True)
+    assert run()[-1] == "True" and run()[-1] == "False"
+    (tmp_path / "model.onnx.data").unlink()
+    failed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert failed.returncode != 0 and "model.onnx.data" in failed.stderr

@@ -57,7 +57,7 @@ def synthetic_rows(plans, runtimes=tuple(UTILIZATION), model="mnist_cnn") -> lis
 
 
 def test_learned_model_recovers_a_known_utilization(plans) -> None:
-    model = LearnedPredictor(synthetic_rows(plans))
+    model = LearnedPredictor.fit(synthetic_rows(plans))
     plan = plans[1]
     for ranked in plan.ranked[:12]:
         candidate = ranked.candidate
@@ -71,7 +71,7 @@ def test_learned_model_recovers_a_known_utilization(plans) -> None:
 
 def test_plan_uses_learned_where_covered_and_roofline_elsewhere(plans) -> None:
     covered = ("onnxruntime", "pytorch")
-    model = LearnedPredictor(synthetic_rows(plans, covered))
+    model = LearnedPredictor.fit(synthetic_rows(plans, covered))
     assert model.coverage == {("onnxruntime", "cpu"), ("pytorch", "cpu")}
     plan = plans[2]
     replanned = make_plan(plan.loaded, plan.source, plan.workload, FallbackPredictor((model, RooflinePredictor())))
@@ -88,14 +88,14 @@ def test_plan_uses_learned_where_covered_and_roofline_elsewhere(plans) -> None:
 
 
 def test_uncovered_runtime_gets_no_learned_prediction(plans) -> None:
-    model = LearnedPredictor(synthetic_rows(plans, ("onnxruntime",)))
+    model = LearnedPredictor.fit(synthetic_rows(plans, ("onnxruntime",)))
     tvm = next(r for r in plans[0].ranked if r.candidate.runtime == "tvm")
     assert model.predict(plans[0].workload, plans[0].ceilings, tvm.candidate, None) is None
 
 
 def test_no_rows_is_an_error() -> None:
     with pytest.raises(ValueError):
-        LearnedPredictor([])
+        LearnedPredictor.fit([])
 
 
 def test_local_rows_replace_and_outweigh_shipped(plans, tmp_path: Path, monkeypatch) -> None:
@@ -157,8 +157,8 @@ def test_calibration_rows_from_a_new_machine_correct_its_predictions(plans) -> N
         predicted = model.predict_examples([example_from_row(r) for r in rows])
         return sum(abs(p[0] - r.step_median_s) / r.step_median_s for p, r in zip(predicted, rows)) / len(rows)
 
-    before = LearnedPredictor(machine_a)
-    after = LearnedPredictor(machine_a + calibration)
+    before = LearnedPredictor.fit(machine_a)
+    after = LearnedPredictor.fit(machine_a + calibration)
     assert before.machine_offsets == {} and len(after.machine_offsets) == 1
     assert error(before, held_out) > 0.4 and error(after, held_out) < 0.15
     assert error(after, machine_a) < 0.1  # the reference machine's predictions do not move
@@ -179,7 +179,7 @@ def test_one_calibration_workload_moves_no_offset(plans) -> None:
     one_workload = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5, step_median_s=r.step_median_s * 2)
                     for r in synthetic_rows(plans[:1])]
     assert len({example_from_row(r).workload for r in one_workload}) == 1
-    assert list(LearnedPredictor(machine_a + one_workload).machine_offsets.values()) == [0.0]
+    assert list(LearnedPredictor.fit(machine_a + one_workload).machine_offsets.values()) == [0.0]
 
 
 def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> None:
@@ -196,7 +196,7 @@ def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> N
             row = measurement_row(plan, candidate, {"status": "ok", "repeats": 5, "compile_s": 1.0})
             step = example_from_row(row).bound_seconds / (0.5 if candidate.param("arena") == "on" else 0.25)
             rows.append(replace(row, step_median_s=step, step_p10_s=step, step_p90_s=step))
-    model = LearnedPredictor(rows, catalog=catalog)
+    model = LearnedPredictor.fit(rows, catalog=catalog)
     assert ParameterFeature("arena", "categorical", ("on", "off")) in model.features.parameters
     plan = replanned[1]
     on = next(r.candidate for r in plan.ranked if r.candidate.param("arena") == "on")
@@ -218,3 +218,42 @@ def test_parameter_features_follow_the_recipes() -> None:
     catalog["xla"] = xla.model_copy(update={"parameters": (Parameter(name="allocator", values=(1,)),)})
     with pytest.raises(ValueError, match="allocator"):
         Features.from_catalog(catalog)
+
+
+def test_tree_arrays_predict_what_scikit_learn_predicts_and_round_trip_without_pickle(tmp_path) -> None:
+    import numpy as np
+    from sklearn.ensemble import RandomForestRegressor
+
+    from modak.predict.forest import TreeEnsemble
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 6))
+    y = X[:, 0] * 2 + np.sin(X[:, 1]) + rng.normal(scale=0.1, size=300)
+    forest = RandomForestRegressor(n_estimators=20, min_samples_leaf=2, max_features=0.5, random_state=0).fit(X, y)
+    ensemble = TreeEnsemble.from_sklearn(forest)
+    probe = rng.normal(size=(50, 6))
+    expected = np.stack([tree.predict(probe) for tree in forest.estimators_])
+    np.testing.assert_array_equal(ensemble.predict_trees(probe), expected)
+    np.testing.assert_allclose(ensemble.predict(probe), forest.predict(probe))
+    path = tmp_path / "trees.npz"
+    np.savez(path, **ensemble.arrays("t"))
+    with np.load(path, allow_pickle=False) as arrays:
+        np.testing.assert_array_equal(TreeEnsemble.from_arrays(arrays, "t").predict_trees(probe), expected)
+
+
+def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp_path) -> None:
+    rows = synthetic_rows(plans)
+    weights = [1.0] * len(rows)
+    fresh = LearnedPredictor.fit(rows, weights)
+    first = LearnedPredictor.cached(rows, weights, folder=tmp_path)
+    saved = list(tmp_path.glob("*.npz"))
+    assert len(saved) == 1
+    again = LearnedPredictor.cached(rows, weights, folder=tmp_path)  # loaded, not refit
+    examples = [example_from_row(r) for r in rows[:20]]
+    assert fresh.predict_examples(examples) == first.predict_examples(examples) == again.predict_examples(examples)
+    assert again.coverage == fresh.coverage and again.rows == fresh.rows
+    changed = rows[:-1]
+    LearnedPredictor.cached(changed, weights[:-1], folder=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 2  # other data, another fit
+    saved[0].write_bytes(b"not a model")  # a damaged cache file is refit, not trusted
+    assert LearnedPredictor.cached(rows, weights, folder=tmp_path).predict_examples(examples) == fresh.predict_examples(examples)

@@ -10,11 +10,11 @@ from modak.predict.roofline import RooflinePredictor
 
 
 def default_predictor(store: Path | None = None) -> Predictor:
-    """Learned model refit from ``perfmodels/*.csv`` and the local store, then roofline fallback."""
+    """Learned model fit on ``perfmodels/*.csv`` and the local store (cached by that data), then roofline fallback."""
     from modak.predict.evaluate import ok_rows, training_data
     from modak.predict.learned import LearnedPredictor
 
     rows, weights = training_data(store)
     if not ok_rows(rows):
         return RooflinePredictor()
-    return FallbackPredictor((LearnedPredictor(rows, weights), RooflinePredictor()))
+    return FallbackPredictor((LearnedPredictor.cached(rows, weights), RooflinePredictor()))

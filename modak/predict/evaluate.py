@@ -161,7 +161,7 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
                 continue
             utilization = _median_utilization(train)
             for seed in range(seeds):
-                model = LearnedPredictor(train, seed=seed, catalog=catalog)
+                model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
                 covered = [(i, r) for i, r in test if (r.runtime, r.device) in model.coverage]
                 predictions = model.predict_examples([example_from_row(r) for _, r in covered])
                 for (i, r), (step, low, high, _compile) in zip(covered, predictions):

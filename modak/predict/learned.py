@@ -6,18 +6,21 @@ threads and precision). Utilization is bounded and transfers across hardware far
 physics supplies the scale. A random forest predicts log(u); the spread of its trees gives the interval (10th
 to 90th percentile). A second forest predicts the compile/tune seconds.
 
-It is refit from data at load (CSV rows shipped in ``perfmodels/`` plus the local perf store): no pickled
-model is ever loaded. Its columns come from the runtime catalog: one per runtime and precision, and each
+It is fit on data (CSV rows shipped in ``perfmodels/`` plus the local perf store); the fit is cached as plain
+arrays keyed by that data, so a new row refits it, and no pickled model is ever loaded. Its columns come from the runtime catalog: one per runtime and precision, and each
 recipe parameter as its ``feature`` declares.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import statistics
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -25,7 +28,10 @@ import numpy as np
 from modak.measurements.store import Measurement
 from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
+from modak.paths import cache_dir, write_atomic
 from modak.predict.base import Prediction, PredictionRequest
+from modak.predict import forest
+from modak.predict.forest import TreeEnsemble
 from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
 from modak.hardware.ceilings import TargetCeilings
@@ -37,6 +43,7 @@ MIN_ROWS = 5  # rows of a (runtime, device) the model needs before it is trusted
 # of the 26 per-workload medians of the first campaign's machine, predicted from the second one's data.
 WORKLOAD_SPREAD = 0.24
 WORKLOAD_SPREAD_PRIOR = 2  # that spread counts as if seen on this many workloads
+KEEP_FITS = 4  # fitted models kept in the cache (one per distinct training data)
 
 
 @dataclass(frozen=True)
@@ -178,18 +185,78 @@ def shrunk_offset(workload_medians: list[float]) -> float:
     return mean * max(0.0, 1.0 - spread2 / (k * mean * mean)) if mean else 0.0
 
 
+def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weight: np.ndarray,
+                     settings: dict[str, Any]) -> dict[tuple, float]:
+    """Per machine, the common offset (log utilization) of its rows from what the other machines' data
+    predicts: what physics and the features leave out about a machine, if its workloads agree on it.
+
+    Each workload's median residual (out of sample: from a forest trained without that machine) is one
+    piece of evidence, its rows are not independent ones. On a new machine the workloads' own errors
+    spread by about ``WORKLOAD_SPREAD`` around the common offset, so the mean of k workloads' medians is
+    shrunk James-Stein style, by 1 - spread^2 / (k mean^2), toward zero: one workload alone cannot tell
+    a machine's offset from its own error and moves nothing. With data from one machine only there is
+    nothing to compare against, and no offset.
+    """
+    from sklearn.ensemble import RandomForestRegressor
+
+    counts: dict[tuple, int] = {}
+    for e in examples:
+        counts[e.machine] = counts.get(e.machine, 0) + 1
+    if len(counts) < 2:
+        return {}
+    reference = max(sorted(counts), key=lambda m: counts[m])  # the best-known machine anchors the scale
+    offsets = {}
+    for machine in sorted(counts):
+        if machine == reference:
+            continue
+        own = np.array([e.machine == machine for e in examples])
+        others = RandomForestRegressor(**settings).fit(X[~own], y[~own], sample_weight=weight[~own])
+        by_workload: dict[tuple, list[float]] = {}
+        for e, residual in zip([e for e in examples if e.machine == machine], y[own] - others.predict(X[own])):
+            by_workload.setdefault(e.workload, []).append(float(residual))
+        offsets[machine] = shrunk_offset([float(np.median(v)) for v in by_workload.values()])
+    return offsets
+
+
+def fit_key(rows: Sequence[Measurement], weights: Sequence[float], catalog: Mapping[str, Recipe]) -> str:
+    """What a fit depends on, hashed: the rows and weights, the catalog's columns and this model's code."""
+    digest = hashlib.sha256()
+    for source in (__file__, forest.__file__):
+        digest.update(Path(source).read_bytes())
+    digest.update(repr(Features.from_catalog(catalog)).encode())
+    for row, weight in zip(rows, weights, strict=True):
+        digest.update(f"{row!r}{weight!r}".encode())
+    return digest.hexdigest()[:32]
+
+
 def _ones() -> Iterable[float]:
     while True:
         yield 1.0
 
 
 class LearnedPredictor:
-    """Random-forest utilization model; answers only for (runtime, device) pairs its data covers."""
+    """Random-forest utilization model; answers only for (runtime, device) pairs its data covers.
+
+    :meth:`fit` trains it with scikit-learn; :meth:`cached` reuses the fit of the same data (and the same code and
+    catalog) from modak's cache, where it is kept as plain arrays (:mod:`modak.predict.forest`), never pickled."""
 
     name = "learned"
 
-    def __init__(self, rows: Iterable[Measurement], weights: Sequence[float] | None = None, seed: int = 0,
-                 catalog: Mapping[str, Recipe] | None = None) -> None:
+    def __init__(self, utilization: TreeEnsemble, compile_: TreeEnsemble, machine_offsets: Mapping[tuple, float],
+                 coverage: frozenset[tuple[str, str]], rows: int, catalog: Mapping[str, Recipe]) -> None:
+        """A fitted model (made by :meth:`fit`, :meth:`cached` or :meth:`load`)."""
+        self._utilization = utilization
+        self._compile = compile_
+        self.machine_offsets = dict(machine_offsets)
+        self.coverage = coverage
+        self.rows = rows
+        self._catalog = catalog
+        self.features = Features.from_catalog(catalog)
+        self._roofline = RooflinePredictor()
+
+    @classmethod
+    def fit(cls, rows: Iterable[Measurement], weights: Sequence[float] | None = None, seed: int = 0,
+            catalog: Mapping[str, Recipe] | None = None) -> LearnedPredictor:
         """Fit on ``rows`` (weighted), with columns from ``catalog`` (default: the shipped recipes)."""
         from sklearn.ensemble import RandomForestRegressor
 
@@ -199,60 +266,66 @@ class LearnedPredictor:
             raise ValueError("no successful measurements to learn from")
         rows_ok = [r for r, _ in pairs]
         sample_weight = np.array([w for _, w in pairs], dtype=float)
-        self._catalog = catalog if catalog is not None else load_catalog()
-        self.features = Features.from_catalog(self._catalog)
+        catalog = catalog if catalog is not None else load_catalog()
+        features = Features.from_catalog(catalog)
         examples = [example_from_row(r) for r in rows_ok]
-        X = np.array([self.features.row(e) for e in examples])
+        X = np.array([features.row(e) for e in examples])
         log_utilization = np.log([e.bound_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
-        forest = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
-        self.machine_offsets = self._machine_offsets(examples, X, log_utilization, sample_weight, forest)
+        settings = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
+        machine_offsets = _machine_offsets(examples, X, log_utilization, sample_weight, settings)
         # The forest learns utilization on the reference machine's scale: each machine's offset is taken out.
-        adjusted = log_utilization - np.array([self.machine_offsets.get(e.machine, 0.0) for e in examples])
-        self._utilization = RandomForestRegressor(**forest).fit(X, adjusted, sample_weight=sample_weight)
+        adjusted = log_utilization - np.array([machine_offsets.get(e.machine, 0.0) for e in examples])
+        utilization = RandomForestRegressor(**settings).fit(X, adjusted, sample_weight=sample_weight)
         # Tuning time is the user's budget times a known cost per trial; the forest learns the rest of compile.
-        timed = [(x, max(0.0, r.compile_s - self._tuning_seconds(e)), w)
+        timed = [(x, max(0.0, r.compile_s - tuning_seconds(catalog[e.candidate.runtime], e.candidate)), w)
                  for x, e, r, w in zip(X, examples, rows_ok, sample_weight) if r.compile_s is not None]
-        self._compile = RandomForestRegressor(**forest).fit(
+        compile_ = RandomForestRegressor(**settings).fit(
             np.array([t[0] for t in timed]), np.log1p([t[1] for t in timed]), sample_weight=[t[2] for t in timed])
         counts: dict[tuple[str, str], int] = {}
         for r in rows_ok:
             counts[(r.runtime, r.device)] = counts.get((r.runtime, r.device), 0) + 1
-        self.coverage = frozenset(pair for pair, n in counts.items() if n >= MIN_ROWS)
-        self.rows = len(rows_ok)
-        self._roofline = RooflinePredictor()
+        coverage = frozenset(pair for pair, n in counts.items() if n >= MIN_ROWS)
+        return cls(TreeEnsemble.from_sklearn(utilization), TreeEnsemble.from_sklearn(compile_), machine_offsets,
+                   coverage, len(rows_ok), catalog)
 
-    @staticmethod
-    def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weight: np.ndarray,
-                         forest: dict[str, Any]) -> dict[tuple, float]:
-        """Per machine, the common offset (log utilization) of its rows from what the other machines' data
-        predicts: what physics and the features leave out about a machine, if its workloads agree on it.
+    @classmethod
+    def cached(cls, rows: Sequence[Measurement], weights: Sequence[float], catalog: Mapping[str, Recipe] | None = None,
+               folder: Path | None = None, refit: bool = False) -> LearnedPredictor:
+        """:meth:`fit` (seed 0), or the saved fit of the same rows, weights, catalog columns and model code from
+        ``folder`` (default: modak's cache). A missing or unreadable file, or ``refit``, fits and rewrites it."""
+        catalog = catalog if catalog is not None else load_catalog()
+        folder = folder if folder is not None else cache_dir() / "learned"
+        path = folder / f"{fit_key(rows, weights, catalog)}.npz"
+        if not refit:
+            try:
+                return cls.load(path, catalog)
+            except (OSError, ValueError, KeyError):
+                pass
+        model = cls.fit(rows, weights, catalog=catalog)
+        model.save(path)
+        for old in sorted(folder.glob("*.npz"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
+            old.unlink(missing_ok=True)
+        return model
 
-        Each workload's median residual (out of sample: from a forest trained without that machine) is one
-        piece of evidence, its rows are not independent ones. On a new machine the workloads' own errors
-        spread by about ``WORKLOAD_SPREAD`` around the common offset, so the mean of k workloads' medians is
-        shrunk James-Stein style, by 1 - spread^2 / (k mean^2), toward zero: one workload alone cannot tell
-        a machine's offset from its own error and moves nothing. With data from one machine only there is
-        nothing to compare against, and no offset.
-        """
-        from sklearn.ensemble import RandomForestRegressor
+    def save(self, path: Path) -> None:
+        """Write the fitted model to ``path`` (a NumPy ``.npz`` of plain arrays and a JSON header), atomically."""
+        header = {"rows": self.rows, "coverage": sorted(self.coverage),
+                  "machine_offsets": [[list(m), offset] for m, offset in sorted(self.machine_offsets.items())]}
+        buffer = io.BytesIO()
+        np.savez(buffer, header=np.array(json.dumps(header)), **self._utilization.arrays("utilization"),
+                 **self._compile.arrays("compile"))
+        write_atomic(path, buffer.getvalue())
 
-        counts: dict[tuple, int] = {}
-        for e in examples:
-            counts[e.machine] = counts.get(e.machine, 0) + 1
-        if len(counts) < 2:
-            return {}
-        reference = max(sorted(counts), key=lambda m: counts[m])  # the best-known machine anchors the scale
-        offsets = {}
-        for machine in sorted(counts):
-            if machine == reference:
-                continue
-            own = np.array([e.machine == machine for e in examples])
-            others = RandomForestRegressor(**forest).fit(X[~own], y[~own], sample_weight=weight[~own])
-            by_workload: dict[tuple, list[float]] = {}
-            for e, residual in zip([e for e in examples if e.machine == machine], y[own] - others.predict(X[own])):
-                by_workload.setdefault(e.workload, []).append(float(residual))
-            offsets[machine] = shrunk_offset([float(np.median(v)) for v in by_workload.values()])
-        return offsets
+    @classmethod
+    def load(cls, path: Path, catalog: Mapping[str, Recipe]) -> LearnedPredictor:
+        """A model written by :meth:`save` (read with ``allow_pickle=False``)."""
+        with np.load(path, allow_pickle=False) as arrays:
+            header = json.loads(str(arrays["header"]))
+            utilization = TreeEnsemble.from_arrays(arrays, "utilization")
+            compile_ = TreeEnsemble.from_arrays(arrays, "compile")
+        offsets = {tuple(machine): float(offset) for machine, offset in header["machine_offsets"]}
+        coverage = frozenset((runtime, device) for runtime, device in header["coverage"])
+        return cls(utilization, compile_, offsets, coverage, int(header["rows"]), catalog)
 
     def _tuning_seconds(self, example: Example) -> float:
         return tuning_seconds(self._catalog[example.candidate.runtime], example.candidate)
@@ -270,7 +343,7 @@ class LearnedPredictor:
         if not examples:
             return []
         X = np.array([self.features.row(e) for e in examples])
-        per_tree = np.stack([tree.predict(X) for tree in self._utilization.estimators_])  # trees x examples
+        per_tree = self._utilization.predict_trees(X)  # trees x examples
         compile_s = np.maximum(0.0, np.expm1(self._compile.predict(X)))
         results = []
         for i, example in enumerate(examples):

@@ -310,11 +310,13 @@ def _strict_reason(skeleton: onnx.ModelProto) -> str:
 
 # --- costs ----------------------------------------------------------------------------------------------
 
+OP_TABLE_FILE = data_dir("recipes") / "hardware" / "op_classes.yaml"
+
+
 @cache
 def op_table() -> dict[str, tuple[str, float]]:
     """op_type -> (op class, FLOP constant), from ``recipes/hardware/op_classes.yaml``."""
-    path = data_dir("recipes") / "hardware" / "op_classes.yaml"
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    data = yaml.load(OP_TABLE_FILE.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     return {op: (op_class, float(cost)) for op_class, ops in data.items() for op, cost in ops.items()}
 
 

@@ -7,17 +7,22 @@ model that is not cached yet needs it (to export).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modak.errors import InputError, did_you_mean, short_reason
+from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.deployment import MODEL_FILE
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
+from modak.spec.models import Task
 from modak.image.zoo import get_entry
 from modak.workload import zoo
-from modak.workload.analysis import WorkloadProfile, analyze
+from modak.paths import cache_dir, write_atomic
+from modak.workload import analysis
+from modak.workload.analysis import OpStats, WorkloadProfile, analyze
 
 if TYPE_CHECKING:
     import onnx
@@ -60,13 +65,59 @@ def resolve_model(loaded: LoadedJob) -> ModelSource:
 
 
 def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[ModelSource, WorkloadProfile]:
-    """Resolve the job's model and analyze it at the job's batch size for the job's task."""
+    """Resolve the job's model and analyze it at the job's batch size for the job's task.
+
+    The result is cached by the ONNX file's identity (path, size, modification time) and everything else the
+    analysis reads, so planning the same model again neither imports onnx nor reads the graph."""
+    key = _analysis_key(loaded, optimizer)
+    cached = _cached_analysis(key) if key else None
+    if cached is not None:
+        return cached
     source = resolve_model(loaded)
     try:
-        return source, analyze(source.onnx_path, loaded.job.model.batch_size, source.input_shapes, loaded.job.task,
-                       optimizer, name=source.name)
+        profile = analyze(source.onnx_path, loaded.job.model.batch_size, source.input_shapes, loaded.job.task,
+                          optimizer, name=source.name)
     except InputError as exc:
         raise loaded.job_doc.error(("model", "zoo") if source.zoo else _ONNX, exc.message) from None
+    key = key or _analysis_key(loaded, optimizer)
+    if key:
+        write_atomic(cache_dir() / "analysis" / f"{key}.json", json.dumps(
+            {"source": {**asdict(source), "onnx_path": str(source.onnx_path)}, "profile": asdict(profile)}))
+    return source, profile
+
+
+def _analysis_key(loaded: LoadedJob, optimizer: str) -> str | None:
+    """What a job's analysis depends on, hashed; None while its ONNX file does not exist (a zoo model not yet
+    exported) or cannot be read."""
+    spec = loaded.job.model
+    try:
+        path = zoo.export_path(spec.zoo, _zoo_overrides(spec.zoo, spec.input_shape)) if spec.zoo else \
+            loaded.job_doc.resolve(spec.onnx)
+        stat = path.stat()
+    except (OSError, ModakError):
+        return None
+    digest = hashlib.sha256(json.dumps(
+        [str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, spec.zoo, spec.input_shape, spec.batch_size,
+         loaded.job.task, optimizer]).encode())
+    for file in (Path(__file__), Path(analysis.__file__), analysis.OP_TABLE_FILE):
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _cached_analysis(key: str) -> tuple[ModelSource, WorkloadProfile] | None:
+    """A cached analysis whose external data files are all still there, or None."""
+    try:
+        data = json.loads((cache_dir() / "analysis" / f"{key}.json").read_text())
+        source = ModelSource(**{**data["source"], "onnx_path": Path(data["source"]["onnx_path"]),
+                                "data_files": tuple(data["source"]["data_files"])})
+        profile_data = data["profile"]
+        profile = WorkloadProfile(**{**profile_data, "task": Task(profile_data["task"]), "input_shapes": {k: tuple(v) for k, v in
+                                                                      profile_data["input_shapes"].items()},
+                                     "ops": tuple(OpStats(**op) for op in profile_data["ops"])})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    folder = source.onnx_path.parent
+    return (source, profile) if all((folder / name).is_file() for name in source.data_files) else None
 
 
 def _resolve_zoo(name: str, input_shape: Any, doc: SpecDocument) -> ModelSource:
@@ -74,14 +125,10 @@ def _resolve_zoo(name: str, input_shape: Any, doc: SpecDocument) -> ModelSource:
         entry = get_entry(name)
     except InputError as exc:
         raise doc.error(("model", "zoo"), exc.message) from None
-    overrides: dict[str, list[int]] = {}
-    if isinstance(input_shape, list):
-        if len(entry.input_shapes) != 1:
-            raise doc.error(_SHAPE, f"zoo model '{name}' has inputs {', '.join(entry.input_shapes)}: give "
-                                    "input_shape as a mapping from input name to per-sample shape")
-        overrides = {next(iter(entry.input_shapes)): input_shape}
-    elif isinstance(input_shape, dict):
-        overrides = input_shape
+    try:
+        overrides = _zoo_overrides(name, input_shape)
+    except InputError as exc:
+        raise doc.error(_SHAPE, exc.message) from None
     for key, shape in overrides.items():
         try:
             entry.shapes({key: shape})
@@ -94,6 +141,17 @@ def _resolve_zoo(name: str, input_shape: Any, doc: SpecDocument) -> ModelSource:
         raise doc.error(_SHAPE if overrides else ("model", "zoo"), exc.message) from None
     shapes = {key: list(shape) for key, shape in entry.shapes(overrides).items()}
     return ModelSource(name, path, shapes, name)
+
+
+def _zoo_overrides(name: str, input_shape: Any) -> dict[str, list[int]]:
+    """The job's ``input_shape`` of zoo model ``name`` as a mapping from input name to per-sample shape."""
+    if isinstance(input_shape, list):
+        inputs = get_entry(name).input_shapes
+        if len(inputs) != 1:
+            raise InputError(f"zoo model '{name}' has inputs {', '.join(inputs)}: give input_shape as a mapping "
+                             "from input name to per-sample shape")
+        return {next(iter(inputs)): input_shape}
+    return dict(input_shape) if isinstance(input_shape, dict) else {}
 
 
 def _load_checked(path: Path, doc: SpecDocument, field: tuple[str, ...]) -> onnx.ModelProto:

@@ -28,6 +28,18 @@ IR_VERSION = 10
 _EXPORT_BATCH = 2  # traced with a batch of 2 so that no size-1 dimension is mistaken for a constant
 
 
+def export_path(name: str, input_shapes: Mapping[str, Any] | None = None) -> Path:
+    """Where the export of ``name`` at ``input_shapes`` is cached (it may not exist yet)."""
+    shapes = get_entry(name).shapes(input_shapes)
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        raise ModakError("the model zoo needs PyTorch: pip install 'modak[torch]'") from None
+    key = json.dumps({"name": name, "shapes": {k: list(v) for k, v in shapes.items()}, "torch": torch_version,
+                      "zoo": ZOO_VERSION, "opset": OPSET, "ir": IR_VERSION}, sort_keys=True)
+    return cache_dir() / "zoo" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}" / f"{name}.onnx"
+
+
 def export_onnx(name: str, input_shapes: Mapping[str, Any] | None = None) -> Path:
     """The cached ONNX export of ``name`` (exported on first use): opset 17, dim 0 of every input and
     output is the symbolic ``batch``, IR version 10, weights in ``<name>.onnx.data`` beside the graph.
@@ -36,16 +48,10 @@ def export_onnx(name: str, input_shapes: Mapping[str, Any] | None = None) -> Pat
     """
     entry = get_entry(name)
     shapes = entry.shapes(input_shapes)
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        raise ModakError("the model zoo needs PyTorch: pip install 'modak[torch]'") from None
-    key = json.dumps({"name": name, "shapes": {k: list(v) for k, v in shapes.items()}, "torch": torch_version,
-                      "zoo": ZOO_VERSION, "opset": OPSET, "ir": IR_VERSION}, sort_keys=True)
-    folder = cache_dir() / "zoo" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    path = folder / f"{name}.onnx"
+    path = export_path(name, input_shapes)
     if path.is_file():
         return path
+    folder = path.parent
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
