@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def job_args(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("job", type=Path, help="job spec (YAML)")
-        sub.add_argument("--target", "-t", type=Path, help="target spec (YAML); overrides the job's 'target'")
+        sub.add_argument("--target", "-t", type=Path, help="target spec (YAML), or 'local' for this machine (its "
+                                                           "cached probe); overrides the job's 'target'")
         sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
                          help="default: learned model where measured data covers the runtime, else roofline")
         sub.add_argument("--store", type=Path, help="local perf store: its measurements are learned from (and "
@@ -92,8 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--seed", type=int, default=None, help="seed of the rounds' order (default: random)")
     sub.add_argument("--json", action="store_true", help="print the race as JSON")
 
-    sub = command("probe", _cmd_probe, "measure this machine's ceilings and write a Target file")
-    sub.add_argument("-o", "--output", type=Path, required=True, help="Target YAML to write")
+    sub = command("probe", _cmd_probe, "measure this machine's ceilings, cache them as target 'local' and "
+                                        "optionally write a Target file")
+    sub.add_argument("-o", "--output", type=Path, help="Target YAML to write")
     sub.add_argument("--name", default=None, help="target name (default: the host name)")
     sub.add_argument("--quick", action="store_true", help="smaller problem sizes (seconds, less accurate)")
 
@@ -441,6 +443,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     import yaml
 
+    from modak.hardware.local import store_probe
     from modak.hardware.probe import probe, probe_comment, to_target
     from modak.paths import write_atomic
     from modak.spec.models import Target
@@ -449,9 +452,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     name = args.name or "".join(c if c.isalnum() or c in "._-" else "-" for c in platform.node()) or "this-machine"
     document = to_target(result, name)
     Target.model_validate(document)  # what we write must load
-    write_atomic(args.output, probe_comment(result) + yaml.safe_dump(document, sort_keys=False))
     print(probe_comment(result), end="")
-    print(f"wrote {args.output}")
+    print(f"cached as this machine's probe (target 'local', `cpu: local`): {store_probe(result)}")
+    if args.output:
+        write_atomic(args.output, probe_comment(result) + yaml.safe_dump(document, sort_keys=False))
+        print(f"wrote {args.output}")
     return 0
 
 

@@ -2,13 +2,29 @@
 
 import pytest
 
+from modak.hardware.probe import ProbeResult
+
+# What the tests take as this host's probe (`cpu: local` in the example targets): the machine the expected plans
+# were written for (2 AVX-512/bf16 cores, the shipped data's machine kind), so plans do not depend on the CPU the
+# tests run on. tests/test_local.py runs the real probe into its own cache.
+TEST_HOST_PROBE = ProbeResult(
+    microarchitecture="x86_64_v4", sockets=1, cores_per_socket=2, threads_per_core=1, memory_gb=23.5,
+    caches_kib={"L1d": 48, "L2": 1024, "L3": 32768}, gemm_gflops={"fp32": {1: 98.8, 2: 197.6}, "bf16": {2: 807.9}},
+    gemm_kernels={"fp32": {"pytorch": {1: 98.8, 2: 197.6}}, "bf16": {"pytorch": {2: 807.9}}},
+    triad_gbs={1: 30.0, 2: 43.6}, triad_spread={1: 0.0, 2: 0.0}, theoretical_fp32_gflops=None, frequency_ghz=None,
+    frequency_source="unknown", host="test-host")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _modak_cache(tmp_path_factory: pytest.TempPathFactory):
-    """One throw-away cache (exported zoo models, ...) and perf store for the whole session, never the user's."""
+    """One throw-away cache (exported zoo models, this host's probe, ...) and perf store for the whole session,
+    never the user's."""
+    from modak.hardware.local import store_probe
+
     patch = pytest.MonkeyPatch()
     patch.setenv("MODAK_CACHE", str(tmp_path_factory.mktemp("modak-cache")))
     # Plans learn from the shipped perfmodels/ only, never from the local store of whoever runs the tests.
     patch.setenv("MODAK_STORE", str(tmp_path_factory.mktemp("modak-store") / "perf.sqlite"))
+    store_probe(TEST_HOST_PROBE)
     yield
     patch.undo()

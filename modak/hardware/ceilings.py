@@ -96,7 +96,8 @@ def target_ceilings(target: Target, doc: SpecDocument) -> TargetCeilings:
         gpu_count=target.gpus.count if target.gpus else 0, cuda_capability=capability)
 
 
-def _cpu_catalog_entry(arch: Any) -> dict[str, Any]:
+def cpu_catalog_entry(arch: Any) -> dict[str, Any]:
+    """The hardware catalog's entry for an archspec microarchitecture (or its nearest known ancestor)."""
     table = _catalog("cpus.yaml")
     for candidate in [arch, *arch.ancestors]:
         if candidate.name in table:
@@ -105,7 +106,7 @@ def _cpu_catalog_entry(arch: Any) -> dict[str, Any]:
 
 
 def _cpu_ceilings(target: Target, arch: Any, features: frozenset[str], cores: int) -> Ceilings:
-    entry = _cpu_catalog_entry(arch)
+    entry = cpu_catalog_entry(arch)
     frequency = target.cpu.frequency_ghz or entry["frequency_ghz"]
     peaks = target.cpu.peaks
     measured = {Precision.fp32: peaks.fp32_gflops, Precision.bf16: peaks.bf16_gflops,

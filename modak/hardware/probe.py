@@ -1,25 +1,34 @@
 """Measure this machine's ceilings, as the Empirical Roofline Toolkit does, and describe it as a Target.
 
-GEMM GFLOP/s per precision and thread count (PyTorch's oneDNN/MKL kernels), stream-triad bandwidth,
-cache sizes from sysfs, the archspec microarchitecture, and GPU peaks when CUDA is present.
+GEMM GFLOP/s per precision and thread count as the best of several kernels and sizes (PyTorch's, ONNX Runtime's
+MLAS and OpenVINO's oneDNN GEMMs: one library's GEMM may miss the vector units another uses, e.g. PyTorch's at
+half the AVX-512 rate of the runtimes' on the machine of the shipped data), checked against the theoretical peak
+(clock x FLOPs per cycle of the microarchitecture x cores); a stream triad repeated, with its spread; cache sizes
+from sysfs; the archspec microarchitecture; GPU peaks when CUDA is present.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-GEMM_SIZE = 2048
+GEMM_SIZES = (512, 1024, 2048)
+QUICK_GEMM_SIZES = (256, 512)
 TRIAD_ELEMENTS = 1 << 25  # 128 MiB per fp32 array: far beyond any last-level cache
+TRIAD_REPEATS = 5
+ABOVE_THEORY = 1.05  # a measured GEMM this far above the theoretical peak means the clock or the catalog is wrong
+BELOW_THEORY = 0.5  # ... this far below it means no kernel reached the vector units' rate
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What the probe measured."""
+    """What the probe measured; GEMM and triad figures are keyed by thread count."""
 
     microarchitecture: str
     sockets: int
@@ -27,15 +36,39 @@ class ProbeResult:
     threads_per_core: int
     memory_gb: float
     caches_kib: dict[str, int]
-    gemm_gflops: dict[str, dict[int, float]]  # precision -> threads -> GFLOP/s
-    triad_gbs: dict[int, float]  # threads -> GB/s
+    gemm_gflops: dict[str, dict[int, float]]  # precision -> threads -> best GFLOP/s over kernels and sizes
+    gemm_kernels: dict[str, dict[str, dict[int, float]]]  # precision -> kernel -> threads -> best over sizes
+    triad_gbs: dict[int, float]  # threads -> median GB/s over TRIAD_REPEATS
+    triad_spread: dict[int, float]  # threads -> (max - min) / median of those repeats
+    theoretical_fp32_gflops: float | None  # cores x clock x FLOPs per cycle (recipes/hardware/cpus.yaml)
+    frequency_ghz: float | None
+    frequency_source: str
+    warnings: tuple[str, ...] = ()
     gpu: dict[str, Any] | None = None
     seconds: float = 0.0
     host: str = field(default_factory=platform.node)
 
+    def to_json(self) -> str:
+        """The result as JSON (thread counts become string keys)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeResult:
+        """Inverse of :meth:`to_json`."""
+        data = json.loads(text)
+
+        def by_threads(values: dict[str, float]) -> dict[int, float]:
+            return {int(t): float(v) for t, v in values.items()}
+
+        return cls(**{**data, "gemm_gflops": {p: by_threads(v) for p, v in data["gemm_gflops"].items()},
+                      "gemm_kernels": {p: {k: by_threads(v) for k, v in kernels.items()}
+                                       for p, kernels in data["gemm_kernels"].items()},
+                      "triad_gbs": by_threads(data["triad_gbs"]), "triad_spread": by_threads(data["triad_spread"]),
+                      "warnings": tuple(data["warnings"])})
+
 
 def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeResult:
-    """Run the measurements (about 10-30 s on a small machine; ``quick`` shrinks the problem sizes)."""
+    """Run the measurements (about 20-40 s on a small machine; ``quick`` shrinks the problem sizes)."""
     import archspec.cpu
     import torch
 
@@ -43,46 +76,60 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     sockets, cores_per_socket, threads_per_core = _topology()
     cores = sockets * cores_per_socket
     counts = sorted(set(thread_counts or _default_thread_counts(cores)))
-    size = 512 if quick else GEMM_SIZE
+    sizes = QUICK_GEMM_SIZES if quick else GEMM_SIZES
     elements = TRIAD_ELEMENTS // 4 if quick else TRIAD_ELEMENTS  # 32 MiB arrays still exceed the caches
-    precisions = {"fp32": torch.float32}
-    if _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}:
-        precisions["bf16"] = torch.bfloat16
-    gemm: dict[str, dict[int, float]] = {name: {} for name in precisions}
+    precisions = ["fp32"] + (["bf16"] if _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"} else [])
+    kernels: dict[str, dict[str, dict[int, float]]] = {p: {} for p in precisions}
     triad: dict[int, float] = {}
+    spread: dict[int, float] = {}
     saved = torch.get_num_threads()
     try:
         for threads in counts:
             torch.set_num_threads(threads)
-            for name, dtype in precisions.items():
-                gemm[name][threads] = _gemm_gflops(torch, size, dtype, "cpu")
-            triad[threads] = _triad_gbs(torch, elements, "cpu")
+            for precision in precisions:
+                for kernel, rate in _gemm_kernels(torch, precision, threads, sizes).items():
+                    kernels[precision].setdefault(kernel, {})[threads] = rate
+            runs = [_triad_gbs(torch, elements, "cpu") for _ in range(TRIAD_REPEATS)]
+            triad[threads] = statistics.median(runs)
+            spread[threads] = (max(runs) - min(runs)) / triad[threads]
     finally:
         torch.set_num_threads(saved)
+    gemm = {p: {t: max(by_kernel[t] for by_kernel in kernels[p].values() if t in by_kernel) for t in counts}
+            for p in precisions}
+    arch = archspec.cpu.host()
+    frequency, source = _frequency_ghz()
+    theoretical = _theoretical_fp32(arch, frequency, cores)
     return ProbeResult(
-        microarchitecture=archspec.cpu.host().name, sockets=sockets, cores_per_socket=cores_per_socket,
-        threads_per_core=threads_per_core, memory_gb=_memory_gb(), caches_kib=_caches_kib(),
-        gemm_gflops=gemm, triad_gbs=triad, gpu=_probe_gpu(torch, quick), seconds=time.perf_counter() - start)
+        microarchitecture=arch.name, sockets=sockets, cores_per_socket=cores_per_socket,
+        threads_per_core=threads_per_core, memory_gb=_memory_gb(), caches_kib=_caches_kib(), gemm_gflops=gemm,
+        gemm_kernels=kernels, triad_gbs=triad, triad_spread=spread, theoretical_fp32_gflops=theoretical,
+        frequency_ghz=frequency, frequency_source=source,
+        warnings=_warnings(max(gemm["fp32"].values()), theoretical, frequency, source),
+        gpu=_probe_gpu(torch, quick), seconds=time.perf_counter() - start)
 
 
 def to_target(result: ProbeResult, name: str) -> dict[str, Any]:
     """A Target document (plain data) for the measured machine; ceilings at the most threads measured."""
+    return {"apiVersion": "modak/v1", "kind": "Target", "name": name, **target_sections(result)}
+
+
+def target_sections(result: ProbeResult) -> dict[str, Any]:
+    """The ``cpu``, ``memory`` (and ``gpus``) sections of a Target for the measured machine."""
     top = max(result.triad_gbs)
     peaks: dict[str, float] = {"fp32_gflops": round(max(result.gemm_gflops["fp32"].values()), 1),
                                "memory_bandwidth_gbs": round(max(result.triad_gbs.values()), 1)}
     if "bf16" in result.gemm_gflops:
         peaks["bf16_gflops"] = round(max(result.gemm_gflops["bf16"].values()), 1)
-    target: dict[str, Any] = {
-        "apiVersion": "modak/v1", "kind": "Target", "name": name,
+    sections: dict[str, Any] = {
         "cpu": {"microarchitecture": result.microarchitecture, "sockets": result.sockets,
                 "cores_per_socket": result.cores_per_socket, "threads_per_core": result.threads_per_core,
                 "peaks": peaks},
         "memory": {"size_gb": round(result.memory_gb, 1), "bandwidth_gbs": round(result.triad_gbs[top], 1)},
     }
     if result.gpu:
-        target["gpus"] = {"model": result.gpu["model"], "count": result.gpu["count"],
-                          "memory_gb": result.gpu["memory_gb"], "peaks": result.gpu["peaks"]}
-    return target
+        sections["gpus"] = {"model": result.gpu["model"], "count": result.gpu["count"],
+                            "memory_gb": result.gpu["memory_gb"], "peaks": result.gpu["peaks"]}
+    return sections
 
 
 def probe_comment(result: ProbeResult) -> str:
@@ -90,10 +137,102 @@ def probe_comment(result: ProbeResult) -> str:
     lines = [f"Written by `modak probe` on {result.host} in {result.seconds:.0f} s.",
              f"caches (KiB): {result.caches_kib}"]
     for precision, by_threads in result.gemm_gflops.items():
-        lines.append(f"GEMM {precision} GFLOP/s by threads: "
+        lines.append(f"GEMM {precision} GFLOP/s by threads (best kernel): "
                      + ", ".join(f"{t}: {v:.1f}" for t, v in sorted(by_threads.items())))
-    lines.append("stream triad GB/s by threads: " + ", ".join(f"{t}: {v:.1f}" for t, v in sorted(result.triad_gbs.items())))
+        for kernel, rates in sorted(result.gemm_kernels[precision].items()):
+            lines.append(f"  {kernel}: " + ", ".join(f"{t}: {v:.1f}" for t, v in sorted(rates.items())))
+    if result.theoretical_fp32_gflops:
+        lines.append(f"theoretical fp32 peak: {result.theoretical_fp32_gflops:.1f} GFLOP/s at "
+                     f"{result.frequency_ghz:.2f} GHz ({result.frequency_source})")
+    lines.append(f"stream triad GB/s by threads (median of {TRIAD_REPEATS}, spread): " + ", ".join(
+        f"{t}: {v:.1f} ({result.triad_spread[t]:.0%})" for t, v in sorted(result.triad_gbs.items())))
+    lines += [f"warning: {w}" for w in result.warnings]
     return "".join(f"# {line}\n" for line in lines)
+
+
+def _warnings(best_fp32: float, theoretical: float | None, frequency: float | None, source: str) -> tuple[str, ...]:
+    if not theoretical or not frequency:
+        return ()
+    if best_fp32 > ABOVE_THEORY * theoretical:
+        return (f"the best fp32 GEMM ({best_fp32:.1f} GFLOP/s) is above the theoretical peak at {frequency:.2f} GHz "
+                f"({source}): the cores run at about {frequency * best_fp32 / theoretical:.2f} GHz (turbo), or the "
+                "catalog's FLOPs per cycle for this microarchitecture are too low",)
+    if best_fp32 < BELOW_THEORY * theoretical:
+        return (f"the best fp32 GEMM ({best_fp32:.1f} GFLOP/s) is below half the theoretical peak "
+                f"({theoretical:.1f} at {frequency:.2f} GHz): were other processes running?",)
+    return ()
+
+
+def _theoretical_fp32(arch: Any, frequency: float | None, cores: int) -> float | None:
+    from modak.hardware.ceilings import cpu_catalog_entry
+
+    return cores * frequency * cpu_catalog_entry(arch)["fp32"] if frequency else None
+
+
+def _frequency_ghz() -> tuple[float | None, str]:
+    """The CPU's maximum clock from cpufreq, else the clock /proc/cpuinfo reports, with where it came from."""
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6, "cpufreq maximum"
+    except (OSError, ValueError):
+        pass
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("cpu MHz"):
+            return float(line.split(":", 1)[1]) / 1e3, "/proc/cpuinfo, the nominal clock in a VM"
+    return None, "unknown"
+
+
+def _gemm_kernels(torch: Any, precision: str, threads: int, sizes: tuple[int, ...]) -> dict[str, float]:
+    """GFLOP/s of each available GEMM kernel at ``threads`` threads, the best over ``sizes``."""
+    rates: dict[str, float] = {}
+    makers: dict[str, Callable[[int], Callable[[], Any]]] = {"pytorch": lambda n: _torch_gemm(torch, n, precision)}
+    if precision == "fp32":
+        makers["onnxruntime"] = lambda n: _onnxruntime_gemm(n, threads)
+    makers["openvino"] = lambda n: _openvino_gemm(n, threads, precision)
+    for kernel, make in makers.items():
+        try:
+            rates[kernel] = max(2.0 * n**3 / _best_time(make(n)) / 1e9 for n in sizes)
+        except ImportError:
+            continue  # that runtime is not installed here
+    return rates
+
+
+def _torch_gemm(torch: Any, n: int, precision: str) -> Callable[[], Any]:
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    c = torch.empty(n, n, dtype=dtype)
+    return lambda: torch.matmul(a, b, out=c)
+
+
+def _onnxruntime_gemm(n: int, threads: int) -> Callable[[], Any]:
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in "ab"],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {x: np.random.default_rng(0).standard_normal((n, n), dtype=np.float32) for x in "ab"}
+    return lambda: session.run(None, feeds)
+
+
+def _openvino_gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
+    import numpy as np
+    import openvino
+    from openvino import opset13
+
+    a, b = (opset13.parameter([n, n], openvino.Type.f32) for _ in range(2))
+    model = openvino.Model([opset13.matmul(a, b, False, False)], [a, b])
+    compiled = openvino.Core().compile_model(model, "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+        "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    inputs = [np.random.default_rng(0).standard_normal((n, n), dtype=np.float32) for _ in range(2)]
+    return lambda: request.infer(inputs)
 
 
 def _default_thread_counts(cores: int) -> list[int]:
@@ -105,25 +244,26 @@ def _default_thread_counts(cores: int) -> list[int]:
     return sorted(counts)
 
 
-def _gemm_gflops(torch: Any, n: int, dtype: Any, device: str) -> float:
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    c = torch.empty(n, n, dtype=dtype, device=device)
-    best = _best_time(lambda: torch.matmul(a, b, out=c), torch, device)
-    return 2.0 * n**3 / best / 1e9
+def _gpu_gemm_gflops(torch: Any, n: int, dtype: Any) -> float:
+    a = torch.randn(n, n, dtype=dtype, device="cuda")
+    b = torch.randn(n, n, dtype=dtype, device="cuda")
+    c = torch.empty(n, n, dtype=dtype, device="cuda")
+    return 2.0 * n**3 / _best_time(lambda: torch.matmul(a, b, out=c), torch.cuda.synchronize) / 1e9
 
 
 def _triad_gbs(torch: Any, n: int, device: str) -> float:
+    """Stream triad ``a = b + 3 c`` over fp32 arrays of ``n`` elements: 3 x 4 x n bytes per run, best run."""
     a = torch.empty(n, dtype=torch.float32, device=device)
     b = torch.rand(n, dtype=torch.float32, device=device)
     c = torch.rand(n, dtype=torch.float32, device=device)
-    best = _best_time(lambda: torch.add(b, c, alpha=3.0, out=a), torch, device)
-    return 3 * 4 * n / best / 1e9
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    return 3 * 4 * n / _best_time(lambda: torch.add(b, c, alpha=3.0, out=a), sync, budget_s=0.5) / 1e9
 
 
-def _best_time(fn: Any, torch: Any, device: str, min_runs: int = 5, budget_s: float = 1.5) -> float:
+def _best_time(fn: Callable[[], Any], sync: Callable[[], None] | None = None, min_runs: int = 5,
+               budget_s: float = 0.4) -> float:
     """Best time of at least ``min_runs`` runs after a warm-up, within about ``budget_s``."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync = sync or (lambda: None)
     fn()
     sync()
     best, runs, deadline = float("inf"), 0, time.perf_counter() + budget_s
@@ -195,11 +335,11 @@ def _probe_gpu(torch: Any, quick: bool) -> dict[str, Any] | None:
     n = 2048 if quick else 8192
     peaks = {"fp32_tflops": None, "tf32_tflops": None, "bf16_tflops": None, "fp16_tflops": None}
     torch.backends.cuda.matmul.allow_tf32 = False
-    peaks["fp32_tflops"] = round(_gemm_gflops(torch, n, torch.float32, "cuda") / 1e3, 1)
+    peaks["fp32_tflops"] = round(_gpu_gemm_gflops(torch, n, torch.float32) / 1e3, 1)
     torch.backends.cuda.matmul.allow_tf32 = True
-    peaks["tf32_tflops"] = round(_gemm_gflops(torch, n, torch.float32, "cuda") / 1e3, 1)
-    peaks["bf16_tflops"] = round(_gemm_gflops(torch, n, torch.bfloat16, "cuda") / 1e3, 1)
-    peaks["fp16_tflops"] = round(_gemm_gflops(torch, n, torch.float16, "cuda") / 1e3, 1)
+    peaks["tf32_tflops"] = round(_gpu_gemm_gflops(torch, n, torch.float32) / 1e3, 1)
+    peaks["bf16_tflops"] = round(_gpu_gemm_gflops(torch, n, torch.bfloat16) / 1e3, 1)
+    peaks["fp16_tflops"] = round(_gpu_gemm_gflops(torch, n, torch.float16) / 1e3, 1)
     peaks["memory_bandwidth_gbs"] = round(_triad_gbs(torch, 1 << 28, "cuda"), 1)
     return {"model": props.name.replace(" ", "-"), "count": torch.cuda.device_count(),
             "memory_gb": round(props.total_memory / 1e9, 1), "peaks": peaks}

@@ -17,6 +17,7 @@ from modak.spec.models import Job, Target
 from modak.spec.resolve import ResolvedFiles, resolve_files
 
 M = TypeVar("M", bound=BaseModel)
+LOCAL = "local"  # a target (file name or `cpu:` value) that is the machine modak runs on: modak.hardware.local
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,18 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None) -> Loa
     job, job_doc = load_spec(job_path, Job)
     if target_path is None:
         if job.target is None:
-            raise job_doc.error((), "no target: add a 'target:' field or pass --target FILE")
-        target_file = job_doc.resolve(job.target)
-        if not target_file.is_file():
+            raise job_doc.error((), "no target: add a 'target:' field or pass --target FILE (or 'local')")
+        target_file = Path(LOCAL) if job.target == LOCAL else job_doc.resolve(job.target)
+        if job.target != LOCAL and not target_file.is_file():
             raise job_doc.error(("target",), f"target file not found: {target_file}")
     else:
         target_file = Path(target_path)
-    target, target_doc = load_spec(target_file, Target)
+    if str(target_file) == LOCAL and not target_file.exists():
+        from modak.hardware.local import local_target
+
+        target, target_doc = Target.model_validate(local_target()), SpecDocument(Path.cwd() / "local")
+    else:
+        target, target_doc = load_spec(target_file, Target)
     return LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
 
 
@@ -64,6 +70,10 @@ def load_spec(path: str | Path, model: type[M]) -> tuple[M, SpecDocument]:
     kind = model.__name__
     if data.get("kind") not in (None, kind) and isinstance(data.get("kind"), str):
         raise doc.error(("kind",), f"expected kind '{kind}', got '{data['kind']}'")
+    if model is Target and data.get("cpu") == LOCAL:
+        from modak.hardware.local import local_sections
+
+        data = {**local_sections(), **{k: v for k, v in data.items() if k != "cpu"}}
     try:
         return model.model_validate(data), doc
     except ValidationError as exc:

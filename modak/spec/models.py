@@ -112,7 +112,8 @@ class Job(Strict):
     apiVersion: Literal["modak/v1"]
     kind: Literal["Job"]
     name: Name
-    target: str | None = Field(None, description="Target file, relative to the job file (or use --target).")
+    target: str | None = Field(None, description="Target file, relative to the job file (or use --target); 'local' "
+                                                  "is the machine modak runs on, from its cached `modak probe`.")
     task: Task
     model: ModelSpec
     precision: list[Precision] = Field(default_factory=lambda: [Precision.fp32], min_length=1)
@@ -206,7 +207,8 @@ class Target(Strict):
     kind: Literal["Target"]
     name: Name
     nodes: PositiveInt = 1
-    cpu: Cpu
+    cpu: Cpu = Field(description="The nodes' CPU. In a target file, 'cpu: local' takes this section (and memory, "
+                                  "unless given) from the cached `modak probe` of the machine modak runs on.")
     memory: Memory
     gpus: Gpus | None = None
     network: Network = Network()

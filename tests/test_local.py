@@ -1,0 +1,76 @@
+"""``local``: the machine modak runs on, probed once per host (real probe, quick sizes) and reused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import archspec.cpu
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+
+
+def modak(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "modak", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MODAK_CACHE": str(cache)})
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A cache holding this host's real (quick) probe, and the probe as cached."""
+    cache = tmp_path_factory.mktemp("local-cache")
+    result = modak("probe", "--quick", cache=cache)
+    assert result.returncode == 0, result.stderr
+    assert "GEMM fp32 GFLOP/s by threads (best kernel)" in result.stdout and "pytorch:" in result.stdout
+    cached = list((cache / "probe").glob("*.json"))
+    assert len(cached) == 1 and str(cached[0]) in result.stdout
+    return cache, json.loads(cached[0].read_text())
+
+
+def test_target_local_reuses_the_hosts_cached_probe_and_names_its_cpu(probed, tmp_path) -> None:
+    cache, probe = probed
+    assert probe["microarchitecture"] == archspec.cpu.host().name
+    assert set(probe["gemm_kernels"]["fp32"]) >= {"pytorch", "onnxruntime", "openvino"}
+    best = max(probe["gemm_gflops"]["fp32"].values())
+    assert best == max(rate for kernel in probe["gemm_kernels"]["fp32"].values() for rate in kernel.values())
+    assert len(probe["triad_spread"]) == len(probe["triad_gbs"])
+    plan = modak("plan", str(JOB), "--target", "local", "--json", cache=cache)
+    assert plan.returncode == 0, plan.stderr
+    assert "probing" not in plan.stderr  # reused, not measured again
+    choice = json.loads(plan.stdout)["candidates"][0]
+    assert choice["roofline"]["peak_gflops"] <= round(best, 1)
+    # A job can say `target: local` itself.
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.read_text().replace("target: target.yaml", "target: local"))
+    assert json.loads(modak("plan", str(job), "--json", cache=cache).stdout)["target"] == "local"
+
+
+def test_cpu_local_in_a_target_file_keeps_the_site_settings_and_a_given_memory(probed, tmp_path) -> None:
+    cache, probe = probed
+    target = tmp_path / "target.yaml"
+    target.write_text("apiVersion: modak/v1\nkind: Target\nname: site\ncpu: local\nmemory: {size_gb: 3}\n"
+                      "container: {engine: podman, base_images: {debian: localhost/debian-base:bookworm}}\n")
+    script = ("import sys; from modak.spec.loader import load_job; "
+              f"t = load_job({str(JOB)!r}, {str(target)!r}).target; "
+              "print(t.name, t.cpu.microarchitecture, t.cpu.peaks.fp32_gflops, t.memory.size_gb, "
+              "t.container.base_images['debian'])")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "MODAK_CACHE": str(cache)}).stdout.split()
+    assert out == ["site", probe["microarchitecture"], str(round(max(probe["gemm_gflops"]["fp32"].values()), 1)),
+                   "3.0", "localhost/debian-base:bookworm"]
+
+
+def test_a_missing_probe_is_measured_once_and_said_so(tmp_path) -> None:
+    script = ("from modak.hardware.local import local_probe; from modak.hardware import probe as p; "
+              "p.GEMM_SIZES = (128,); p.TRIAD_ELEMENTS = 1 << 20; "
+              "first = local_probe(); second = local_probe(); print(first == second)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "MODAK_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
+    assert result.stderr.count("probing this machine's ceilings once") == 1
