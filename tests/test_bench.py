@@ -34,7 +34,7 @@ def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
     assert {r.runtime for r in rows} == {"onnxruntime"} and all(r.status == "ok" for r in rows)
     for row in rows:
         assert row.step_p10_s <= row.step_median_s <= row.step_p90_s and row.repeats >= 3
-        assert row.flops > 0 and row.peak_fp32_gflops == 197.6 and row.max_abs_error < 1e-3
+        assert row.flops > 0 and row.peak_fp32_gflops == 451.6 and row.max_abs_error < 1e-3
         assert json.loads(row.versions)["onnxruntime"] and row.compile_s >= 0 and row.peak_rss_mb > 0
         assert json.loads(row.op_class_flops)["conv"] > 0
     # A second run of the same configuration replaces its row instead of adding one.

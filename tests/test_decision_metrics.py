@@ -115,9 +115,13 @@ class _RecordingPredictor:
 
     fits: list[tuple[frozenset[str], int]] = []
 
-    def __init__(self, rows: list[Measurement], seed: int = 0, catalog: object = None) -> None:
+    def __init__(self, rows: list[Measurement], seed: int) -> None:
         self.fits.append((frozenset(r.model for r in rows), seed))
         self.coverage = {(r.runtime, r.device) for r in rows}
+
+    @classmethod
+    def fit(cls, rows: list[Measurement], seed: int = 0, catalog: object = None) -> _RecordingPredictor:
+        return cls(rows, seed)
 
     def predict_examples(self, examples: list) -> list[tuple[float, float, float, float]]:
         return [(e.flops / 1e12, 0.0, math.inf, 1.0) for e in examples]

@@ -1,0 +1,37 @@
+"""The shipped measurements against their machines' ceilings: a row's FLOP/s above its peak means the peak is
+not a ceiling, and every roofline term and utilization feature built on it is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from modak.measurements.store import read_csv
+
+PERFMODELS = Path(__file__).resolve().parents[1] / "perfmodels"
+CSV_FILES = sorted(PERFMODELS.rglob("*.csv"))
+
+
+def achieved_over_peak(row) -> float:
+    peak = row.peak_bf16_gflops if row.precision == "bf16" else row.peak_fp32_gflops
+    return row.flops / row.step_median_s / 1e9 / peak
+
+
+@pytest.mark.parametrize("path", CSV_FILES, ids=lambda p: str(p.relative_to(PERFMODELS)))
+def test_no_shipped_row_runs_faster_than_its_machines_peak(path: Path) -> None:
+    rows = [r for r in read_csv(path) if r.status == "ok" and r.step_median_s and r.precision in ("fp32", "bf16")]
+    assert rows
+    over = sorted(((achieved_over_peak(r), r.model, r.runtime, r.precision, r.batch_size) for r in rows), reverse=True)
+    assert over[0][0] <= 1.0, f"rows above their peak: {[o for o in over if o[0] > 1.0][:5]}"
+
+
+def test_the_shipped_targets_state_the_peaks_their_rows_carry() -> None:
+    for target_file in sorted((PERFMODELS / "targets").glob("*.yaml")):
+        target = yaml.safe_load(target_file.read_text())
+        peaks = target["cpu"]["peaks"]
+        rows = [r for path in CSV_FILES for r in read_csv(path) if r.machine == target["name"]]
+        assert rows, target_file
+        assert {r.peak_fp32_gflops for r in rows} == {peaks["fp32_gflops"]}
+        assert {r.peak_bf16_gflops for r in rows if r.peak_bf16_gflops} == {peaks["bf16_gflops"]}
