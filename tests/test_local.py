@@ -74,3 +74,14 @@ def test_a_missing_probe_is_measured_once_and_said_so(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True"]
     assert result.stderr.count("probing this machine's ceilings once") == 1
+
+
+def test_a_gemm_rate_off_the_theoretical_peak_is_named() -> None:
+    from modak.hardware.probe import _warnings
+
+    assert _warnings(150.0, 156.0, 2.45, "cpufreq maximum") == ()
+    above = _warnings(173.0, 156.5, 2.45, "/proc/cpuinfo")
+    assert len(above) == 1 and "about 2.71 GHz" in above[0]
+    below = _warnings(60.0, 156.5, 2.45, "/proc/cpuinfo")
+    assert len(below) == 1 and "below half the theoretical peak" in below[0]
+    assert _warnings(60.0, None, None, "unknown") == ()
