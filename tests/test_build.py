@@ -32,10 +32,10 @@ import pytest
 import yaml
 
 from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test, split_ref
-from modak.build.pipeline import LOCK_LABEL, tuned_artifacts
+from modak.build.pipeline import LOCK_LABEL, OUT_DIR_LOCK, out_dir_lock, tuned_artifacts
 from modak.build.submit import Submission, output_file, parse_job_id, wait
-from modak.errors import (EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED, EngineUnavailable,
-                          SubmitFailed)
+from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED,
+                          EngineUnavailable, SubmitFailed)
 from onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -429,6 +429,53 @@ def test_ctrl_c_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine
     # Podman may finish the build after the client went away: still nothing is tagged.
     time.sleep(2)
     assert not [t for t in _all_tags(engine) if t.startswith("localhost/modak/interrupted-build:")]
+
+
+# --- concurrent builds ---------------------------------------------------------------------------------------
+
+def test_concurrent_builds_keep_their_contexts_and_tags(engine: DockerEngine, tmp_path: Path) -> None:
+    """Two ``modak build`` processes of two jobs at once (their own targets and batch sizes, the same runtime so
+    that the pip layer is shared): each image carries its own job's plan and labels, each output folder its own."""
+    jobs = {}
+    for name, batch in (("concurrent-a", 16), ("concurrent-b", 32)):
+        folder = tmp_path / name
+        write_target(folder, f"local-cpu-{name}")
+        jobs[name] = write_job(folder, name=name, model={"zoo": "mnist_cnn", "input_shape": [1, 28, 28],
+                                                         "batch_size": batch},
+                               constraints={"runtimes": ["onnxruntime"]})
+    processes = {name: subprocess.Popen([sys.executable, "-m", "modak", "build", str(job), "-o",
+                                         str(job.parent / "out"), "--no-smoke", "--json"], cwd=ROOT,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for name, job in jobs.items()}
+    results = {}
+    for name, process in processes.items():
+        stdout, stderr = process.communicate(timeout=1800)
+        assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
+        results[name] = json.loads(stdout)
+    assert results["concurrent-a"]["image"]["ref"] != results["concurrent-b"]["image"]["ref"]
+    for name, data in results.items():
+        out = jobs[name].parent / "out"
+        assert data["output"] == str(out)
+        plan_json = (out / "plan.json").read_bytes()
+        plan = json.loads(plan_json)
+        assert plan["job"] == name and plan["target"] == f"local-cpu-{name}"
+        labels = image_labels(engine, data["image"]["ref"])
+        assert labels["io.modak.target"] == f"local-cpu-{name}"
+        assert labels["io.modak.plan-digest"] == hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+        assert engine.read_file(data["image"]["ref"], "/opt/modak/plan.json") == plan_json
+        assert f"# modak: building {out} with" in (out / "build.log").read_text()
+
+
+def test_a_second_build_into_a_busy_output_folder_fails_at_once(tmp_path: Path) -> None:
+    """While something holds the output folder's lock (here this test, through the pipeline's own lock), a build
+    into it is an input error naming the folder and the holder, and writes nothing there."""
+    out = tmp_path / "out"
+    with out_dir_lock(out):
+        result = modak("build", EXAMPLE / "job.yaml", "-o", out, "--no-smoke")
+    assert result.returncode == EXIT_BAD_INPUT
+    assert result.stderr.strip() == (f"modak: error: {out}: another modak build (process {os.getpid()}) is using "
+                                     "this output folder; wait for it to end or choose another --output")
+    assert sorted(p.name for p in out.iterdir()) == [OUT_DIR_LOCK]
 
 
 def test_engine_not_reachable(tmp_path: Path) -> None:

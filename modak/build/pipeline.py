@@ -20,16 +20,23 @@
 7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
    docker-archive://FILE`` turns into a SIF on a cluster.
 
+Builds of different jobs may run at once: every temporary folder is private to its build, the engine builds
+untagged images that only the finished build tags, and each build writes only into its output folder, which it
+holds (:func:`out_dir_lock`) so that a second build into the same folder fails at once.
+
 The result is a frozen :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
 documented output (``schema_version``: :data:`modak.documents.SCHEMA_VERSION`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from modak.bench.harness import BENCH_WORKDIR
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.documents import document
-from modak.errors import Interrupted, PushFailed, SmokeTestFailed
+from modak.errors import InputError, Interrupted, PushFailed, SmokeTestFailed
 from modak.image.deployment import MODEL_FILE, WORK_DIR
 from modak.image.runtimes.base import reusable_artifacts
 from modak.render.ir import SELF_TEST_COMMAND, BuildDescription, build_description
@@ -52,6 +59,7 @@ BUILD_LOG = "build.log"
 LOCK_NAME = "requirements.lock"
 SMOKE_NAME = "smoke-test.json"
 SMOKE_LOG = "smoke-test.log"  # the self-test's exit code, stdout and stderr, kept for diagnosis
+OUT_DIR_LOCK = ".modak-build.lock"  # held while a build uses its output folder (see out_dir_lock)
 
 
 @dataclass(frozen=True)
@@ -142,7 +150,33 @@ def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
     if options.push and not target.container.registry:
         raise plan.loaded.target_doc.error(("container",), "--push needs container.registry (where to push)")
     engine.check()  # before rendering: an unreachable engine changes nothing on disk
+    with out_dir_lock(out_dir):
+        return _build(plan, out_dir, options, progress, engine)
 
+
+@contextmanager
+def out_dir_lock(out_dir: Path) -> Iterator[None]:
+    """Hold ``OUT_DIR/.modak-build.lock`` (an exclusive ``flock``, released when the process ends however it
+    ends) while building: a second build into the same folder fails at once instead of mixing files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError("exists and is not a folder", out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / OUT_DIR_LOCK).open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            raise InputError(f"another modak build{f' (process {holder})' if holder else ''} is using this output "
+                             "folder; wait for it to end or choose another --output", out_dir) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress, engine: Engine) -> BuildResult:
+    """:func:`build_job` once it holds the output folder."""
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     progress.phase("rendering")
