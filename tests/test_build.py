@@ -13,8 +13,10 @@ and shared. Later sessions reuse the engine's layer cache.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import urllib.error
 import os
 import shutil
 import signal
@@ -35,7 +37,7 @@ from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test, s
 from modak.build.pipeline import LOCK_LABEL, OUT_DIR_LOCK, out_dir_lock, tuned_artifacts
 from modak.build.submit import Submission, output_file, parse_job_id, wait
 from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED,
-                          EngineUnavailable, SubmitFailed)
+                          EXIT_PUSH_FAILED, EngineUnavailable, SubmitFailed)
 from onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,15 +91,18 @@ def image_labels(engine: DockerEngine, ref: str) -> dict[str, str]:
     return dict(info.labels)
 
 
-def registry_labels(ref: str) -> dict[str, str]:
-    """The labels of ``ref`` as the registry stores them (manifest -> config blob), over its HTTP API."""
+def registry_labels(ref: str, login: tuple[str, str] | None = None) -> dict[str, str]:
+    """The labels of ``ref`` as the registry stores them (manifest -> config blob), over its HTTP API (with basic
+    auth as ``login``: user, password)."""
     repository, tag = split_ref(ref)
     host, _, name = repository.partition("/")
+    auth = {"Authorization": "Basic " + base64.b64encode(":".join(login).encode()).decode()} if login else {}
     accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
-    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})
+    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept, **auth})
     with urllib.request.urlopen(request, timeout=30) as response:
         manifest = json.load(response)
-    with urllib.request.urlopen(f"http://{host}/v2/{name}/blobs/{manifest['config']['digest']}", timeout=30) as blob:
+    request = urllib.request.Request(f"http://{host}/v2/{name}/blobs/{manifest['config']['digest']}", headers=auth)
+    with urllib.request.urlopen(request, timeout=30) as blob:
         config = json.load(blob)
     return config.get("config", {}).get("Labels") or {}
 
@@ -588,6 +593,110 @@ def test_push_pull_and_labels(cnn: Built, engine: DockerEngine, tmp_path: Path) 
     assert any(ref in (entry.get("RepoTags") or []) or f"{ref.split(':')[0]}:{ref.split(':')[-1]}"
                in (entry.get("RepoTags") or []) for entry in manifest), manifest
     archive.unlink()
+
+
+# --- push to a registry that requires a login ----------------------------------------------------------------
+
+AUTH_REGISTRY = "127.0.0.1:5001"  # .ci/provision.sh auth_registry, with these test credentials
+AUTH_USER = os.environ.get("MODAK_AUTH_REGISTRY_USER", "modak-push")
+AUTH_PASSWORD = os.environ.get("MODAK_AUTH_REGISTRY_PASSWORD", "Zq7-modak-registry-secret-w9pL")
+
+
+def _require_auth_registry() -> None:
+    request = urllib.request.Request(f"http://{AUTH_REGISTRY}/v2/", headers={
+        "Authorization": "Basic " + base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()})
+    try:
+        urllib.request.urlopen(request, timeout=5).close()
+    except OSError as exc:
+        pytest.fail(f"no registry accepting the test login on {AUTH_REGISTRY} ({exc}): "
+                    "run .ci/provision.sh auth_registry")
+
+
+def _no_login_env(tmp_path: Path) -> dict[str, str]:
+    """An environment where modak finds no registry credentials (every auth file location is an empty folder)."""
+    empty = tmp_path / "no-auth"
+    empty.mkdir(exist_ok=True)
+    return {"MODAK_REGISTRY_USERNAME": "", "MODAK_REGISTRY_PASSWORD": "", "REGISTRY_AUTH_FILE": "",
+            "XDG_RUNTIME_DIR": str(empty), "XDG_CONFIG_HOME": str(empty), "DOCKER_CONFIG": str(empty)}
+
+
+def _assert_secret_absent(where: str, data: bytes | str) -> None:
+    data = data.encode() if isinstance(data, str) else data
+    for secret in (AUTH_PASSWORD, base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()):
+        assert secret.encode() not in data, f"the registry password is in {where}"
+
+
+def _push_to_auth_registry(tmp_path: Path, name: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``modak build --push --no-smoke --json`` of the example to ``AUTH_REGISTRY/name``."""
+    target = write_target(tmp_path / name, f"auth-{name}", container={"registry": f"{AUTH_REGISTRY}/{name}"})
+    return modak("build", EXAMPLE / "job.yaml", "--target", target, "-o", tmp_path / name / "out", "--push",
+                 "--no-smoke", "--json", env={**_no_login_env(tmp_path), **env})
+
+
+def test_push_with_credentials_from_an_auth_file_keeps_them_secret(engine: DockerEngine, tmp_path: Path) -> None:
+    """Credentials from a Docker/Podman auth file (``REGISTRY_AUTH_FILE``): the push and the pull-back succeed, the
+    registry has the image's labels, and the password is nowhere modak writes or builds: not in stdout, stderr,
+    the ``--json`` output or the build log, not in the image's config, labels and history, nor in its layers."""
+    _require_auth_registry()
+    auth_file = tmp_path / "auth.json"
+    login = base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()
+    auth_file.write_text(json.dumps({"auths": {AUTH_REGISTRY: {"auth": login}}}))
+    result = _push_to_auth_registry(tmp_path, "modak-auth-file", {"REGISTRY_AUTH_FILE": str(auth_file)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"with the credentials from {auth_file}" in result.stderr
+    data = json.loads(result.stdout)
+    ref = data["image"]["ref"]
+    assert data["pushed"]["ref"] == ref and data["pushed"]["digest"].startswith("sha256:")
+    assert registry_labels(ref, (AUTH_USER, AUTH_PASSWORD)) == data["image"]["labels"]
+    with pytest.raises(urllib.error.HTTPError, match="401"):  # the registry does require the login
+        registry_labels(ref)
+    _assert_secret_absent("stdout", result.stdout)
+    _assert_secret_absent("stderr", result.stderr)
+    _assert_secret_absent("build.log", (Path(data["build_log"])).read_bytes())
+    _assert_secret_absent("the image's inspect output", json.dumps(engine.client.api.inspect_image(ref)))
+    _assert_secret_absent("the image's history", json.dumps(engine.client.api.history(ref)))
+    archive = tmp_path / "image.tar"  # docker-archive: the layers are uncompressed tar files inside
+    engine.save(ref, archive)
+    with tarfile.open(archive) as outer:
+        layers = [m for m in outer.getmembers() if m.isfile()]
+        assert len(layers) > 3
+        for member in layers:
+            _assert_secret_absent(f"{member.name} of the saved image", outer.extractfile(member).read())
+    archive.unlink()
+
+
+def test_push_with_credentials_from_the_environment_and_refusals(engine: DockerEngine, tmp_path: Path) -> None:
+    """``MODAK_REGISTRY_USERNAME``/``MODAK_REGISTRY_PASSWORD``: the push succeeds and the image pulls back with the
+    same login after its local name is removed. Without credentials, or with a wrong password, the push is
+    refused: exit 8 and one line that says what to do, without the password it tried."""
+    _require_auth_registry()
+    name = "modak-auth-env"
+    env = {"MODAK_REGISTRY_USERNAME": AUTH_USER, "MODAK_REGISTRY_PASSWORD": AUTH_PASSWORD}
+    result = _push_to_auth_registry(tmp_path, name, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "with the credentials from MODAK_REGISTRY_USERNAME/MODAK_REGISTRY_PASSWORD" in result.stderr
+    _assert_secret_absent("stdout", result.stdout)
+    _assert_secret_absent("stderr", result.stderr)
+    data = json.loads(result.stdout)
+    ref = data["image"]["ref"]
+    assert registry_labels(ref, (AUTH_USER, AUTH_PASSWORD)) == data["image"]["labels"]
+    engine.remove(ref)
+    assert engine.inspect(ref) is None
+    from modak.build.credentials import Credentials
+    assert dict(engine.pull(ref, Credentials(AUTH_REGISTRY, AUTH_USER, AUTH_PASSWORD, "test")).labels) \
+        == data["image"]["labels"]
+
+    refused = _push_to_auth_registry(tmp_path, name, {})
+    assert refused.returncode == EXIT_PUSH_FAILED, refused.stderr[-3000:]
+    error = refused.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"modak: error: pushing {ref} failed: ") and "unauthorized" in error
+    assert f"no credentials for {AUTH_REGISTRY}: set MODAK_REGISTRY_USERNAME and MODAK_REGISTRY_PASSWORD" in error
+
+    wrong = "wrong-Hq4-modak-password"
+    refused = _push_to_auth_registry(tmp_path, name, {**env, "MODAK_REGISTRY_PASSWORD": wrong})
+    assert refused.returncode == EXIT_PUSH_FAILED, refused.stderr[-3000:]
+    assert "refused the credentials from MODAK_REGISTRY_USERNAME/MODAK_REGISTRY_PASSWORD" in refused.stderr
+    assert wrong not in refused.stderr + refused.stdout + (tmp_path / name / "out" / "build.log").read_text()
 
 
 # --- a real scheduler ----------------------------------------------------------------------------------------

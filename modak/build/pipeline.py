@@ -16,7 +16,8 @@
    ``status: ok`` and name the plan's runtime. A median outside the interval is reported, not a failure.
 5. **Tag** the image with the engine's name for it (the plan's reference; a SIF file for Apptainer), only now:
    a failed or interrupted build, or a failed smoke test, leaves no tag.
-6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels.
+6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels; the
+   registry login comes from the environment or the Docker/Podman auth files (:mod:`modak.build.credentials`).
 7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
    docker-archive://FILE`` turns into a SIF on a cluster.
 
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.bench.harness import BENCH_WORKDIR
+from modak.build.credentials import Credentials, find_credentials
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.documents import document
 from modak.errors import InputError, Interrupted, PushFailed, SmokeTestFailed
@@ -181,6 +183,7 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
     seconds: dict[str, float] = {}
     progress.phase("rendering")
     ir = build_description(plan)
+    credentials = find_credentials(engine.image_ref(ir, out_dir)) if options.push else None
     written = render(ir, out_dir)
     for stale in (LOCK_NAME, SMOKE_NAME, SMOKE_LOG):  # a previous build's: they must describe this one
         (out_dir / stale).unlink(missing_ok=True)
@@ -229,9 +232,10 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
 
         pushed_digest = None
         if options.push:
-            progress.phase(f"pushing {image_ref}")
+            progress.phase(f"pushing {image_ref}"
+                           + (f" with the credentials from {credentials.source}" if credentials else ""))
             start = time.perf_counter()
-            pushed_digest = push(engine, image_ref, image.labels if image else {})
+            pushed_digest = push(engine, image_ref, image.labels if image else {}, credentials)
             seconds["push"] = time.perf_counter() - start
 
         archive = None
@@ -318,11 +322,11 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     return report
 
 
-def push(engine: Engine, ref: str, labels: Mapping[str, str]) -> str | None:
+def push(engine: Engine, ref: str, labels: Mapping[str, str], credentials: Credentials | None = None) -> str | None:
     """Push the tagged image ``ref``, pull it back and check that the registry's copy has the same ``labels``;
-    the registry's manifest digest, where the engine reports one."""
-    digest = engine.push(ref)
-    pulled = engine.pull(ref)
+    the registry's manifest digest, where the engine reports one. ``credentials``: the registry login, for both."""
+    digest = engine.push(ref, credentials=credentials)
+    pulled = engine.pull(ref, credentials)
     expected = dict(labels)
     differing = sorted(k for k in set(expected) | set(pulled.labels) if expected.get(k) != pulled.labels.get(k))
     if differing:
