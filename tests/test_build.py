@@ -3,7 +3,8 @@ rendered contexts, smoke-run, pushed to a local registry and run by a single-nod
 
 What the tests need is what ``.ci/provision.sh`` sets up (and CI runs it first): the Podman service
 (``DOCKER_HOST``, default ``unix:///run/modak/podman.sock``), the local base image
-``localhost/debian-base:bookworm``, ``docker-registry`` on 127.0.0.1:5000 and Slurm with partition ``debug``.
+``localhost/debian-base:bookworm``, ``docker-registry`` on 127.0.0.1:5000, a second one that requires a login on
+127.0.0.1:5001 and Slurm with partition ``debug``.
 A missing service is a failure with the command that starts it, never a skip. Only Apptainer, which cannot be
 installed on this platform, skips where its binary is needed.
 
