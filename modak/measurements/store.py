@@ -202,7 +202,8 @@ class PerfStore:
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled it back already (a full disk, say)
+                self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
 
