@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Provision what modak's tests and quickstart need on a fresh Debian 12 machine (run as root):
 # Python packages, Podman with a Docker-compatible API socket, a local Debian base image, a local registry
-# (docker-registry on 127.0.0.1:5000, plain HTTP) and a single-node Slurm (munge, slurmctld, slurmd).
+# (docker-registry on 127.0.0.1:5000, plain HTTP), a second one that requires a login (127.0.0.1:5001, htpasswd,
+# plain HTTP) and a single-node Slurm (munge, slurmctld, slurmd).
 # Idempotent: each step checks whether it is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,10 @@ export DEBIAN_FRONTEND=noninteractive
 MODAK_PODMAN_SOCKET=${MODAK_PODMAN_SOCKET:-/run/modak/podman.sock}
 BASE_IMAGE=${MODAK_BASE_IMAGE:-localhost/debian-base:bookworm}
 MODAK_REGISTRY_PORT=${MODAK_REGISTRY_PORT:-5000}
+# The registry that requires a login: test credentials, for loopback only (tests/test_build.py has the same defaults).
+MODAK_AUTH_REGISTRY_PORT=${MODAK_AUTH_REGISTRY_PORT:-5001}
+MODAK_AUTH_REGISTRY_USER=${MODAK_AUTH_REGISTRY_USER:-modak-push}
+MODAK_AUTH_REGISTRY_PASSWORD=${MODAK_AUTH_REGISTRY_PASSWORD:-Zq7-modak-registry-secret-w9pL}
 
 log() { printf '[provision] %s\n' "$*" >&2; }
 
@@ -87,21 +92,17 @@ install_missing() {
 }
 
 registries_conf() {
-  # The local registry speaks plain HTTP on loopback: tell Podman (and buildah, skopeo) it is insecure.
+  # The local registries speak plain HTTP on loopback: tell Podman (and buildah, skopeo) they are insecure.
   # Runs before podman_service: a running service keeps the registries.conf it read first.
   mkdir -p /etc/containers/registries.conf.d
-  local conf=/etc/containers/registries.conf.d/50-modak-local-registry.conf
-  if [ ! -f "$conf" ]; then
-    cat > "$conf" <<CONF
-# Written by modak's .ci/provision.sh: the local test registry (docker-registry on loopback, no TLS).
-[[registry]]
-location = "localhost:$MODAK_REGISTRY_PORT"
-insecure = true
-
-[[registry]]
-location = "127.0.0.1:$MODAK_REGISTRY_PORT"
-insecure = true
-CONF
+  local conf=/etc/containers/registries.conf.d/50-modak-local-registry.conf text port
+  text="# Written by modak's .ci/provision.sh: the local test registries (docker-registry on loopback, no TLS)."
+  for port in "$MODAK_REGISTRY_PORT" "$MODAK_AUTH_REGISTRY_PORT"; do
+    text+=$'\n\n[[registry]]\n'"location = \"localhost:$port\""$'\ninsecure = true\n\n[[registry]]\n'
+    text+="location = \"127.0.0.1:$port\""$'\ninsecure = true'
+  done
+  if [ "$(cat "$conf" 2>/dev/null)" != "$text" ]; then
+    printf '%s\n' "$text" > "$conf"
   fi
 }
 
@@ -132,6 +133,48 @@ CONF
       sleep 0.2
     done
     curl -sf "http://127.0.0.1:$MODAK_REGISTRY_PORT/v2/" >/dev/null || { log "docker-registry did not start"; return 1; }
+  fi
+}
+
+auth_registry() {
+  # A second docker-registry (distribution 2.8) on 127.0.0.1:$MODAK_AUTH_REGISTRY_PORT that requires a login:
+  # htpasswd (bcrypt) with the test credentials above. Plain HTTP on loopback: distribution allows basic auth
+  # without TLS, and modak pushes to loopback registries with tlsVerify=false.
+  install_missing docker-registry apache2-utils
+  local port=$MODAK_AUTH_REGISTRY_PORT users=/etc/modak/auth-registry.htpasswd
+  mkdir -p /etc/modak /var/lib/modak-auth-registry
+  if ! htpasswd -vb "$users" "$MODAK_AUTH_REGISTRY_USER" "$MODAK_AUTH_REGISTRY_PASSWORD" >/dev/null 2>&1; then
+    htpasswd -Bbc "$users" "$MODAK_AUTH_REGISTRY_USER" "$MODAK_AUTH_REGISTRY_PASSWORD" 2>/dev/null
+  fi
+  cat > /etc/modak/auth-registry.yml <<CONF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: /var/lib/modak-auth-registry
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$port
+auth:
+  htpasswd:
+    realm: modak-test
+    path: $users
+CONF
+  local login=(-sf -u "$MODAK_AUTH_REGISTRY_USER:$MODAK_AUTH_REGISTRY_PASSWORD" "http://127.0.0.1:$port/v2/")
+  if ! curl "${login[@]}" >/dev/null 2>&1; then
+    if curl -s "http://127.0.0.1:$port/v2/" >/dev/null 2>&1; then
+      log "something on 127.0.0.1:$port refuses the test credentials (a registry started with other ones?): stop it"
+      return 1
+    fi
+    log "starting docker-registry with htpasswd auth on 127.0.0.1:$port"
+    nohup docker-registry serve /etc/modak/auth-registry.yml >/var/log/modak-auth-registry.log 2>&1 </dev/null &
+    for _ in $(seq 50); do
+      curl "${login[@]}" >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    curl "${login[@]}" >/dev/null || { log "docker-registry with auth did not start"; return 1; }
   fi
 }
 
@@ -204,6 +247,7 @@ main() {
   podman_service
   base_image
   registry
+  auth_registry
   slurm
   opera
   chromium

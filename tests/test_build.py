@@ -3,7 +3,8 @@ rendered contexts, smoke-run, pushed to a local registry and run by a single-nod
 
 What the tests need is what ``.ci/provision.sh`` sets up (and CI runs it first): the Podman service
 (``DOCKER_HOST``, default ``unix:///run/modak/podman.sock``), the local base image
-``localhost/debian-base:bookworm``, ``docker-registry`` on 127.0.0.1:5000 and Slurm with partition ``debug``.
+``localhost/debian-base:bookworm``, ``docker-registry`` on 127.0.0.1:5000, a second one that requires a login on
+127.0.0.1:5001 and Slurm with partition ``debug``.
 A missing service is a failure with the command that starts it, never a skip. Only Apptainer, which cannot be
 installed on this platform, skips where its binary is needed.
 
@@ -13,8 +14,10 @@ and shared. Later sessions reuse the engine's layer cache.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import urllib.error
 import os
 import shutil
 import signal
@@ -32,10 +35,10 @@ import pytest
 import yaml
 
 from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test, split_ref
-from modak.build.pipeline import LOCK_LABEL, tuned_artifacts
+from modak.build.pipeline import LOCK_LABEL, OUT_DIR_LOCK, out_dir_lock, tuned_artifacts
 from modak.build.submit import Submission, output_file, parse_job_id, wait
-from modak.errors import (EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED, EngineUnavailable,
-                          SubmitFailed)
+from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED,
+                          EXIT_PUSH_FAILED, EngineUnavailable, SubmitFailed)
 from onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,15 +92,18 @@ def image_labels(engine: DockerEngine, ref: str) -> dict[str, str]:
     return dict(info.labels)
 
 
-def registry_labels(ref: str) -> dict[str, str]:
-    """The labels of ``ref`` as the registry stores them (manifest -> config blob), over its HTTP API."""
+def registry_labels(ref: str, login: tuple[str, str] | None = None) -> dict[str, str]:
+    """The labels of ``ref`` as the registry stores them (manifest -> config blob), over its HTTP API (with basic
+    auth as ``login``: user, password)."""
     repository, tag = split_ref(ref)
     host, _, name = repository.partition("/")
+    auth = {"Authorization": "Basic " + base64.b64encode(":".join(login).encode()).decode()} if login else {}
     accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
-    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})
+    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept, **auth})
     with urllib.request.urlopen(request, timeout=30) as response:
         manifest = json.load(response)
-    with urllib.request.urlopen(f"http://{host}/v2/{name}/blobs/{manifest['config']['digest']}", timeout=30) as blob:
+    request = urllib.request.Request(f"http://{host}/v2/{name}/blobs/{manifest['config']['digest']}", headers=auth)
+    with urllib.request.urlopen(request, timeout=30) as blob:
         config = json.load(blob)
     return config.get("config", {}).get("Labels") or {}
 
@@ -431,6 +437,53 @@ def test_ctrl_c_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine
     assert not [t for t in _all_tags(engine) if t.startswith("localhost/modak/interrupted-build:")]
 
 
+# --- concurrent builds ---------------------------------------------------------------------------------------
+
+def test_concurrent_builds_keep_their_contexts_and_tags(engine: DockerEngine, tmp_path: Path) -> None:
+    """Two ``modak build`` processes of two jobs at once (their own targets and batch sizes, the same runtime so
+    that the pip layer is shared): each image carries its own job's plan and labels, each output folder its own."""
+    jobs = {}
+    for name, batch in (("concurrent-a", 16), ("concurrent-b", 32)):
+        folder = tmp_path / name
+        write_target(folder, f"local-cpu-{name}")
+        jobs[name] = write_job(folder, name=name, model={"zoo": "mnist_cnn", "input_shape": [1, 28, 28],
+                                                         "batch_size": batch},
+                               constraints={"runtimes": ["onnxruntime"]})
+    processes = {name: subprocess.Popen([sys.executable, "-m", "modak", "build", str(job), "-o",
+                                         str(job.parent / "out"), "--no-smoke", "--json"], cwd=ROOT,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for name, job in jobs.items()}
+    results = {}
+    for name, process in processes.items():
+        stdout, stderr = process.communicate(timeout=1800)
+        assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
+        results[name] = json.loads(stdout)
+    assert results["concurrent-a"]["image"]["ref"] != results["concurrent-b"]["image"]["ref"]
+    for name, data in results.items():
+        out = jobs[name].parent / "out"
+        assert data["output"] == str(out)
+        plan_json = (out / "plan.json").read_bytes()
+        plan = json.loads(plan_json)
+        assert plan["job"] == name and plan["target"] == f"local-cpu-{name}"
+        labels = image_labels(engine, data["image"]["ref"])
+        assert labels["io.modak.target"] == f"local-cpu-{name}"
+        assert labels["io.modak.plan-digest"] == hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+        assert engine.read_file(data["image"]["ref"], "/opt/modak/plan.json") == plan_json
+        assert f"# modak: building {out} with" in (out / "build.log").read_text()
+
+
+def test_a_second_build_into_a_busy_output_folder_fails_at_once(tmp_path: Path) -> None:
+    """While something holds the output folder's lock (here this test, through the pipeline's own lock), a build
+    into it is an input error naming the folder and the holder, and writes nothing there."""
+    out = tmp_path / "out"
+    with out_dir_lock(out):
+        result = modak("build", EXAMPLE / "job.yaml", "-o", out, "--no-smoke")
+    assert result.returncode == EXIT_BAD_INPUT
+    assert result.stderr.strip() == (f"modak: error: {out}: another modak build (process {os.getpid()}) is using "
+                                     "this output folder; wait for it to end or choose another --output")
+    assert sorted(p.name for p in out.iterdir()) == [OUT_DIR_LOCK]
+
+
 def test_engine_not_reachable(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = modak("build", EXAMPLE / "job.yaml", "-o", out,
@@ -541,6 +594,110 @@ def test_push_pull_and_labels(cnn: Built, engine: DockerEngine, tmp_path: Path) 
     assert any(ref in (entry.get("RepoTags") or []) or f"{ref.split(':')[0]}:{ref.split(':')[-1]}"
                in (entry.get("RepoTags") or []) for entry in manifest), manifest
     archive.unlink()
+
+
+# --- push to a registry that requires a login ----------------------------------------------------------------
+
+AUTH_REGISTRY = "127.0.0.1:5001"  # .ci/provision.sh auth_registry, with these test credentials
+AUTH_USER = os.environ.get("MODAK_AUTH_REGISTRY_USER", "modak-push")
+AUTH_PASSWORD = os.environ.get("MODAK_AUTH_REGISTRY_PASSWORD", "Zq7-modak-registry-secret-w9pL")
+
+
+def _require_auth_registry() -> None:
+    request = urllib.request.Request(f"http://{AUTH_REGISTRY}/v2/", headers={
+        "Authorization": "Basic " + base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()})
+    try:
+        urllib.request.urlopen(request, timeout=5).close()
+    except OSError as exc:
+        pytest.fail(f"no registry accepting the test login on {AUTH_REGISTRY} ({exc}): "
+                    "run .ci/provision.sh auth_registry")
+
+
+def _no_login_env(tmp_path: Path) -> dict[str, str]:
+    """An environment where modak finds no registry credentials (every auth file location is an empty folder)."""
+    empty = tmp_path / "no-auth"
+    empty.mkdir(exist_ok=True)
+    return {"MODAK_REGISTRY_USERNAME": "", "MODAK_REGISTRY_PASSWORD": "", "REGISTRY_AUTH_FILE": "",
+            "XDG_RUNTIME_DIR": str(empty), "XDG_CONFIG_HOME": str(empty), "DOCKER_CONFIG": str(empty)}
+
+
+def _assert_secret_absent(where: str, data: bytes | str) -> None:
+    data = data.encode() if isinstance(data, str) else data
+    for secret in (AUTH_PASSWORD, base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()):
+        assert secret.encode() not in data, f"the registry password is in {where}"
+
+
+def _push_to_auth_registry(tmp_path: Path, name: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``modak build --push --no-smoke --json`` of the example to ``AUTH_REGISTRY/name``."""
+    target = write_target(tmp_path / name, f"auth-{name}", container={"registry": f"{AUTH_REGISTRY}/{name}"})
+    return modak("build", EXAMPLE / "job.yaml", "--target", target, "-o", tmp_path / name / "out", "--push",
+                 "--no-smoke", "--json", env={**_no_login_env(tmp_path), **env})
+
+
+def test_push_with_credentials_from_an_auth_file_keeps_them_secret(engine: DockerEngine, tmp_path: Path) -> None:
+    """Credentials from a Docker/Podman auth file (``REGISTRY_AUTH_FILE``): the push and the pull-back succeed, the
+    registry has the image's labels, and the password is nowhere modak writes or builds: not in stdout, stderr,
+    the ``--json`` output or the build log, not in the image's config, labels and history, nor in its layers."""
+    _require_auth_registry()
+    auth_file = tmp_path / "auth.json"
+    login = base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()
+    auth_file.write_text(json.dumps({"auths": {AUTH_REGISTRY: {"auth": login}}}))
+    result = _push_to_auth_registry(tmp_path, "modak-auth-file", {"REGISTRY_AUTH_FILE": str(auth_file)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"with the credentials from {auth_file}" in result.stderr
+    data = json.loads(result.stdout)
+    ref = data["image"]["ref"]
+    assert data["pushed"]["ref"] == ref and data["pushed"]["digest"].startswith("sha256:")
+    assert registry_labels(ref, (AUTH_USER, AUTH_PASSWORD)) == data["image"]["labels"]
+    with pytest.raises(urllib.error.HTTPError, match="401"):  # the registry does require the login
+        registry_labels(ref)
+    _assert_secret_absent("stdout", result.stdout)
+    _assert_secret_absent("stderr", result.stderr)
+    _assert_secret_absent("build.log", (Path(data["build_log"])).read_bytes())
+    _assert_secret_absent("the image's inspect output", json.dumps(engine.client.api.inspect_image(ref)))
+    _assert_secret_absent("the image's history", json.dumps(engine.client.api.history(ref)))
+    archive = tmp_path / "image.tar"  # docker-archive: the layers are uncompressed tar files inside
+    engine.save(ref, archive)
+    with tarfile.open(archive) as outer:
+        layers = [m for m in outer.getmembers() if m.isfile()]
+        assert len(layers) > 3
+        for member in layers:
+            _assert_secret_absent(f"{member.name} of the saved image", outer.extractfile(member).read())
+    archive.unlink()
+
+
+def test_push_with_credentials_from_the_environment_and_refusals(engine: DockerEngine, tmp_path: Path) -> None:
+    """``MODAK_REGISTRY_USERNAME``/``MODAK_REGISTRY_PASSWORD``: the push succeeds and the image pulls back with the
+    same login after its local name is removed. Without credentials, or with a wrong password, the push is
+    refused: exit 8 and one line that says what to do, without the password it tried."""
+    _require_auth_registry()
+    name = "modak-auth-env"
+    env = {"MODAK_REGISTRY_USERNAME": AUTH_USER, "MODAK_REGISTRY_PASSWORD": AUTH_PASSWORD}
+    result = _push_to_auth_registry(tmp_path, name, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "with the credentials from MODAK_REGISTRY_USERNAME/MODAK_REGISTRY_PASSWORD" in result.stderr
+    _assert_secret_absent("stdout", result.stdout)
+    _assert_secret_absent("stderr", result.stderr)
+    data = json.loads(result.stdout)
+    ref = data["image"]["ref"]
+    assert registry_labels(ref, (AUTH_USER, AUTH_PASSWORD)) == data["image"]["labels"]
+    engine.remove(ref)
+    assert engine.inspect(ref) is None
+    from modak.build.credentials import Credentials
+    assert dict(engine.pull(ref, Credentials(AUTH_REGISTRY, AUTH_USER, AUTH_PASSWORD, "test")).labels) \
+        == data["image"]["labels"]
+
+    refused = _push_to_auth_registry(tmp_path, name, {})
+    assert refused.returncode == EXIT_PUSH_FAILED, refused.stderr[-3000:]
+    error = refused.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"modak: error: pushing {ref} failed: ") and "unauthorized" in error
+    assert f"no credentials for {AUTH_REGISTRY}: set MODAK_REGISTRY_USERNAME and MODAK_REGISTRY_PASSWORD" in error
+
+    wrong = "wrong-Hq4-modak-password"
+    refused = _push_to_auth_registry(tmp_path, name, {**env, "MODAK_REGISTRY_PASSWORD": wrong})
+    assert refused.returncode == EXIT_PUSH_FAILED, refused.stderr[-3000:]
+    assert "refused the credentials from MODAK_REGISTRY_USERNAME/MODAK_REGISTRY_PASSWORD" in refused.stderr
+    assert wrong not in refused.stderr + refused.stdout + (tmp_path / name / "out" / "build.log").read_text()
 
 
 # --- a real scheduler ----------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from urllib.parse import quote
 from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
 
 if TYPE_CHECKING:
+    from modak.build.credentials import Credentials
     from modak.render.ir import BuildDescription
 
 ENGINES = ("docker", "podman", "apptainer")
@@ -193,11 +194,13 @@ class Engine(ABC):
         """``image`` with extra labels and files (image path -> host path) on top; the new image's id, or
         ``image`` itself for an engine whose images cannot change after their build (it says so in ``log``)."""
 
-    def push(self, ref: str, log: BuildLog | None = None) -> str | None:
-        """Push ``ref`` to its registry; the manifest digest when the engine reports it."""
+    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
+        """Push ``ref`` to its registry (logging in with ``credentials``, if any); the manifest digest when the
+        engine reports it. Nothing it logs or raises contains the password."""
         raise PushFailed(f"the {self.name} engine cannot push images")
 
-    def pull(self, ref: str) -> ImageInfo:
+    def pull(self, ref: str, credentials: Credentials | None = None) -> ImageInfo:
+        """Pull ``ref`` from its registry (logging in with ``credentials``, if any)."""
         raise PushFailed(f"the {self.name} engine cannot pull images")
 
     def save(self, ref: str, path: Path) -> None:
@@ -413,22 +416,26 @@ class DockerEngine(Engine):
             if line.strip():
                 yield json.loads(line)
 
-    def push(self, ref: str, log: BuildLog | None = None) -> str | None:
+    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
         import docker
 
         repository, tag = split_ref(ref)
+        auth = credentials.auth_config() if credentials else {}
+        redact = credentials.redact if credentials else str
         digest = None
         try:
             if self.name == "podman" and self.insecure(ref):
                 path = f"/v{self.client.api.api_version}/images/{quote(repository, safe='/:')}/push"
                 chunks = self._post_stream(path, {"tag": tag, "tlsVerify": "false"},
-                                           {"X-Registry-Auth": "e30="})  # "{}": no credentials
+                                           {"X-Registry-Auth": docker.auth.encode_header(auth).decode()})
             else:
-                chunks = self.client.images.push(repository, tag=tag, stream=True, decode=True)
+                chunks = self.client.images.push(repository, tag=tag, stream=True, decode=True,
+                                                 auth_config=auth or None)
             for chunk in chunks:
                 if "error" in chunk or "errorDetail" in chunk:
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
-                    raise PushFailed(f"pushing {ref} failed: {_shorten(str(message).strip(), 400)}")
+                    raise PushFailed(f"pushing {ref} failed: {_shorten(redact(str(message)).strip(), 400)}"
+                                     + _login_hint(ref, credentials, str(message)))
                 aux = chunk.get("aux")
                 if isinstance(aux, Mapping) and aux.get("Digest"):
                     digest = str(aux["Digest"])
@@ -437,29 +444,36 @@ class DockerEngine(Engine):
                 if found and digest is None:
                     digest = found[1]
                 if log and text:
+                    text = redact(text)
                     log.write(text if text.endswith("\n") else text + "\n")
         except docker.errors.DockerException as exc:
-            raise PushFailed(f"pushing {ref} failed: {_shorten(_reason(exc), 400)}") from None
+            raise PushFailed(f"pushing {ref} failed: {_shorten(redact(_reason(exc)), 400)}"
+                             + _login_hint(ref, credentials, _reason(exc))) from None
         return digest
 
-    def pull(self, ref: str) -> ImageInfo:
+    def pull(self, ref: str, credentials: Credentials | None = None) -> ImageInfo:
         import docker
 
         repository, tag = split_ref(ref)
+        auth = credentials.auth_config() if credentials else {}
+        redact = credentials.redact if credentials else str
         try:
             if self.name == "podman" and self.insecure(ref):
                 # Podman's Docker-compatible pull ignores tlsVerify; its own API takes it.
                 chunks = self._post_stream("/v4.0.0/libpod/images/pull",
-                                           {"reference": f"{repository}:{tag}", "tlsVerify": "false"})
+                                           {"reference": f"{repository}:{tag}", "tlsVerify": "false"},
+                                           {"X-Registry-Auth": docker.auth.encode_header(auth).decode()})
             else:
                 # The low-level pull: the high-level one drops the stream's error messages.
-                chunks = self.client.api.pull(repository, tag=tag, stream=True, decode=True)
+                chunks = self.client.api.pull(repository, tag=tag, stream=True, decode=True, auth_config=auth or None)
             for chunk in chunks:
                 if chunk.get("error") or chunk.get("errorDetail"):
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
-                    raise PushFailed(f"pulling {ref} failed: {_shorten(str(message).strip(), 400)}")
+                    raise PushFailed(f"pulling {ref} failed: {_shorten(redact(str(message)).strip(), 400)}"
+                                     + _login_hint(ref, credentials, str(message)))
         except docker.errors.DockerException as exc:
-            raise PushFailed(f"pulling {ref} failed: {_shorten(_reason(exc), 400)}") from None
+            raise PushFailed(f"pulling {ref} failed: {_shorten(redact(_reason(exc)), 400)}"
+                             + _login_hint(ref, credentials, _reason(exc))) from None
         info = self.inspect(ref)
         if info is None:
             raise PushFailed(f"pulled {ref}, but the engine has no image by that name")
@@ -591,7 +605,7 @@ class ApptainerEngine(Engine):
         result = subprocess.run([self.binary, "exec", image, "cat", path], capture_output=True)
         return result.stdout if result.returncode == 0 else None
 
-    def push(self, ref: str, log: BuildLog | None = None) -> str | None:
+    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
         raise PushFailed("pushing SIF files is not supported by modak; use `apptainer push FILE.sif oras://...`")
 
     def remove(self, ref: str) -> None:
@@ -610,6 +624,19 @@ def parse_self_test(stdout: str) -> dict[str, Any] | None:
             if isinstance(value, dict):
                 return value
     return None
+
+
+def _login_hint(ref: str, credentials: Credentials | None, message: str) -> str:
+    """What to do about a registry that wants a login: how to give modak credentials, or that those it used were
+    refused."""
+    from modak.build.credentials import PASSWORD_ENV, USERNAME_ENV, registry_host
+
+    if not re.search(r"unauthori[sz]ed|authenticat|denied|\b401\b|\b403\b", message, re.IGNORECASE):
+        return ""
+    if credentials:
+        return f" (the registry refused the credentials from {credentials.source})"
+    return (f" (no credentials for {registry_host(ref)}: set {USERNAME_ENV} and {PASSWORD_ENV}, or log in with "
+            f"`podman login {registry_host(ref)}` or `docker login {registry_host(ref)}`)")
 
 
 def _reason(exc: BaseException) -> str:

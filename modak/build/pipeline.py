@@ -16,9 +16,14 @@
    ``status: ok`` and name the plan's runtime. A median outside the interval is reported, not a failure.
 5. **Tag** the image with the engine's name for it (the plan's reference; a SIF file for Apptainer), only now:
    a failed or interrupted build, or a failed smoke test, leaves no tag.
-6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels.
+6. **Push** (``push=True``) to the target's registry, then pull the reference back and compare its labels; the
+   registry login comes from the environment or the Docker/Podman auth files (:mod:`modak.build.credentials`).
 7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
    docker-archive://FILE`` turns into a SIF on a cluster.
+
+Builds of different jobs may run at once: every temporary folder is private to its build, the engine builds
+untagged images that only the finished build tags, and each build writes only into its output folder, which it
+holds (:func:`out_dir_lock`) so that a second build into the same folder fails at once.
 
 The result is a frozen :class:`BuildResult`, whose :meth:`BuildResult.to_dict` is ``modak build --json``'s
 documented output (``schema_version``: :data:`modak.documents.SCHEMA_VERSION`).
@@ -26,18 +31,22 @@ documented output (``schema_version``: :data:`modak.documents.SCHEMA_VERSION`).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.bench.harness import BENCH_WORKDIR
+from modak.build.credentials import Credentials, find_credentials
 from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.documents import document
-from modak.errors import Interrupted, PushFailed, SmokeTestFailed
+from modak.errors import InputError, Interrupted, PushFailed, SmokeTestFailed
 from modak.image.deployment import MODEL_FILE, WORK_DIR
 from modak.image.runtimes.base import reusable_artifacts
 from modak.render.ir import SELF_TEST_COMMAND, BuildDescription, build_description
@@ -52,6 +61,7 @@ BUILD_LOG = "build.log"
 LOCK_NAME = "requirements.lock"
 SMOKE_NAME = "smoke-test.json"
 SMOKE_LOG = "smoke-test.log"  # the self-test's exit code, stdout and stderr, kept for diagnosis
+OUT_DIR_LOCK = ".modak-build.lock"  # held while a build uses its output folder (see out_dir_lock)
 
 
 @dataclass(frozen=True)
@@ -142,11 +152,38 @@ def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
     if options.push and not target.container.registry:
         raise plan.loaded.target_doc.error(("container",), "--push needs container.registry (where to push)")
     engine.check()  # before rendering: an unreachable engine changes nothing on disk
+    with out_dir_lock(out_dir):
+        return _build(plan, out_dir, options, progress, engine)
 
+
+@contextmanager
+def out_dir_lock(out_dir: Path) -> Iterator[None]:
+    """Hold ``OUT_DIR/.modak-build.lock`` (an exclusive ``flock``, released when the process ends however it
+    ends) while building: a second build into the same folder fails at once instead of mixing files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError("exists and is not a folder", out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / OUT_DIR_LOCK).open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            raise InputError(f"another modak build{f' (process {holder})' if holder else ''} is using this output "
+                             "folder; wait for it to end or choose another --output", out_dir) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress, engine: Engine) -> BuildResult:
+    """:func:`build_job` once it holds the output folder."""
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     progress.phase("rendering")
     ir = build_description(plan)
+    credentials = find_credentials(engine.image_ref(ir, out_dir)) if options.push else None
     written = render(ir, out_dir)
     for stale in (LOCK_NAME, SMOKE_NAME, SMOKE_LOG):  # a previous build's: they must describe this one
         (out_dir / stale).unlink(missing_ok=True)
@@ -195,9 +232,10 @@ def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
 
         pushed_digest = None
         if options.push:
-            progress.phase(f"pushing {image_ref}")
+            progress.phase(f"pushing {image_ref}"
+                           + (f" with the credentials from {credentials.source}" if credentials else ""))
             start = time.perf_counter()
-            pushed_digest = push(engine, image_ref, image.labels if image else {})
+            pushed_digest = push(engine, image_ref, image.labels if image else {}, credentials)
             seconds["push"] = time.perf_counter() - start
 
         archive = None
@@ -284,11 +322,11 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     return report
 
 
-def push(engine: Engine, ref: str, labels: Mapping[str, str]) -> str | None:
+def push(engine: Engine, ref: str, labels: Mapping[str, str], credentials: Credentials | None = None) -> str | None:
     """Push the tagged image ``ref``, pull it back and check that the registry's copy has the same ``labels``;
-    the registry's manifest digest, where the engine reports one."""
-    digest = engine.push(ref)
-    pulled = engine.pull(ref)
+    the registry's manifest digest, where the engine reports one. ``credentials``: the registry login, for both."""
+    digest = engine.push(ref, credentials=credentials)
+    pulled = engine.pull(ref, credentials)
     expected = dict(labels)
     differing = sorted(k for k in set(expected) | set(pulled.labels) if expected.get(k) != pulled.labels.get(k))
     if differing:

@@ -3,6 +3,11 @@
 Location: ``$MODAK_STORE`` if set, else ``$XDG_DATA_HOME/modak/perf.sqlite`` (``~/.local/share/modak``).
 One row per measured configuration holds the workload's features (from the analysis), the machine's
 ceilings, the candidate's parameters and what was measured, so that a row is self-contained training data.
+
+Several processes may use one store at once (two ``modak bench`` runs, say): it is in WAL mode, every write is one
+``BEGIN IMMEDIATE`` transaction that waits for another process's (up to :data:`BUSY_TIMEOUT_S`), and so is the
+schema's creation or migration on open. A file that is not a perf store is an :class:`~modak.errors.InputError`,
+and is left as it was.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ import csv
 import json
 import os
 import sqlite3
+import time
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from modak.errors import InputError
 
 SCHEMA_VERSION = 2  # 2: the measurement protocol's columns (launches, interval, spread, contention)
 STATUSES = ("ok", "incorrect", "error", "contended")  # only "ok" rows are training data
@@ -104,6 +113,11 @@ _FLOAT = {"peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs", "flops", "byt
           "step_median_s", "step_p10_s", "step_p90_s", "throughput_per_s", "compile_s", "peak_rss_mb",
           "max_abs_error", "ci_low_s", "ci_high_s", "spread"}
 _DEFAULTS = {f.name: f.default for f in fields(Measurement) if f.default is not MISSING}  # columns added later
+BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction on the same store
+
+
+def _sql_type(column: str) -> str:
+    return "INTEGER" if column in _INT else "REAL" if column in _FLOAT else "TEXT"
 
 
 def default_store_path() -> Path:
@@ -120,23 +134,78 @@ class PerfStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_store_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        columns = ", ".join(f"{c} {'INTEGER' if c in _INT else 'REAL' if c in _FLOAT else 'TEXT'}" for c in COLUMNS)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise InputError(f"cannot open the perf store: {exc}", file=self.path) from None
+        try:
+            self._check()  # before anything is written: a file that is not a store stays as it was
+            self._wal()
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _check(self) -> None:
+        """Raise :class:`InputError` unless the file is empty or a perf store (of this modak or an older one)."""
+        try:
+            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(measurements)")}
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+            raise InputError(f"not a modak perf store (the SQLite database `modak bench` writes): {exc}",
+                             file=self.path) from None
+        if tables and "measurements" not in tables:
+            raise InputError(f"not a modak perf store: an SQLite database without a measurements table "
+                             f"(tables: {', '.join(sorted(tables))})", file=self.path)
+        missing = set(COLUMNS) - set(_DEFAULTS) - present
+        if tables and missing:
+            names = [c for c in COLUMNS if c in missing]
+            raise InputError(f"not a modak perf store: its measurements table lacks {len(names)} of the store's "
+                             f"columns ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})", file=self.path)
+
+    def _wal(self) -> None:
+        """Write-ahead logging, so that readers never wait for a writer. Switching a fresh file to WAL can fail
+        with "database is locked" without waiting (SQLite does not call the busy handler there): retried."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _migrate(self) -> None:
+        """Create the tables, or add the columns a store of an older modak lacks, in one write transaction
+        (two processes opening one store at once: the second sees the first's schema and adds nothing)."""
+        columns = ", ".join(f"{c} {_sql_type(c)}" for c in COLUMNS)
         key = ", ".join(("machine", "model", "task", "batch_size", "input_shapes", "runtime", "device",
                          "precision", "params", "threads"))
-        with self._db:
+        with self._write():
             self._db.execute(f"CREATE TABLE IF NOT EXISTS measurements ({columns}, UNIQUE ({key}))")
             self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS tuned ({', '.join(TUNED_COLUMNS)}, "
                              "PRIMARY KEY (machine, workload))")
             present = {row[1] for row in self._db.execute("PRAGMA table_info(measurements)")}
             for column in (c for c in COLUMNS if c not in present):  # a store written by an older modak
-                kind = "INTEGER" if column in _INT else "REAL" if column in _FLOAT else "TEXT"
                 default = _DEFAULTS[column]
-                self._db.execute(f"ALTER TABLE measurements ADD COLUMN {column} {kind}"
+                self._db.execute(f"ALTER TABLE measurements ADD COLUMN {column} {_sql_type(column)}"
                                  + ("" if default is None else f" DEFAULT {int(default)}"))
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write transaction, holding the write lock from its start (``BEGIN IMMEDIATE``): a writer waits
+        up to :data:`BUSY_TIMEOUT_S` for another process's transaction instead of failing halfway through."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if self._db.in_transaction:  # SQLite may have rolled it back already (a full disk, say)
+                self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def __enter__(self) -> "PerfStore":
         return self
@@ -151,7 +220,7 @@ class PerfStore:
         """Insert rows (replacing earlier measurements of the same configuration); returns how many."""
         values = [tuple(asdict(r)[c] for c in COLUMNS) for r in rows]
         placeholders = ", ".join("?" for _ in COLUMNS)
-        with self._db:
+        with self._write():
             self._db.executemany(f"INSERT OR REPLACE INTO measurements ({', '.join(COLUMNS)}) "
                                  f"VALUES ({placeholders})", values)
         return len(values)
@@ -167,7 +236,7 @@ class PerfStore:
 
     def record_tuned(self, choice: TunedChoice) -> None:
         """Store ``choice``, replacing an earlier winner for the same workload and target."""
-        with self._db:
+        with self._write():
             self._db.execute(f"INSERT OR REPLACE INTO tuned VALUES ({', '.join('?' for _ in TUNED_COLUMNS)})",
                              tuple(getattr(choice, c) for c in TUNED_COLUMNS))
 
@@ -187,9 +256,9 @@ class PerfStore:
 
     def record_canary(self, host: str, seconds: float) -> None:
         """Remember ``seconds`` if it is the fastest canary seen on ``host``."""
-        best = self.canary_best(host)
-        if best is None or seconds < best:
-            with self._db:
+        with self._write():
+            best = self.canary_best(host)
+            if best is None or seconds < best:
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"canary_best_s:{host}", repr(seconds)))
 
     def export_csv(self, path: Path, **where: object) -> int:
