@@ -28,7 +28,7 @@ from modak.build.pipeline import BuildOptions, build_job
 from modak.plan import make_plan
 from modak.render.ir import build_description
 from modak.render.render import sh
-from modak.spec.loader import load_job
+from modak import api
 from modak.workload.source import load_analysis
 
 GOAL_SECONDS = 10.0
@@ -77,7 +77,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    loaded = load_job(args.job, args.target)
+    loaded = api.load(args.job, args.target)
     plan = make_plan(loaded, *load_analysis(loaded))
     engine = make_engine(args.engine or loaded.target.container.engine)
     engine.check()

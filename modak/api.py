@@ -31,10 +31,12 @@ PredictorName = Literal["default", "roofline"]
 
 
 def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:
-    """The job and its target, validated, with every file they refer to checked."""
+    """The job and its target, validated, with every file they refer to checked; target ``local`` (and a target
+    file's ``cpu: local``) is this machine's cached probe."""
+    from modak.hardware.local import local_sections
     from modak.spec.loader import load_job
 
-    return load_job(job, target)
+    return load_job(job, target, local_sections)
 
 
 def predictor(name: PredictorName = "default", store: Path | None = None) -> Predictor:

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 
 from modak.errors import InputError
-from modak.spec.loader import load_job
+from modak.api import load as load_job
 from modak.spec.models import Task
 from modak.workload import zoo
 from modak.workload.analysis import OP_CLASSES, OpStats, analyze, format_table

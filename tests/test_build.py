@@ -786,7 +786,7 @@ def test_split_ref(ref: str, expected: tuple[str, str]) -> None:
 def test_tuned_tvm_database_is_found(tmp_path: Path) -> None:
     """For TVM, the MetaSchedule database `modak bench` left for this model and batch goes into the image."""
     from modak.plan import make_plan
-    from modak.spec.loader import load_job
+    from modak.api import load as load_job
     from modak.workload.source import load_analysis
 
     folder = tmp_path / "spec"
@@ -809,7 +809,7 @@ def test_smoke_test_checks_the_runtime(cnn: Built, engine: DockerEngine, tmp_pat
     from modak.build.pipeline import smoke_test
     from modak.errors import EXIT_SMOKE_FAILED, SmokeTestFailed
     from modak.plan import make_plan
-    from modak.spec.loader import load_job
+    from modak.api import load as load_job
     from modak.workload.source import load_analysis
 
     built = cnn.data["choice"]["runtime"]

@@ -18,7 +18,7 @@ from modak.plan import Plan, make_plan
 from modak.predict.roofline import RooflinePredictor
 from modak.render.ir import build_description
 from modak.render.render import render
-from modak.spec.loader import load_job
+from modak.api import load as load_job
 from modak.workload.source import load_analysis
 
 LOCATIONS = {"MODAK_PLAN", "MODAK_MODEL", "MODAK_WORKDIR", "PYTHONPATH", "PWD", "OLDPWD", "SHLVL", "_"}

@@ -66,7 +66,7 @@ def test_bench_measures_through_slurm(tmp_path: Path) -> None:
     from modak.bench.harness import BenchSettings, bench, select_candidates
     from modak.measurements.store import PerfStore
     from modak.plan import make_plan
-    from modak.spec.loader import load_job
+    from modak.api import load as load_job
     from modak.workload.source import load_analysis
 
     loaded = load_job(CNN)

@@ -21,7 +21,7 @@ from modak.predict.evaluate import evaluate, score, training_data
 from modak.predict.learned import (Features, LearnedPredictor, ParameterFeature, example_from, example_from_row,
                                    shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
-from modak.spec.loader import load_job
+from modak.api import load as load_job
 from modak.workload.source import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -55,7 +55,7 @@ def test_cpu_local_in_a_target_file_keeps_the_site_settings_and_a_given_memory(p
     target = tmp_path / "target.yaml"
     target.write_text("apiVersion: modak/v1\nkind: Target\nname: site\ncpu: local\nmemory: {size_gb: 3}\n"
                       "container: {engine: podman, base_images: {debian: localhost/debian-base:bookworm}}\n")
-    script = ("import sys; from modak.spec.loader import load_job; "
+    script = ("import sys; from modak.api import load as load_job; "
               f"t = load_job({str(JOB)!r}, {str(target)!r}).target; "
               "print(t.name, t.cpu.microarchitecture, t.cpu.peaks.fp32_gflops, t.memory.size_gb, "
               "t.container.base_images['debian'])")

@@ -18,7 +18,7 @@ from modak.plan import make_plan, objective_seconds
 from modak.predict.base import FallbackPredictor, Prediction
 from modak.predict.roofline import RooflinePredictor, tuning_factor
 from modak.hardware.ceilings import target_ceilings
-from modak.spec.loader import load_job
+from modak.api import load as load_job
 from modak.spec.models import Precision
 from modak.workload.analysis import OpStats, WorkloadProfile
 from modak.workload.source import load_analysis

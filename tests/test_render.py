@@ -32,7 +32,8 @@ from modak.plan import Plan, make_plan
 from modak.predict.base import Prediction
 from modak.render.ir import BuildDescription, build_description
 from modak.render.render import OUTPUTS, render
-from modak.spec.loader import LoadedJob, load_job
+from modak.api import load as load_job
+from modak.spec.loader import LoadedJob
 from modak.spec.models import DataSpec
 from modak.spec.resolve import resolve_files
 from modak.workload.analysis import analyze

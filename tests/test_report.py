@@ -25,7 +25,7 @@ from modak.plan import make_plan
 from modak.predict.default import default_predictor
 from modak.predict.roofline import RooflinePredictor
 from modak.report import data, render_report, write_report
-from modak.spec.loader import load_job
+from modak.api import load as load_job
 from modak.workload.source import load_analysis, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]

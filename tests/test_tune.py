@@ -16,7 +16,7 @@ from modak.bench.harness import BenchSettings
 from modak.bench.tune import TuneSettings, shortlist, tune
 from modak.measurements.store import PerfStore
 from modak.plan import make_plan, workload_identity, worth_tuning
-from modak.spec.loader import load_job
+from modak.api import load as load_job
 from modak.workload.source import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]

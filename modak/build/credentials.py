@@ -24,7 +24,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modak.build.engines import split_ref
 from modak.errors import InputError
 
 USERNAME_ENV = "MODAK_REGISTRY_USERNAME"
@@ -81,6 +80,14 @@ def auth_files() -> list[Path]:
     if os.environ.get("REGISTRY_AUTH_FILE"):
         files.insert(0, Path(os.environ["REGISTRY_AUTH_FILE"]))
     return files
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``registry/path/name:tag`` as (repository, tag); a missing tag is ``latest``."""
+    repository, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return repository, tag
 
 
 def find_credentials(ref: str) -> Credentials | None:

@@ -32,8 +32,9 @@ from urllib.parse import quote
 
 from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
 
+from modak.build.credentials import Credentials, split_ref
+
 if TYPE_CHECKING:
-    from modak.build.credentials import Credentials
     from modak.render.ir import BuildDescription
 
 ENGINES = ("docker", "podman", "apptainer")
@@ -218,14 +219,6 @@ def make_engine(name: str) -> Engine:
     if name == "apptainer":
         return ApptainerEngine()
     raise ModakError(f"unknown container engine {name!r} (one of {', '.join(ENGINES)})")
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """``registry/path/name:tag`` as (repository, tag); a missing tag is ``latest``."""
-    repository, sep, tag = ref.rpartition(":")
-    if not sep or "/" in tag:
-        return ref, "latest"
-    return repository, tag
 
 
 class DockerEngine(Engine):

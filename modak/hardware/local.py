@@ -1,7 +1,8 @@
 """``local``: the machine modak runs on, described by its own cached probe.
 
 A job's ``target: local`` (or ``--target local``) is a Target made of this host's probe and defaults; a target file's
-``cpu: local`` takes its ``cpu`` section (and ``memory``, unless given) from the probe and keeps the site settings.
+``cpu: local`` takes its ``cpu`` section (and ``memory``, unless given) from the probe and keeps the site settings
+(:func:`modak.spec.loader.load_job` takes :func:`local_sections` as its ``local_machine``).
 The probe runs once per host and is cached under ``modak.paths.cache_dir() / "probe"``, keyed by what identifies
 the host (name, CPU model and flags, usable CPUs, memory); `modak probe` refreshes that entry.
 """
@@ -59,8 +60,3 @@ def local_probe() -> ProbeResult:
 def local_sections() -> dict[str, Any]:
     """The ``cpu``, ``memory`` (and ``gpus``) sections describing this host."""
     return target_sections(local_probe())
-
-
-def local_target() -> dict[str, Any]:
-    """A whole Target document for this host: its probe, and defaults for everything else."""
-    return {"apiVersion": "modak/v1", "kind": "Target", "name": "local", **local_sections()}

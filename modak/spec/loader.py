@@ -6,7 +6,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -18,6 +18,7 @@ from modak.spec.resolve import ResolvedFiles, resolve_files
 
 M = TypeVar("M", bound=BaseModel)
 LOCAL = "local"  # a target (file name or `cpu:` value) that is the machine modak runs on: modak.hardware.local
+LocalMachine = Callable[[], dict[str, Any]]  # the cpu, memory (and gpus) sections describing the local machine
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,11 @@ class LoadedJob:
     files: ResolvedFiles
 
 
-def load_job(job_path: str | Path, target_path: str | Path | None = None) -> LoadedJob:
+def load_job(job_path: str | Path, target_path: str | Path | None = None,
+             local_machine: LocalMachine | None = None) -> LoadedJob:
     """Load a job and its target (``target_path`` overrides the job's ``target`` field), then resolve and check
-    every file they refer to (:func:`modak.spec.resolve.resolve_files`)."""
+    every file they refer to (:func:`modak.spec.resolve.resolve_files`). ``local_machine`` describes the machine
+    modak runs on, for a target ``local`` and a target file's ``cpu: local``."""
     job, job_doc = load_spec(job_path, Job)
     if target_path is None:
         if job.target is None:
@@ -44,16 +47,17 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None) -> Loa
     else:
         target_file = Path(target_path)
     if str(target_file) == LOCAL and not target_file.exists():
-        from modak.hardware.local import local_target
-
-        target, target_doc = Target.model_validate(local_target()), SpecDocument(Path.cwd() / "local")
+        if local_machine is None:
+            raise job_doc.error(("target",), "target 'local' is not available here")
+        document = {"apiVersion": "modak/v1", "kind": "Target", "name": LOCAL, **local_machine()}
+        target, target_doc = Target.model_validate(document), SpecDocument(Path.cwd() / LOCAL)
     else:
-        target, target_doc = load_spec(target_file, Target)
+        target, target_doc = load_spec(target_file, Target, local_machine)
     return LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
 
 
-def load_spec(path: str | Path, model: type[M]) -> tuple[M, SpecDocument]:
-    """Parse and validate one spec file as ``model``."""
+def load_spec(path: str | Path, model: type[M], local_machine: LocalMachine | None = None) -> tuple[M, SpecDocument]:
+    """Parse and validate one spec file as ``model`` (a Target's ``cpu: local`` from ``local_machine``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -71,9 +75,9 @@ def load_spec(path: str | Path, model: type[M]) -> tuple[M, SpecDocument]:
     if data.get("kind") not in (None, kind) and isinstance(data.get("kind"), str):
         raise doc.error(("kind",), f"expected kind '{kind}', got '{data['kind']}'")
     if model is Target and data.get("cpu") == LOCAL:
-        from modak.hardware.local import local_sections
-
-        data = {**local_sections(), **{k: v for k, v in data.items() if k != "cpu"}}
+        if local_machine is None:
+            raise doc.error(("cpu",), "'cpu: local' is not available here")
+        data = {**local_machine(), **{k: v for k, v in data.items() if k != "cpu"}}
     try:
         return model.model_validate(data), doc
     except ValidationError as exc:
