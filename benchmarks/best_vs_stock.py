@@ -4,8 +4,13 @@ The best configuration is read from the campaign CSV; both are then measured aga
 this run, alternating (stock, best, stock, best, ...) so that machine noise hits both alike. The table
 prints each one's median over the rounds and the speedup best/stock.
 
+With ``--int8`` (inference workloads), the plan of the workload with int8 allowed (default accuracy gate, random
+calibration samples) adds its best candidate of each quantization method that passed the gate; they are measured in
+the same interleaved rounds, and each int8 row prints its speedup over stock and over the fp32/bf16 best, next to
+its accuracy figure.
+
     python benchmarks/best_vs_stock.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
-        --data perfmodels/cpu-ci-epyc-2c-b.csv [--rounds 2] [--models mnist_cnn resnet18]
+        --data perfmodels/cpu-ci-epyc-2c-b.csv [--rounds 2] [--models mnist_cnn resnet18] [--int8]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from modak.bench.harness import BenchSettings
 from zoo_jobs import measure_side_by_side, stock_candidate, zoo_plan
 from modak.measurements.store import PerfStore, read_csv
 from modak.candidates.enumerate import Candidate
+from modak.plan import Plan, RankedCandidate
 from modak.spec.loader import load_spec
 from modak.spec.models import Precision, Target
 
@@ -30,6 +36,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--models", nargs="+")
     parser.add_argument("--task", choices=["inference", "training"])
+    parser.add_argument("--int8", action="store_true", help="also the best int8 candidate of each quantization method")
     args = parser.parse_args()
     target, target_doc = load_spec(args.target, Target)
     rows = [r for r in read_csv(args.data) if r.status == "ok" and r.machine == target.name
@@ -44,12 +51,16 @@ def main() -> int:
     speedups = []
     with tempfile.TemporaryDirectory() as tmp, PerfStore(Path(tmp) / "side-by-side.sqlite") as store:
         for (model, task, batch), row in sorted(best.items()):
-            plan = zoo_plan(model, batch, task, ["fp32", "bf16"], target, target_doc)
+            int8 = args.int8 and task == "inference"
+            plan = zoo_plan(model, batch, task, ["fp32", "bf16", "int8"] if int8 else ["fp32", "bf16"], target,
+                            target_doc)
             params = tuple(json.loads(row.params).items())
             winner = Candidate(row.runtime, row.device, Precision(row.precision), params, row.threads)
-            medians = measure_side_by_side(plan, {"stock": stock_candidate(plan), "best": winner},
+            quantized = int8_leaders(plan) if int8 else {}
+            medians = measure_side_by_side(plan, {"stock": stock_candidate(plan), "best": winner,
+                                                  **{label: r.candidate for label, r in quantized.items()}},
                                            args.rounds, settings, store)
-            if None in medians.values():
+            if None in (medians["stock"], medians["best"]):
                 print(f"{model}/{task}/b{batch}: a configuration failed to run; skipped")
                 continue
             s, b = medians["stock"], medians["best"]
@@ -57,10 +68,26 @@ def main() -> int:
             name = f"{row.runtime}/{row.precision} " + " ".join(f"{k}={v}" for k, v in params)
             print(f"{model + '/' + task + '/b' + str(batch):<28} {name[:72]:<72} {s * 1e3:9.3f} {b * 1e3:9.3f} "
                   f"{s / b:7.2f}x", flush=True)
+            for label, ranked in quantized.items():
+                q = medians[label]
+                measured = "failed to run" if q is None else (f"{q * 1e3:9.3f} ms, {s / q:.2f}x stock, "
+                                                              f"{b / q:.2f}x the best above")
+                print(f"{'':<28}   {label:<69} {measured}; {ranked.accuracy.figure()}", flush=True)
+            for reason in (r for r in plan.reasons if r.startswith("int8 ") and ("failed" in r or "not quantized" in r)):
+                print(f"{'':<28}   {reason}", flush=True)
     if speedups:
         print(f"geometric mean speedup over stock: {statistics.geometric_mean(speedups):.2f}x "
               f"(median {statistics.median(speedups):.2f}x, {len(speedups)} workloads)")
     return 0
+
+
+def int8_leaders(plan: Plan) -> dict[str, RankedCandidate]:
+    """The plan's best candidate of each quantization method that passed the accuracy gate, labelled."""
+    leaders: dict[str, RankedCandidate] = {}
+    for ranked in plan.ranked:  # best first
+        if ranked.accuracy is not None:
+            leaders.setdefault(f"int8 {ranked.candidate.runtime} {ranked.accuracy.method}", ranked)
+    return leaders
 
 
 if __name__ == "__main__":

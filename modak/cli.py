@@ -227,9 +227,9 @@ def _cmd_model(args: argparse.Namespace) -> int:
     print(f"fitted on {model.rows} rows ({local} from the local store) in {seconds:.2f} s; "
           f"and cached as plain arrays for `modak plan` (refit whenever the data change; nothing is pickled)"
           + (f"; {contended} contended row(s) left out (measured beside other work)" if contended else ""))
-    for runtime, device in sorted(model.coverage):
-        count = sum(r.runtime == runtime and r.device == device for r in usable)
-        print(f"  covers {runtime}/{device}: {count} rows")
+    for runtime, device, precision in sorted(model.coverage):
+        count = sum((r.runtime, r.device, r.precision) == (runtime, device, precision) for r in usable)
+        print(f"  covers {runtime}/{device}/{precision}: {count} rows")
     return 0
 
 
@@ -520,7 +520,10 @@ def _print_plan(plan: Any, top: int) -> None:
     for row in data["candidates"][:top]:
         low, high = row["interval_seconds"]
         terms = row["roofline"]
-        table.add_row(str(row["rank"]), f"{row['runtime']}/{row['device']}/{row['precision']}",
+        accuracy = row.get("accuracy")
+        figure = (f" ({'top-1' if accuracy['metric'] == 'top1_agreement' else 'rel. error'} {accuracy['value']:.3g})"
+                  if accuracy else "")
+        table.add_row(str(row["rank"]), f"{row['runtime']}/{row['device']}/{row['precision']}{figure}",
                       " ".join(f"{k}={_short(v)}" for k, v in row["parameters"].items()),
                       f"{row['step_seconds'] * 1e3:.3g} ({low * 1e3:.3g}-{high * 1e3:.3g})",
                       f"{row['compile_seconds']:.3g}", f"{row['objective_seconds'] * 1e3:.3g}",

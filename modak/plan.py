@@ -6,6 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from modak.candidates.catalog import Recipe, load_catalog, value_key
@@ -17,8 +18,10 @@ from modak.measurements.store import TunedChoice
 from modak.predict.base import Prediction, Predictor, predict_many
 from modak.predict.default import default_predictor
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
+from modak.quantize.calibration import load_samples
+from modak.quantize.gate import AccuracyCheck, check
 from modak.spec.loader import LoadedJob
-from modak.spec.models import Device, Metric, Task
+from modak.spec.models import Device, Metric, Precision, Task
 from modak.workload.analysis import WorkloadProfile
 from modak.workload.source import ModelSource
 
@@ -33,6 +36,7 @@ class RankedCandidate:
     candidate: Candidate
     prediction: Prediction
     objective_seconds: float  # step time plus compile/tune time amortized over the job's steps
+    accuracy: AccuracyCheck | None = None  # int8: the accuracy gate's figure and the quantized model (passed)
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,16 @@ class Plan:
     def recipe(self, candidate: Candidate | None = None) -> Recipe:
         """The recipe of ``candidate`` (default: the choice)."""
         return self.recipes[(candidate or self.choice.candidate).runtime]
+
+    def model_file(self, candidate: Candidate | None = None) -> Path:
+        """The ONNX file ``candidate`` (default: the choice) runs: its quantized model for int8, else the job's."""
+        candidate = candidate or self.choice.candidate
+        if candidate.precision is not Precision.int8:
+            return self.source.onnx_path
+        check = next((r.accuracy for r in self.ranked if r.candidate == candidate and r.accuracy), None)
+        if check is None:
+            raise ValueError(f"{candidate.name} is not a ranked int8 candidate of this plan: it has no quantized model")
+        return check.model
 
     def deployment(self, candidate: Candidate | None = None) -> Deployment:
         """``candidate`` (default: the choice) as the image and ``modak bench`` run it."""
@@ -156,10 +170,11 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
                                                  f"exceeds constraints.max_compile_seconds ({limit:g} s)"))
             continue
         ranked.append(RankedCandidate(candidate, prediction, objective_seconds(prediction, job.objective.steps)))
+    ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
+    ranked, gate_reasons = _gate_int8(loaded, source, ranked, pruned)
     if not ranked:
         why = "; ".join(f"{p.runtime}: {p.reason}" for p in pruned) or "the catalog is empty"
         raise InputError(f"no candidate deployment can run this job ({why})", loaded.job_doc.path)
-    ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
     stock = next((r for r in ranked if catalog[r.candidate.runtime].is_stock(r.candidate)), None)
     fastest = ranked[0]
     winner = next((r for r in ranked if tuned is not None and r.candidate.name == tuned.candidate), None)
@@ -173,11 +188,62 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
             ranked = [stock] + [r for r in ranked if r is not stock]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
     reasons = _reasons(loaded, ranked, pruned, kept_over)
+    reasons = (reasons[0], *gate_reasons, *reasons[1:])
     if tuned is not None:
         reasons = (f"chose {tuned.candidate}: tuned on {loaded.target.name} — {tuned.summary}",
                    *(r.replace("chose ", "the model predicted for it: ", 1) if i == 0 else r
                      for i, r in enumerate(reasons)))
     return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
+
+
+def _gate_int8(loaded: LoadedJob, source: ModelSource, ranked: list[RankedCandidate],
+               pruned: list[Pruned]) -> tuple[list[RankedCandidate], tuple[str, ...]]:
+    """Quantize and check the int8 methods worth it; ``ranked`` (best first) without the int8 candidates that failed
+    the gate or were not checked (added to ``pruned``), and the reasons.
+
+    A method (a runtime's ``quantization`` value) is worth quantizing when its best candidate, at the fast end of
+    its predicted interval, beats the best candidate of another precision: only then can it change the decision.
+    Quantized models and their figures are cached (:mod:`modak.quantize.gate`), so a later plan pays nothing."""
+    int8 = [r for r in ranked if r.candidate.precision is Precision.int8]
+    if not int8:
+        return ranked, ()
+    steps = loaded.job.objective.steps
+    samples = load_samples(loaded, source)
+    rival = next((r for r in ranked if r.candidate.precision is not Precision.int8), None)
+    checks: dict[tuple[str, str], AccuracyCheck | None] = {}
+    for r in int8:  # best first: a method's first candidate is its best
+        method = _method(r.candidate)
+        if method not in checks:
+            fast = objective_seconds(replace(r.prediction, step_seconds=r.prediction.low_seconds), steps)
+            checks[method] = (check(source, *method, samples, loaded.job.accuracy)
+                              if rival is None or fast < rival.objective_seconds else None)
+    kept: list[RankedCandidate] = []
+    for r in ranked:
+        result = checks.get(_method(r.candidate)) if r.candidate.precision is Precision.int8 else None
+        if r.candidate.precision is not Precision.int8 or (result is not None and result.passed):
+            kept.append(replace(r, accuracy=result))
+        elif result is None:
+            assert rival is not None
+            pruned.append(Pruned(r.candidate.name, f"int8 not quantized, accuracy not checked: slower than "
+                                                   f"{rival.candidate.name} even at the fast end of its interval"))
+        else:
+            pruned.append(Pruned(r.candidate.name, f"failed the accuracy gate: {result.verdict()}"))
+    reasons = [f"int8 {runtime} quantization={method}: {'passed' if result.passed else 'failed'} the accuracy "
+               f"gate: {result.verdict()}" for (runtime, method), result in checks.items() if result is not None]
+    unchecked = [f"{runtime} quantization={method}" for (runtime, method), result in checks.items() if result is None]
+    if unchecked and rival is not None:
+        reasons.append(f"int8 not quantized (accuracy not checked): {', '.join(unchecked)}: predicted slower than "
+                       f"{rival.candidate.name} even at the fast end of the interval")
+    if any(result is not None for result in checks.values()) and samples.folder is None:
+        reasons.append(f"int8 was calibrated and checked on {samples.count} random inputs (seeded; the job gives no "
+                       "calibration.data): the figure says how far int8 outputs move from fp32 on such inputs, not "
+                       "the accuracy on your data; give calibration.data for a figure on real samples")
+    return kept, tuple(reasons)
+
+
+def _method(candidate: Candidate) -> tuple[str, str]:
+    """An int8 candidate's quantization: (its runtime, the recipe's ``quantization`` value)."""
+    return candidate.runtime, str(candidate.param("quantization"))
 
 
 def _confidently_faster(fastest: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:
@@ -222,6 +288,7 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
         "throughput_per_second": _round(batch / ranked.objective_seconds),
         "bound": p.bound,
         "roofline": {k: _round(v) for k, v in p.terms},
+        "accuracy": ranked.accuracy.to_dict() if ranked.accuracy else None,
     }
 
 
@@ -258,14 +325,17 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
                        f"{_ms(amortized)} per step")
     elif p.compile_seconds > 1 and job.objective.metric is not Metric.time_to_solution:
         reasons.append(f"compile/tune time {p.compile_seconds:.1f} s is not counted: the job gives no step count")
+    by_precision: dict[tuple[str, str], str] = {(r.candidate.runtime, r.candidate.precision.value):
+                                                r.prediction.predictor for r in ranked}
     used: dict[str, set[str]] = {}
-    for r in ranked:
-        used.setdefault(r.prediction.predictor, set()).add(r.candidate.runtime)
+    for (runtime, precision), name in by_precision.items():  # a runtime by name unless its precisions differ
+        mixed = len({n for (rt, _), n in by_precision.items() if rt == runtime}) > 1
+        used.setdefault(name, set()).add(f"{runtime}/{precision}" if mixed else runtime)
     if len(used) > 1 or "roofline" not in used:
         reasons.append("predictors: " + "; ".join(f"{name} for {', '.join(sorted(runtimes))}"
                                                   for name, runtimes in sorted(used.items()))
-                       + (" (roofline where measured data does not cover the runtime on this device class)"
-                          if "roofline" in used else ""))
+                       + (" (roofline where measured data does not cover the runtime at that precision on this "
+                          "device class)" if "roofline" in used else ""))
     if pruned:
         reasons.append(f"{len(pruned)} runtime(s)/candidate(s) left out: "
                        + "; ".join(f"{x.runtime} ({x.reason})" for x in pruned[:6])

@@ -117,7 +117,7 @@ class _RecordingPredictor:
 
     def __init__(self, rows: list[Measurement], seed: int) -> None:
         self.fits.append((frozenset(r.model for r in rows), seed))
-        self.coverage = {(r.runtime, r.device) for r in rows}
+        self.coverage = {(r.runtime, r.device, r.precision) for r in rows}
 
     @classmethod
     def fit(cls, rows: list[Measurement], seed: int = 0, catalog: object = None) -> _RecordingPredictor:

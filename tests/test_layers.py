@@ -19,6 +19,7 @@ LAYERS = {
     "spec": 2,
     "hardware": 3,
     "workload": 4,
+    "quantize": 4.5,  # int8 quantization and the accuracy gate: the plan checks int8 candidates with it
     "candidates": 5,
     "measurements": 6,
     "predict": 7,

@@ -72,7 +72,7 @@ def test_learned_model_recovers_a_known_utilization(plans) -> None:
 def test_plan_uses_learned_where_covered_and_roofline_elsewhere(plans) -> None:
     covered = ("onnxruntime", "pytorch")
     model = LearnedPredictor.fit(synthetic_rows(plans, covered))
-    assert model.coverage == {("onnxruntime", "cpu"), ("pytorch", "cpu")}
+    assert {(runtime, device) for runtime, device, _ in model.coverage} == {("onnxruntime", "cpu"), ("pytorch", "cpu")}
     plan = plans[2]
     replanned = make_plan(plan.loaded, plan.source, plan.workload, FallbackPredictor((model, RooflinePredictor())))
     used = {r.candidate.runtime: r.prediction.predictor for r in replanned.ranked}

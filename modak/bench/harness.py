@@ -86,10 +86,11 @@ def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
 
 
 def launch_environment(plan: Plan, candidate: Candidate, plan_file: Path, workdir: Path) -> dict[str, str]:
-    """Where the launcher finds ``candidate``'s deployment, model and work folder (the image bakes the same
-    variables with its own paths); ``plan_file`` gets the deployment."""
+    """Where the launcher finds ``candidate``'s deployment, model (an int8 candidate's quantized model) and work
+    folder (the image bakes the same variables with its own paths); ``plan_file`` gets the deployment."""
     write_atomic(plan_file, json.dumps({"deployment": plan.deployment(candidate).to_dict()}, sort_keys=True))
-    return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(plan.source.onnx_path), WORKDIR_VARIABLE: str(workdir)}
+    return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(plan.model_file(candidate)),
+            WORKDIR_VARIABLE: str(workdir)}
 
 
 def launch_command(*command: str) -> list[str]:

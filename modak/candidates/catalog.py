@@ -44,6 +44,8 @@ class Parameter(_Recipe):
     values: tuple[ParamValue, ...] = Field(min_length=1)
     devices: tuple[DeviceKind, ...] = ("cpu", "gpu")
     tasks: tuple[Task, ...] = (Task.inference, Task.training)
+    precisions: tuple[Precision, ...] | None = Field(
+        None, description="Only enumerate at these precisions (e.g. the int8 quantization method); default: all.")
     needs_op_class: str | None = Field(None, description="Only enumerate when the workload has ops of this class.")
     effects: dict[str, dict[str, float]] = Field(
         default_factory=dict,

@@ -52,9 +52,10 @@ def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: d
                 pruned.append(Pruned(f"{recipe.name}/{device}",
                                      f"no allowed precision ({allowed}) is supported by {recipe.title} on {supported.name}"))
                 continue
-            params = [p for p in recipe.parameters if device in p.devices and job.task in p.tasks
-                      and (p.needs_op_class is None or p.needs_op_class in op_classes)]
+            applicable = [p for p in recipe.parameters if device in p.devices and job.task in p.tasks
+                          and (p.needs_op_class is None or p.needs_op_class in op_classes)]
             for precision in precisions:
+                params = [p for p in applicable if p.precisions is None or precision in p.precisions]
                 for values in itertools.product(*(p.values for p in params)):
                     settings = tuple(zip((p.name for p in params), values))
                     policy = dict(settings).get("threads")

@@ -13,12 +13,18 @@ from modak.paths import data_dir
 from modak.spec.document import SpecDocument
 from modak.spec.models import Precision, Target
 
-# ISA features that give a CPU native support for a reduced precision (archspec feature names).
+# ISA features that give a CPU native support for a reduced precision (archspec feature names), with the default
+# operations per cycle relative to fp32 when the hardware catalog gives none.
 _CPU_PRECISION_FEATURES = {
     Precision.bf16: {"avx512_bf16", "amx_bf16", "bf16"},
     Precision.fp16: {"avx512_fp16", "amx_fp16", "asimdhp"},
     Precision.int8: {"avx512_vnni", "avx_vnni", "amx_int8", "i8mm", "asimddp"},
 }
+_CPU_PRECISION_FACTOR = {Precision.bf16: 2, Precision.fp16: 2, Precision.int8: 4}
+# Without dot-product instructions, x86 int8 still runs as u8 x s8 multiply-adds into 16 bits (vpmaddubsw, AVX2 and
+# AVX-512BW: what ONNX Runtime's and oneDNN's int8 kernels use there): about twice fp32's operations per cycle.
+_INT8_WITHOUT_DOT_PRODUCT = "avx2"
+_INT8_WITHOUT_DOT_PRODUCT_FACTOR = 2
 # Tensor-float-32 is a GPU tensor-core mode; on a CPU it is plain fp32.
 _GPU_PEAK_KEYS = {Precision.fp32: "fp32", Precision.tf32: "tf32", Precision.bf16: "bf16",
                   Precision.fp16: "fp16", Precision.int8: "int8"}
@@ -113,12 +119,18 @@ def _cpu_ceilings(target: Target, arch: Any, features: frozenset[str], cores: in
                 Precision.fp16: peaks.fp16_gflops, Precision.int8: peaks.int8_gops}
     peak: dict[Precision, float] = {}
     for precision in (Precision.fp32, Precision.bf16, Precision.fp16, Precision.int8):
-        natively = precision is Precision.fp32 or bool(features & _CPU_PRECISION_FEATURES[precision])
+        if precision is Precision.fp32:
+            factor: float | None = 1
+        elif features & _CPU_PRECISION_FEATURES[precision]:
+            factor = _CPU_PRECISION_FACTOR[precision]
+        elif precision is Precision.int8 and _INT8_WITHOUT_DOT_PRODUCT in features:
+            factor = _INT8_WITHOUT_DOT_PRODUCT_FACTOR
+        else:
+            factor = None
         if measured[precision]:
             peak[precision] = float(measured[precision])
-        elif natively:
-            per_cycle = entry.get(precision.value, entry["fp32"] * (2 if precision is not Precision.int8 else 4))
-            peak[precision] = per_cycle * frequency * cores
+        elif factor is not None:
+            peak[precision] = entry.get(precision.value, entry["fp32"] * factor) * frequency * cores
     bandwidth = (peaks.memory_bandwidth_gbs or target.memory.bandwidth_gbs
                  or entry["bandwidth_gbs_per_socket"] * target.cpu.sockets)
     return Ceilings(kind="cpu", name=arch.name, peak_gflops=peak, bandwidth_gbs=float(bandwidth),

@@ -162,7 +162,7 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
             utilization = _median_utilization(train)
             for seed in range(seeds):
                 model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
-                covered = [(i, r) for i, r in test if (r.runtime, r.device) in model.coverage]
+                covered = [(i, r) for i, r in test if (r.runtime, r.device, r.precision) in model.coverage]
                 predictions = model.predict_examples([example_from_row(r) for _, r in covered])
                 for (i, r), (step, low, high, _compile) in zip(covered, predictions):
                     learned[seed][i] = step

@@ -38,7 +38,7 @@ from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
 
 TREES = 100
-MIN_ROWS = 5  # rows of a (runtime, device) the model needs before it is trusted for that pair
+MIN_ROWS = 5  # rows of a (runtime, device, precision) the model needs before it is trusted for it
 # How far one workload's median log error on a new machine strays from the machine's common offset: the SD
 # of the 26 per-workload medians of the first campaign's machine, predicted from the second one's data.
 WORKLOAD_SPREAD = 0.24
@@ -235,7 +235,8 @@ def _ones() -> Iterable[float]:
 
 
 class LearnedPredictor:
-    """Random-forest utilization model; answers only for (runtime, device) pairs its data covers.
+    """Random-forest utilization model; answers only for the (runtime, device, precision) its data covers (int8,
+    which no shipped row measures, falls back to the roofline).
 
     :meth:`fit` trains it with scikit-learn; :meth:`cached` reuses the fit of the same data (and the same code and
     catalog) from modak's cache, where it is kept as plain arrays (:mod:`modak.predict.forest`), never pickled."""
@@ -281,10 +282,10 @@ class LearnedPredictor:
                  for x, e, r, w in zip(X, examples, rows_ok, sample_weight) if r.compile_s is not None]
         compile_ = RandomForestRegressor(**settings).fit(
             np.array([t[0] for t in timed]), np.log1p([t[1] for t in timed]), sample_weight=[t[2] for t in timed])
-        counts: dict[tuple[str, str], int] = {}
+        counts: dict[tuple[str, str, str], int] = {}
         for r in rows_ok:
-            counts[(r.runtime, r.device)] = counts.get((r.runtime, r.device), 0) + 1
-        coverage = frozenset(pair for pair, n in counts.items() if n >= MIN_ROWS)
+            counts[(r.runtime, r.device, r.precision)] = counts.get((r.runtime, r.device, r.precision), 0) + 1
+        coverage = frozenset(key for key, n in counts.items() if n >= MIN_ROWS)
         return cls(TreeEnsemble.from_sklearn(utilization), TreeEnsemble.from_sklearn(compile_), machine_offsets,
                    coverage, len(rows_ok), catalog)
 
@@ -324,14 +325,14 @@ class LearnedPredictor:
             utilization = TreeEnsemble.from_arrays(arrays, "utilization")
             compile_ = TreeEnsemble.from_arrays(arrays, "compile")
         offsets = {tuple(machine): float(offset) for machine, offset in header["machine_offsets"]}
-        coverage = frozenset((runtime, device) for runtime, device in header["coverage"])
+        coverage = frozenset((runtime, device, precision) for runtime, device, precision in header["coverage"])
         return cls(utilization, compile_, offsets, coverage, int(header["rows"]), catalog)
 
     def _tuning_seconds(self, example: Example) -> float:
         return tuning_seconds(self._catalog[example.candidate.runtime], example.candidate)
 
     def covers(self, candidate: Candidate) -> bool:
-        return (candidate.runtime, candidate.device) in self.coverage
+        return (candidate.runtime, candidate.device, candidate.precision.value) in self.coverage
 
     def predict_examples(self, examples: list[Example]) -> list[tuple[float, float, float, float]]:
         """(step, low, high, compile) seconds each: the forest's mean and its trees' 10th/90th percentiles;

@@ -204,9 +204,11 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
     base = _base_image(needs.base, loaded)
     apt = [*BASE_APT, *needs.apt, *(pkg for p, key in recipe.chosen(candidate) for pkg in p.apt.get(key, ()))]
 
-    context = [ContextItem(plan.source.onnx_path, f"{MODEL_CONTEXT}/{MODEL_FILE}")]
+    # An int8 choice ships its quantized model (one file) instead of the job's.
+    quantized = plan.choice.accuracy is not None
+    context = [ContextItem(plan.model_file(), f"{MODEL_CONTEXT}/{MODEL_FILE}")]
     context += [ContextItem(plan.source.onnx_path.parent / location, f"{MODEL_CONTEXT}/{location}")
-                for location in plan.source.data_files]
+                for location in (() if quantized else plan.source.data_files)]
     files = loaded.files
     if files.ca_bundle:
         context.append(ContextItem(files.ca_bundle, CA_CONTEXT))
@@ -279,6 +281,7 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
         ("io.modak.predicted-step-seconds", f"{prediction.step_seconds:.6g}"),
         ("io.modak.predictor", prediction.predictor),
         ("io.modak.plan-digest", plan.digest()),
+        *((("io.modak.quantized-model", _json(plan.choice.accuracy.to_dict())),) if plan.choice.accuracy else ()),
         *((("io.modak.tuned", _json({"step-seconds": plan.tuned.step_s, "interval-seconds":
                                      [plan.tuned.ci_low_s, plan.tuned.ci_high_s], "confident": plan.tuned.confident,
                                      "trials": plan.tuned.trials, "measured-at": plan.tuned.measured_at})),)

@@ -202,7 +202,11 @@ def canary_seconds() -> float:
 
 
 def reference_outputs(request: RunRequest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """fp32 reference: ONNX Runtime on the ONNX graph (inference) or PyTorch eager (training losses)."""
+    """The reference: ONNX Runtime on the ONNX graph (inference) or PyTorch eager (training losses).
+
+    For int8 the graph is the quantized one, so the check says that the runtime executes that graph (within int8's
+    tolerance: runtimes round int8 arithmetic differently); how far int8 moves from fp32 is the plan's accuracy
+    gate, measured once on the calibration samples (:mod:`modak.quantize.gate`, on the host)."""
     if request.task == "training":
         from modak.image.runtimes import pytorch
 

@@ -93,6 +93,34 @@ class Constraints(Strict):
     runtimes: list[Name] | None = Field(None, description="Allowed runtime names (see recipes/runtimes).")
 
 
+class AccuracyMetric(str, Enum):
+    top1_agreement = "top1_agreement"
+    relative_error = "relative_error"
+
+
+class Calibration(Strict):
+    """Sample inputs that int8 quantization calibrates on and the accuracy gate compares int8 with fp32 on."""
+
+    data: str | None = Field(
+        None, description="Folder of sample inputs, relative to the job file: .npz files holding one array per "
+                          "input name, or .npy files for a single-input model; an array is one sample (the "
+                          "input's per-sample shape) or a stack of samples ([n, *shape]); files are read in name "
+                          "order. Without it, modak calibrates and checks on seeded random inputs.")
+    samples: PositiveInt = Field(64, description="Samples to use (the first ones of the folder, or random ones).")
+
+
+class Accuracy(Strict):
+    """How far an int8 candidate's outputs may move from fp32 on the calibration samples."""
+
+    metric: AccuracyMetric | None = Field(
+        None, description="top1_agreement: the argmax of the first output per sample agrees with fp32 (drop = 1 - "
+                          "agreement); relative_error: max |int8 - fp32| / max |fp32| over all outputs (drop = the "
+                          "error). Default: top1_agreement when the first output has several values per sample "
+                          "(a classifier), else relative_error.")
+    max_drop: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="Largest drop allowed; default 0.01 for top1_agreement, 0.1 for relative_error.")
+
+
 class UserCode(Strict):
     """The user's own entry point and requirements, added to the image."""
 
@@ -123,6 +151,8 @@ class Job(Strict):
     constraints: Constraints = Constraints()
     entrypoint: UserCode | None = None
     data: DataSpec | None = None
+    calibration: Calibration = Calibration()
+    accuracy: Accuracy = Accuracy()
 
 
 class CpuPeaks(Strict):

@@ -42,6 +42,7 @@ class ResolvedFiles:
     app_files: tuple[Path, ...]  # entrypoint.files, names unique (each becomes /opt/app/<name>)
     data: DataBind | None
     templates: tuple[Path, ...]  # site template folders, in lookup order (before modak's own)
+    calibration: Path | None = None  # the folder of calibration samples (calibration.data)
 
     def inputs(self) -> tuple[Path, ...]:
         """The job's own input files (for the image's ``created`` time): spec files and application files."""
@@ -64,7 +65,17 @@ def resolve_files(job: Job, target: Target, job_doc: SpecDocument, target_doc: S
             raise target_doc.error(("python", "wheelhouse"), f"no *.whl files in {folder}")
     return ResolvedFiles(job_file=job_doc.path.resolve(), target_file=target_doc.path.resolve(),
                          ca_bundle=ca_bundle, wheels=wheels, app_files=_app_files(job, job_doc),
-                         data=_data(job, target, job_doc), templates=_templates(target, target_doc))
+                         data=_data(job, target, job_doc), templates=_templates(target, target_doc),
+                         calibration=_calibration(job, job_doc))
+
+
+def _calibration(job: Job, doc: SpecDocument) -> Path | None:
+    if job.calibration.data is None:
+        return None
+    folder = doc.resolve(job.calibration.data)
+    if not folder.is_dir():
+        raise doc.error(("calibration", "data"), f"folder not found: {folder}")
+    return folder
 
 
 def _app_files(job: Job, doc: SpecDocument) -> tuple[Path, ...]:
