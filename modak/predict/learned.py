@@ -244,7 +244,7 @@ class LearnedPredictor:
     name = "learned"
 
     def __init__(self, utilization: TreeEnsemble, compile_: TreeEnsemble, machine_offsets: Mapping[tuple, float],
-                 coverage: frozenset[tuple[str, str]], rows: int, catalog: Mapping[str, Recipe]) -> None:
+                 coverage: frozenset[tuple[str, str, str]], rows: int, catalog: Mapping[str, Recipe]) -> None:
         """A fitted model (made by :meth:`fit`, :meth:`cached` or :meth:`load`)."""
         self._utilization = utilization
         self._compile = compile_
