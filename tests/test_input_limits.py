@@ -205,3 +205,34 @@ def test_garbage_store_is_an_input_error(tmp_path: Path) -> None:
     path.write_bytes(bytes(range(256)) * 20)
     with pytest.raises(InputError, match=f"^{path}: cannot use as a perf store: file is not a database"):
         PerfStore(path)
+
+
+# --- regressions found by the fuzzer (tests/test_fuzz.py) --------------------------------------------------------
+
+def test_unknown_key_with_brackets_is_located(tmp_path: Path) -> None:
+    """A key like pydantic's union markers ('list[...]') was dropped from the error location: IndexError."""
+    job = tmp_path / "job.yaml"
+    job.write_text(HEADER + f"target: {TARGET}\nmodel: {{zoo: mnist_cnn, input_shape: [x]}}\n'a[b]': 1\n")
+    with pytest.raises(InputError) as info:
+        load_job(job)
+    assert (info.value.line, info.value.field) == (7, "a[b]") and info.value.message.startswith("unknown field")
+
+
+def test_unprintable_character_is_a_located_syntax_error(tmp_path: Path) -> None:
+    """PyYAML checks characters when the loader is made, which was outside the syntax-error handling: exit 1."""
+    job = tmp_path / "job.yaml"
+    job.write_text(HEADER + "target: a\x05b\n")
+    with pytest.raises(InputError, match=f"^{job}:5: YAML syntax error: character U\\+0005 is not allowed$"):
+        load_job(job)
+
+
+def test_error_with_a_newline_in_a_value_stays_one_line(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text('apiVersion: modak/v1\nkind: "Job\\nfake: line"\n')
+    assert str(parse_error_of(job)) == f"{job}:2: kind: expected kind 'Job', got 'Job\\nfake: line'"
+
+
+def parse_error_of(path: Path) -> InputError:
+    with pytest.raises(InputError) as info:
+        load_job(path)
+    return info.value

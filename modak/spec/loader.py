@@ -66,30 +66,31 @@ def load_spec(path: str | Path, model: type[M]) -> tuple[M, SpecDocument]:
     try:
         return model.model_validate(data), doc
     except ValidationError as exc:
-        raise _first_error(exc, doc, model) from None
+        raise _first_error(exc, doc, model, data) from None
 
 
 def parse_yaml(text: str, path: Path) -> tuple[Any, dict[Loc, int]]:
     """YAML to plain data plus a map from key path to 1-based line; duplicate keys are errors, and so is a
     document beyond the limits of :mod:`modak.limits` (checked before anything is constructed)."""
-    loader = _BoundedLoader(text, path)
     try:
-        try:
-            node = loader.get_single_node()
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise InputError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None) from None
+        loader = _BoundedLoader(text, path)  # checks that every character is printable
+        node = loader.get_single_node()
+    except yaml.reader.ReaderError as exc:
+        raise InputError(f"YAML syntax error: character U+{exc.character:04X} is not allowed", path,
+                         text.count("\n", 0, exc.position) + 1) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None) from None
+    try:
         if node is None:
             raise InputError("empty file", path)
         lines: dict[Loc, int] = {}
         _index_lines(node, (), lines, path, _Budget(), ())
-        try:
-            data = loader.construct_document(node)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise InputError(f"YAML error: {getattr(exc, 'problem', exc)}", path,
-                             mark.line + 1 if mark else None) from None
+        data = loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise InputError(f"YAML error: {getattr(exc, 'problem', exc)}", path, mark.line + 1 if mark else None) from None
     finally:
         loader.dispose()
     return data, lines
@@ -177,12 +178,12 @@ def _check_string(node: yaml.ScalarNode, path: Path, loc: Loc, budget: _Budget) 
     raise InputError(problem, path, node.start_mark.line + 1, dotted(loc) or None)
 
 
-def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]) -> InputError:
+def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel], data: Any) -> InputError:
     """The first validation error, located and phrased for a person."""
     # An unknown field is usually a typo that also causes a "missing" error: report the typo first.
-    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"])) or 0))
+    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"], data)) or 0))
     error = errors[0]
-    loc = _clean_loc(error["loc"])
+    loc = _clean_loc(error["loc"], data)
     kind = error["type"]
     if kind == "extra_forbidden":
         known = _field_names(model, loc[:-1])
@@ -200,9 +201,20 @@ def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]
     return doc.error(loc, message)
 
 
-def _clean_loc(loc: tuple[Any, ...]) -> Loc:
-    """Drop pydantic's union-branch markers (e.g. ``list[...]``) from an error location."""
-    return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and "function-" not in p))
+def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
+    """An error location as a path into ``data``: pydantic's union-branch markers (e.g. ``list[...]``) are dropped
+    unless ``data`` has such a key there (a key may contain anything)."""
+    path: list[str | int] = []
+    for part in loc:
+        if (isinstance(data, dict) and part in data
+                or isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)):
+            data = data[part]
+        elif isinstance(part, str) and ("[" in part or "function-" in part):
+            continue
+        else:
+            data = None  # a missing field: nothing below it
+        path.append(part)
+    return tuple(path)
 
 
 def _field_names(model: type[BaseModel], loc: Loc) -> list[str]:
