@@ -236,3 +236,17 @@ def parse_error_of(path: Path) -> InputError:
     with pytest.raises(InputError) as info:
         load_job(path)
     return info.value
+
+
+@pytest.mark.parametrize("field", ["target", "model.onnx", "entrypoint.command.0"])
+def test_nul_in_a_path_or_argument_is_an_input_error(tmp_path: Path, field: str) -> None:
+    """A NUL in a path made Path.is_file() raise ValueError (exit 1); none can reach a file system or exec."""
+    values = {"target": "a\\0b", "model.onnx": "m\\0.onnx", "entrypoint.command.0": "py\\0thon"}
+    job = tmp_path / "job.yaml"
+    target = f'"{values["target"]}"' if field == "target" else str(TARGET)
+    model = f'{{onnx: "{values["model.onnx"]}"}}' if field == "model.onnx" else "{zoo: mnist_cnn}"
+    command = f'["{values["entrypoint.command.0"]}"]' if field == "entrypoint.command.0" else "[python3]"
+    job.write_text(HEADER + f"target: {target}\nmodel: {model}\nentrypoint: {{command: {command}}}\n")
+    with pytest.raises(InputError) as info:
+        load_job(job)
+    assert info.value.field == field and "cannot contain the NUL character" in info.value.message
