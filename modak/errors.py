@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,6 +20,8 @@ EXIT_PUSH_FAILED = 8  # the registry refused the image (or pulling it back faile
 EXIT_REGRESSION = 9  # `modak check`: the step time regressed beyond the threshold against the baseline
 EXIT_INTERRUPTED = 130
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # written as escapes, so that an error stays one line
+
 
 class ModakError(Exception):
     """Base for errors modak reports to the user as a single line."""
@@ -27,7 +30,8 @@ class ModakError(Exception):
 
 
 class InputError(ModakError):
-    """Bad input: ``FILE:LINE: field.path: what is wrong`` (exit code 2)."""
+    """Bad input: ``FILE:LINE: field.path: what is wrong`` (exit code 2), one line: control characters in any
+    part (a file name, a value quoted from the input) are written as escapes."""
 
     exit_code = EXIT_BAD_INPUT
 
@@ -44,7 +48,7 @@ class InputError(ModakError):
         if self.file:
             location = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
         field = f"{self.field}: " if self.field else ""
-        return f"{location}{field}{self.message}"
+        return _CONTROL.sub(lambda m: repr(m[0])[1:-1], f"{location}{field}{self.message}")
 
 
 class EngineUnavailable(ModakError):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from modak.errors import InputError
+from modak.limits import MAX_CSV_BYTES, check_size
 
 SCHEMA_VERSION = 2  # 2: the measurement protocol's columns (launches, interval, spread, contention)
 STATUSES = ("ok", "incorrect", "error", "contended")  # only "ok" rows are training data
@@ -132,6 +133,7 @@ class PerfStore:
     """SQLite-backed measurements. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, path: Path | None = None) -> None:
+        """Open (or create) the store at ``path``; a file that is not an SQLite database is an input error."""
         self.path = path or default_store_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -291,15 +293,42 @@ def _to_csv(rows: list[Measurement]) -> str:
 
 
 def read_csv(path: Path) -> Iterator[Measurement]:
-    """Measurements from a CSV file of the store's columns (as shipped under ``perfmodels/``)."""
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        present = set(reader.fieldnames or ())
-        missing = set(COLUMNS) - present - set(_DEFAULTS)
-        if missing:
-            raise ValueError(f"{path}: missing columns {sorted(missing)}")
-        for record in reader:
-            yield Measurement(**{c: _parse(c, record[c]) for c in COLUMNS if c in present})
+    """Measurements from a CSV file of the store's columns (as shipped under ``perfmodels/``), within
+    :data:`modak.limits.MAX_CSV_BYTES`; a bad file or row is an :class:`InputError` naming the file and line."""
+    check_size(path, MAX_CSV_BYTES, "the CSV file")
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            try:
+                present = set(reader.fieldnames or ())
+                missing = set(COLUMNS) - present - set(_DEFAULTS)
+                if missing:
+                    raise InputError(f"missing columns {sorted(missing)}", path, 1)
+                for record in reader:
+                    yield _measurement(record, present, path, reader.line_num)
+            except (csv.Error, UnicodeDecodeError) as exc:
+                raise InputError(f"not a CSV file of measurements: {exc}", path, reader.line_num + 1) from None
+    except FileNotFoundError:
+        raise InputError("file not found", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+
+
+def _measurement(record: dict[str, str | None], present: set[str], path: Path, line: int) -> Measurement:
+    """One CSV record as a measurement; a short row or a value of the wrong type is an error at ``line``."""
+    values = {}
+    for column in COLUMNS:
+        if column not in present:
+            continue
+        text = record.get(column)
+        if text is None:
+            raise InputError("fewer fields than columns", path, line, column)
+        try:
+            values[column] = _parse(column, text)
+        except ValueError:
+            kind = "an integer" if column in _INT else "a number"
+            raise InputError(f"expected {kind}, got {text[:40]!r}", path, line, column) from None
+    return Measurement(**values)
 
 
 def _parse(column: str, text: str) -> object:

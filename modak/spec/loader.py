@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from modak.errors import InputError, did_you_mean
+from modak.limits import MAX_SPEC_BYTES, MAX_STRING_CHARS, MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES, read_bounded
 from modak.spec.document import Loc, SpecDocument, dotted
 from modak.spec.models import Job, Target
 from modak.spec.resolve import ResolvedFiles, resolve_files
@@ -57,16 +58,15 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
 
 
 def load_spec(path: str | Path, model: type[M], local_machine: LocalMachine | None = None) -> tuple[M, SpecDocument]:
-    """Parse and validate one spec file as ``model`` (a Target's ``cpu: local`` from ``local_machine``)."""
+    """Parse and validate one spec file as ``model``, within the limits of :mod:`modak.limits` (a Target's
+    ``cpu: local`` from ``local_machine``)."""
     path = Path(path)
+    raw = read_bounded(path, MAX_SPEC_BYTES, "a YAML spec file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("file not found", path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, expected a YAML file", path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", path) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", path,
+                         raw[:exc.start].count(b"\n") + 1) from None
     data, lines = parse_yaml(text, path)
     doc = SpecDocument(path, lines)
     if not isinstance(data, dict):
@@ -81,23 +81,27 @@ def load_spec(path: str | Path, model: type[M], local_machine: LocalMachine | No
     try:
         return model.model_validate(data), doc
     except ValidationError as exc:
-        raise _first_error(exc, doc, model) from None
+        raise _first_error(exc, doc, model, data) from None
 
 
 def parse_yaml(text: str, path: Path) -> tuple[Any, dict[Loc, int]]:
-    """YAML to plain data plus a map from key path to 1-based line; duplicate keys are errors."""
+    """YAML to plain data plus a map from key path to 1-based line; duplicate keys are errors, and so is a
+    document beyond the limits of :mod:`modak.limits` (checked before anything is constructed)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _BoundedLoader(text, path)  # checks that every character is printable
+        node = loader.get_single_node()
+    except yaml.reader.ReaderError as exc:
+        raise InputError(f"YAML syntax error: character U+{exc.character:04X} is not allowed", path,
+                         text.count("\n", 0, exc.position) + 1) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None) from None
-    if node is None:
-        raise InputError("empty file", path)
-    lines: dict[Loc, int] = {}
-    _index_lines(node, (), lines, path)
-    loader = yaml.SafeLoader("")
     try:
+        if node is None:
+            raise InputError("empty file", path)
+        lines: dict[Loc, int] = {}
+        _index_lines(node, (), lines, path, _Budget(), ())
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -107,28 +111,94 @@ def parse_yaml(text: str, path: Path) -> tuple[Any, dict[Loc, int]]:
     return data, lines
 
 
-def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:
-    lines[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        seen: set[Any] = set()
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader, composing at most :data:`MAX_YAML_NODES` nodes (aliases not expanded) nested at most
+    :data:`MAX_YAML_DEPTH` deep: PyYAML composes recursively, so depth must be refused before Python's own
+    recursion limit is reached."""
+
+    def __init__(self, text: str, path: Path) -> None:
+        super().__init__(text)
+        self.path = path
+        self.depth = 0
+        self.nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self.depth += 1
+        self.nodes += 1
+        if self.depth > MAX_YAML_DEPTH or self.nodes > MAX_YAML_NODES:
+            what = (f"nested deeper than {MAX_YAML_DEPTH} levels" if self.depth > MAX_YAML_DEPTH
+                    else f"more than {MAX_YAML_NODES:,} YAML nodes")
+            raise InputError(f"{what} (the limit of a spec file)", self.path, self.peek_event().start_mark.line + 1)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+@dataclass
+class _Budget:
+    """What the walk over a document has used so far, aliases expanded."""
+
+    nodes: int = 0
+    chars: int = 0
+
+
+def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path, budget: _Budget,
+                 parents: tuple[yaml.Node, ...]) -> None:
+    """Record the line of every key path under ``node``, expanding aliases (an alias is its anchor's node
+    object again) within the limits of :mod:`modak.limits`."""
+    line = node.start_mark.line + 1
+    field = dotted(loc) or None
+    if any(node is parent for parent in parents):
+        raise InputError("an alias refers to a node that contains it (a recursive structure)", path, line, field)
+    budget.nodes += 1
+    if len(parents) >= MAX_YAML_DEPTH:
+        raise InputError(f"nested deeper than {MAX_YAML_DEPTH} levels, aliases expanded (the limit of a spec file)",
+                         path, line, field)
+    if budget.nodes > MAX_YAML_NODES:
+        raise InputError(f"more than {MAX_YAML_NODES:,} YAML nodes, aliases expanded (the limit of a spec file)",
+                         path, line, field)
+    lines[loc] = line
+    parents = parents + (node,)
+    if isinstance(node, yaml.ScalarNode):
+        _check_string(node, path, loc, budget)
+    elif isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise InputError("a key must be a plain value, not a mapping or a list", path,
+                                 key_node.start_mark.line + 1, field)
+            _check_string(key_node, path, loc, budget)
             key = key_node.value
             if key in seen:
                 raise InputError("duplicate key", path, key_node.start_mark.line + 1, dotted(loc + (key,)))
             seen.add(key)
-            _index_lines(value_node, loc + (key,), lines, path)
+            _index_lines(value_node, loc + (key,), lines, path, budget, parents)
             lines[loc + (key,)] = key_node.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _index_lines(item, loc + (index,), lines, path)
+            _index_lines(item, loc + (index,), lines, path, budget, parents)
 
 
-def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]) -> InputError:
+def _check_string(node: yaml.ScalarNode, path: Path, loc: Loc, budget: _Budget) -> None:
+    """Count a scalar's characters; refuse one longer than :data:`MAX_STRING_CHARS` or a document whose strings
+    add up to more than :data:`MAX_YAML_CHARS`."""
+    budget.chars += len(node.value)
+    if len(node.value) > MAX_STRING_CHARS:
+        problem = f"a string of {len(node.value):,} characters, more than the limit of {MAX_STRING_CHARS:,}"
+    elif budget.chars > MAX_YAML_CHARS:
+        problem = f"more than {MAX_YAML_CHARS:,} characters of strings, aliases expanded (the limit of a spec file)"
+    else:
+        return
+    raise InputError(problem, path, node.start_mark.line + 1, dotted(loc) or None)
+
+
+def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel], data: Any) -> InputError:
     """The first validation error, located and phrased for a person."""
     # An unknown field is usually a typo that also causes a "missing" error: report the typo first.
-    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"])) or 0))
+    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"], data)) or 0))
     error = errors[0]
-    loc = _clean_loc(error["loc"])
+    loc = _clean_loc(error["loc"], data)
     kind = error["type"]
     if kind == "extra_forbidden":
         known = _field_names(model, loc[:-1])
@@ -146,9 +216,20 @@ def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]
     return doc.error(loc, message)
 
 
-def _clean_loc(loc: tuple[Any, ...]) -> Loc:
-    """Drop pydantic's union-branch markers (e.g. ``list[...]``) from an error location."""
-    return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and "function-" not in p))
+def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
+    """An error location as a path into ``data``: pydantic's union-branch markers (e.g. ``list[...]``) are dropped
+    unless ``data`` has such a key there (a key may contain anything)."""
+    path: list[str | int] = []
+    for part in loc:
+        if (isinstance(data, dict) and part in data
+                or isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)):
+            data = data[part]
+        elif isinstance(part, str) and ("[" in part or "function-" in part):
+            continue
+        else:
+            data = None  # a missing field: nothing below it
+        path.append(part)
+    return tuple(path)
 
 
 def _field_names(model: type[BaseModel], loc: Loc) -> list[str]:

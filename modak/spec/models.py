@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 API_VERSION = "modak/v1"
 
@@ -23,6 +23,16 @@ TimeLimit = Annotated[str, StringConstraints(pattern=r"^(\d+-)?\d{1,3}:\d{2}(:\d
 Url = Annotated[str, StringConstraints(pattern=r"^https?://[^\s'\"`$\\]+$")]
 # A pip requirement: letters, digits and the operators of PEP 508 version specifiers, no URLs or options.
 Requirement = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*[ ]*([<>=!~]=?[ ]*[A-Za-z0-9.*+!\-]+[ ]*,?[ ]*)*$")]
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("cannot contain the NUL character (\\x00): no path or program argument can")
+    return value
+
+
+# Free text that becomes a path or a program argument (it is quoted where written, but NUL cannot be passed on).
+Text = Annotated[str, AfterValidator(_no_nul)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -61,7 +71,7 @@ class Device(str, Enum):
 class ModelSpec(Strict):
     """The network: an ONNX file or a zoo architecture, with its input and batch size."""
 
-    onnx: str | None = Field(None, description="Path to an ONNX file, relative to the job file.")
+    onnx: Text | None = Field(None, description="Path to an ONNX file, relative to the job file.")
     zoo: Name | None = Field(None, description="Name of a modak zoo architecture (see `modak zoo`).")
     input_shape: list[PositiveInt] | dict[str, list[PositiveInt]] | None = Field(
         None, description="Per-sample input shape without the batch dimension; a mapping for several inputs.")
@@ -124,13 +134,13 @@ class Accuracy(Strict):
 class UserCode(Strict):
     """The user's own entry point and requirements, added to the image."""
 
-    command: list[str] = Field(default_factory=list, description="Command run instead of modak's runner (exec form).")
+    command: list[Text] = Field(default_factory=list, description="Command run instead of modak's runner (exec form).")
     requirements: list[Requirement] = Field(default_factory=list)
-    files: list[str] = Field(default_factory=list, description="Files or folders (relative to the job file) copied to /opt/app.")
+    files: list[Text] = Field(default_factory=list, description="Files or folders (relative to the job file) copied to /opt/app.")
 
 
 class DataSpec(Strict):
-    location: str = Field(description="Host path of the data set, bind-mounted read-only at `mount`.")
+    location: Text = Field(description="Host path of the data set, bind-mounted read-only at `mount`.")
     mount: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")] = "/data"
 
 
@@ -140,8 +150,8 @@ class Job(Strict):
     apiVersion: Literal["modak/v1"]
     kind: Literal["Job"]
     name: Name
-    target: str | None = Field(None, description="Target file, relative to the job file (or use --target); 'local' "
-                                                  "is the machine modak runs on, from its cached `modak probe`.")
+    target: Text | None = Field(None, description="Target file, relative to the job file (or use --target); 'local' "
+                                                   "is the machine modak runs on, from its cached `modak probe`.")
     task: Task
     model: ModelSpec
     precision: list[Precision] = Field(default_factory=lambda: [Precision.fp32], min_length=1)
@@ -214,7 +224,7 @@ class Container(Strict):
     registry: ImageRef | None = Field(None, description="Registry/namespace images are pushed to.")
     base_images: dict[Name, ImageRef] = Field(
         default_factory=dict, description="Site mirrors for the logical base images of recipes (e.g. debian, cuda).")
-    templates: str | None = Field(
+    templates: Text | None = Field(
         None, description="Folder of site templates, relative to the target file: a template there replaces "
                           "modak's of the same relative path (e.g. dockerfile/Dockerfile.j2) and can extend it "
                           "as modak/<path>.")
@@ -223,8 +233,8 @@ class Container(Strict):
 class PythonPackages(Strict):
     index_url: Url | None = None
     extra_index_urls: list[Url] = Field(default_factory=list)
-    wheelhouse: str | None = Field(None, description="Folder of wheels, relative to the target file.")
-    ca_bundle: str | None = Field(None, description="CA bundle for TLS-intercepting proxies, used only while building.")
+    wheelhouse: Text | None = Field(None, description="Folder of wheels, relative to the target file.")
+    ca_bundle: Text | None = Field(None, description="CA bundle for TLS-intercepting proxies, used only while building.")
     recipe_indexes: bool = Field(
         True, description="Use the extra indexes runtime recipes name (e.g. PyTorch's CPU wheel index); false on "
                           "sites that cannot reach them (serve those wheels from index_url or the wheelhouse).")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import yaml
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
+from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
 from modak.paths import data_dir
 from modak.spec.models import Task
 
@@ -169,16 +170,39 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
 
 
 def load_model(path: Path) -> onnx.ModelProto:
-    """The ONNX file at ``path`` without its external weight data."""
+    """The ONNX file at ``path`` without its external weight data, within :data:`MAX_ONNX_BYTES` and
+    :data:`MAX_ONNX_NODES`; a missing, oversized or undecodable file is an :class:`InputError` naming ``path``."""
     import onnx
 
+    check_size(path, MAX_ONNX_BYTES, "the ONNX file")
     try:
-        return onnx.load(path, load_external_data=False)
+        model = onnx.load(path, load_external_data=False)
     except FileNotFoundError:
         raise InputError("file not found", path) from None
     except Exception as exc:  # protobuf reports garbage with several exception types
         raise InputError(f"not a valid ONNX model: {short_reason(exc)}", path) from None
+    check_node_count(model, path)
+    return model
 
+
+def check_node_count(model: onnx.ModelProto, path: Path | None = None) -> None:
+    """Refuse a graph of more than :data:`MAX_ONNX_NODES` nodes, counting each call of a local function as the
+    nodes it inlines to, without inlining (nested calls multiply the count), and refuse recursive functions."""
+    cap = MAX_ONNX_NODES + 1
+    sizes = {(f.domain, f.name): 1 for f in model.functions}
+    for _ in range(len(sizes) + 1):  # sizes only grow; without recursion, stable after the longest call chain
+        changed = False
+        for function in model.functions:
+            size = min(cap, sum(sizes.get((n.domain, n.op_type), 1) for n in function.node))
+            changed |= size != sizes[(function.domain, function.name)]
+            sizes[(function.domain, function.name)] = size
+        if not changed:
+            break
+    else:
+        raise InputError("a local function calls itself (directly or through others)", path)
+    if sum(sizes.get((n.domain, n.op_type), 1) for n in model.graph.node) > MAX_ONNX_NODES:
+        raise InputError(f"the graph has more than {MAX_ONNX_NODES:,} nodes (local functions inlined), the limit "
+                         "of modak's analysis", path)
 
 
 def format_table(profile: WorkloadProfile) -> Table:

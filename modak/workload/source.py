@@ -22,15 +22,13 @@ from modak.image.zoo import get_entry
 from modak.workload import zoo
 from modak.paths import cache_dir, write_atomic
 from modak.workload import analysis
-from modak.workload.analysis import OpStats, WorkloadProfile, analyze
+from modak.workload.analysis import OpStats, WorkloadProfile, analyze, load_model
 
 if TYPE_CHECKING:
     import onnx
 
 _ONNX = ("model", "onnx")
 _SHAPE = ("model", "input_shape")
-
-
 
 
 @dataclass(frozen=True)
@@ -155,14 +153,18 @@ def _zoo_overrides(name: str, input_shape: Any) -> dict[str, list[int]]:
 
 
 def _load_checked(path: Path, doc: SpecDocument, field: tuple[str, ...]) -> onnx.ModelProto:
-    """The model at ``path`` (graph only), after ``onnx.checker``; a bad file is an error at ``field``."""
+    """The model at ``path`` (graph only, within modak's limits), after ``onnx.checker``; a bad file is an error
+    at ``field`` that names it."""
     import onnx
 
     try:
-        model = onnx.load(path, load_external_data=False)
+        model = load_model(path)
+    except InputError as exc:
+        raise doc.error(field, f"{path}: {exc.message}") from None
+    try:
         onnx.checker.check_model(str(path))
-    except Exception as exc:  # protobuf decode errors, ValidationError, missing external data
-        raise doc.error(field, f"not a valid ONNX model: {short_reason(exc)}") from None
+    except Exception as exc:  # ValidationError, missing external data
+        raise doc.error(field, f"{path}: not a valid ONNX model: {short_reason(exc)}") from None
     return model
 
 
