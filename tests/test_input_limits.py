@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from modak import limits
 from modak.errors import InputError
-from modak.measurements.store import COLUMNS, PerfStore, read_csv
+from modak.measurements.store import COLUMNS, read_csv
 from modak.spec.loader import load_job, parse_yaml
 from modak.workload import analysis
 from onnx_graphs import write_onnx
@@ -198,13 +198,6 @@ def test_csv_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(store, "MAX_CSV_BYTES", 10)
     with pytest.raises(InputError, match=f"^{path}: the CSV file is [0-9,]+ bytes, more than the limit of 10 bytes"):
         list(read_csv(path))
-
-
-def test_garbage_store_is_an_input_error(tmp_path: Path) -> None:
-    path = tmp_path / "perf.sqlite"
-    path.write_bytes(bytes(range(256)) * 20)
-    with pytest.raises(InputError, match=f"^{path}: cannot use as a perf store: file is not a database"):
-        PerfStore(path)
 
 
 # --- regressions found by the fuzzer (tests/test_fuzz.py) --------------------------------------------------------

@@ -16,6 +16,7 @@ LAYERS = {
     "image": 1,
     "runtime": 1.2,  # the image's public API and commands, over the deployment and the runtime adapters
     "documents": 1.5,  # host-side foundation: not copied into images
+    "limits": 1.5,  # the bounds on every input file (host side)
     "spec": 2,
     "hardware": 3,
     "workload": 4,
