@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
 
 
-def modak(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "modak", *args], capture_output=True, text=True)
+def modak(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "modak", *args], capture_output=True, text=True, env=env)
 
 
 def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
@@ -70,7 +71,8 @@ def test_store_csv_round_trip(tmp_path: Path) -> None:
 
 def test_probe_writes_a_target_the_planner_accepts(tmp_path: Path) -> None:
     out = tmp_path / "target.yaml"
-    result = modak("probe", "-o", str(out), "--quick", "--name", "probe-test")
+    env = {**os.environ, "MODAK_CACHE": str(tmp_path / "cache")}  # the probe also replaces the host's cached probe
+    result = modak("probe", "-o", str(out), "--quick", "--name", "probe-test", env=env)
     assert result.returncode == 0, result.stderr
     target, _ = load_spec(out, Target)
     assert target.cpu.peaks.fp32_gflops > 1 and target.cpu.peaks.memory_bandwidth_gbs > 0.5
@@ -78,7 +80,7 @@ def test_probe_writes_a_target_the_planner_accepts(tmp_path: Path) -> None:
     job = yaml.safe_load(CNN.read_text())
     job.pop("target")
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    plan = modak("plan", str(tmp_path / "job.yaml"), "--target", str(out), "--json")
+    plan = modak("plan", str(tmp_path / "job.yaml"), "--target", str(out), "--json", env=env)
     assert plan.returncode == 0, plan.stderr
     assert json.loads(plan.stdout)["target"] == "probe-test"
 
