@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 from dataclasses import replace
 
@@ -10,26 +11,31 @@ from modak.bench.harness import BenchSettings, bench
 from modak.candidates.catalog import Recipe
 from modak.candidates.enumerate import Candidate
 from modak.measurements.store import PerfStore
-from modak.plan import Plan, make_plan
+from modak.plan import Plan, choose_batch, make_plan
 from modak.predict.base import Predictor
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
-from modak.spec.models import Job, Target
+from modak.spec.models import AUTO_BATCH, Job, Target
 from modak.spec.resolve import resolve_files
 from modak.workload.source import load_analysis
 
 
-def zoo_plan(model: str, batch: int, task: str, precision: list[str], target: Target, target_doc: SpecDocument,
-             catalog: dict[str, Recipe] | None = None, predictor: Predictor | None = None,
+def zoo_plan(model: str, batch: int | str, task: str, precision: list[str], target: Target,
+             target_doc: SpecDocument, catalog: dict[str, Recipe] | None = None, predictor: Predictor | None = None,
              **job_fields: object) -> Plan:
-    """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks)."""
+    """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks); ``batch`` ``auto``: the
+    plan of the batch size :func:`modak.plan.choose_batch` chooses."""
     job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}",
                               "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision,
                               **job_fields})
     job_doc = SpecDocument(target_doc.path)
     loaded = LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
-    return make_plan(loaded, *load_analysis(loaded), predictor or RooflinePredictor(), catalog)
+
+    def plan_at(concrete: LoadedJob) -> Plan:
+        return make_plan(concrete, *load_analysis(concrete), predictor or RooflinePredictor(), catalog)
+
+    return choose_batch(loaded, plan_at) if batch == AUTO_BATCH else plan_at(loaded)
 
 
 def measure_rounds(plan: Plan, candidates: dict[str, Candidate], rounds: int, settings: BenchSettings,
@@ -54,3 +60,18 @@ def stock_candidate(plan: Plan) -> Candidate:
     if plan.stock is None:
         raise ValueError(f"the plan for {plan.workload.model_name} has no stock candidate")
     return plan.stock.candidate
+
+
+def measure_plans(pairs: dict[str, tuple[Plan, Candidate]], rounds: int, settings: BenchSettings,
+                  store: PerfStore, seed: int = 0) -> dict[str, float | None]:
+    """Median step time of each labelled (plan, candidate), for candidates of different plans (e.g. other batch
+    sizes): one launch each per round, the labels in a new random order every round; None for one that failed."""
+    order, times = list(pairs), {label: [] for label in pairs}
+    shuffle = random.Random(seed).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for label in order:
+            plan, candidate = pairs[label]
+            rows = bench(plan, [candidate], store, replace(settings, launches=1))
+            times[label] += json.loads(rows[0].launch_medians or "[]") if rows and rows[0].step_median_s else []
+    return {label: statistics.median(values) if values else None for label, values in times.items()}

@@ -50,14 +50,21 @@ def predictor(name: PredictorName = "default", store: Path | None = None) -> Pre
 
 def plan_job(job: str | Path, target: str | Path | None = None, predictor_name: PredictorName = "default",
              store: Path | None = None, using: Predictor | None = None) -> Plan:
-    """Load, resolve and analyse the job, then rank its candidates (``using`` overrides the named predictor)."""
-    from modak.plan import make_plan
+    """Load, resolve and analyse the job, then rank its candidates (``using`` overrides the named predictor). With
+    ``model.batch_size: auto``, the plan of the batch size with the most predicted samples per second within the
+    limits (:func:`modak.plan.choose_batch`): its job has that batch, and its ``batches`` list every one tried."""
+    from modak.plan import choose_batch, make_plan
+    from modak.spec.models import AUTO_BATCH
     from modak.workload.source import load_analysis
 
     loaded = load(job, target)
-    source, workload = load_analysis(loaded)
-    return make_plan(loaded, source, workload, using or predictor(predictor_name, store),
-                     tuned=tuned_choice(loaded, workload, store))
+    model = using or predictor(predictor_name, store)
+
+    def plan_at(concrete: LoadedJob) -> Plan:
+        source, workload = load_analysis(concrete)
+        return make_plan(concrete, source, workload, model, tuned=tuned_choice(concrete, workload, store))
+
+    return choose_batch(loaded, plan_at) if loaded.job.model.batch_size == AUTO_BATCH else plan_at(loaded)
 
 
 def tuned_choice(loaded: LoadedJob, workload: WorkloadProfile, store: Path | None = None) -> TunedChoice | None:

@@ -530,6 +530,18 @@ def _print_plan(plan: Any, top: int) -> None:
                       f"{terms['compute_s'] * 1e3:.3g}", f"{terms['memory_s'] * 1e3:.3g}",
                       f"{terms['overhead_s'] * 1e3:.3g}", row["bound"], row["predictor"])
     console.print(table)
+    if data["batches"]:
+        batches = Table(title="batch_size auto: each batch's choice", title_justify="left")
+        for column in ("batch", "choice", "objective ms", "samples/s", "memory GB", "excluded by"):
+            batches.add_column(column, justify="left" if column in ("choice", "excluded by") else "right",
+                               overflow="fold")
+        for option in data["batches"]:
+            seconds, rate, memory = option["objective_seconds"], option["samples_per_second"], option["memory_gb"]
+            batches.add_row(("* " if option["batch_size"] == wl["batch_size"] else "") + str(option["batch_size"]),
+                            option["candidate"] or "", "" if seconds is None else f"{seconds * 1e3:.3g}",
+                            "" if rate is None else f"{rate:.4g}", "" if memory is None else f"{memory:.3g}",
+                            option["excluded"] or "")
+        console.print(batches)
     if len(data["candidates"]) > top:
         console.print(f"... {len(data['candidates']) - top} more (--top N or --json)")
     for reason in data["reasons"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,21 @@ from modak.workload.source import ModelSource
 
 # Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
 _TRAINING_STATE_FACTOR = 4
+MEMORY_SHARE = 0.9  # of a device's memory that a candidate's parameters, or an auto batch's step, may need
+AUTO_BATCH_SIZES = tuple(2 ** i for i in range(9))  # what model.batch_size auto tries: 1, 2, 4, ..., 256
+
+
+class NoCandidate(InputError):
+    """No candidate deployment can run the job; ``pruned`` says why each was left out."""
+
+    def __init__(self, message: str, file: Path, pruned: tuple[Pruned, ...]) -> None:
+        super().__init__(message, file)
+        self.pruned = pruned
+
+    @property
+    def limits(self) -> tuple[str, ...]:
+        """The limits that left candidates out (``constraints.max_latency_ms``, ``memory``, ...)."""
+        return tuple(sorted({p.limit for p in self.pruned if p.limit}))
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,35 @@ class RankedCandidate:
     prediction: Prediction
     objective_seconds: float  # step time plus compile/tune time amortized over the job's steps
     accuracy: AccuracyCheck | None = None  # int8: the accuracy gate's figure and the quantized model (passed)
+
+
+@dataclass(frozen=True)
+class BatchOption:
+    """One batch size ``model.batch_size: auto`` tried: the choice of its plan and its prediction, or the limits
+    that excluded the batch."""
+
+    batch_size: int
+    candidate: str | None  # the plan's choice at this batch; None when no candidate was within the limits
+    objective_seconds: float | None  # the choice's predicted seconds per step (compile amortized as ranked)
+    memory_gb: float | None  # the most a step may hold (:func:`step_memory_gb`)
+    excluded: str | None  # the limits that excluded the batch; None: within them
+
+    @property
+    def samples_per_second(self) -> float | None:
+        return self.batch_size / self.objective_seconds if self.objective_seconds else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "candidate": self.candidate,
+                "objective_seconds": None if self.objective_seconds is None else _round(self.objective_seconds),
+                "samples_per_second": None if self.samples_per_second is None else _round(self.samples_per_second),
+                "memory_gb": None if self.memory_gb is None else _round(self.memory_gb), "excluded": self.excluded}
+
+    def describe(self) -> str:
+        """``64: 20.6k/s (3.1 ms)`` or ``256: excluded (memory)``."""
+        rate = self.samples_per_second
+        if self.excluded is not None or rate is None or self.objective_seconds is None:
+            return f"{self.batch_size}: excluded ({self.excluded})"
+        return f"{self.batch_size}: {_count(rate)}/s ({_ms(self.objective_seconds)})"
 
 
 @dataclass(frozen=True)
@@ -57,6 +101,7 @@ class Plan:
     reasons: tuple[str, ...]
     stock: RankedCandidate | None  # the stock deployment (a recipe marked ``stock``), if it can run the job
     tuned: TunedChoice | None = None  # the winner ``modak tune`` measured for this workload on this target, if chosen
+    batches: tuple[BatchOption, ...] = ()  # model.batch_size auto: every batch size tried; () for a given batch
 
     @property
     def choice(self) -> RankedCandidate:
@@ -109,6 +154,7 @@ class Plan:
                 "trials": self.tuned.trials, "measured_at": self.tuned.measured_at},
             "worth_tuning": [r.candidate.name for r in worth_tuning(self)],
             "deployment": self.deployment().to_dict(),
+            "batches": [option.to_dict() for option in self.batches],
             "reasons": list(self.reasons),
         })
         return body
@@ -155,7 +201,7 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     for candidate in space.candidates:
         reason = _does_not_fit(workload, ceilings, candidate)
         if reason:
-            pruned.append(Pruned(candidate.name, reason))
+            pruned.append(Pruned(candidate.name, reason, "memory"))
         else:
             fitting.append(candidate)
     predictions = predict_many(predictor, workload, ceilings, [(c, catalog[c.runtime]) for c in fitting])
@@ -167,14 +213,21 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
         limit = job.constraints.max_compile_seconds
         if limit is not None and prediction.compile_seconds > limit:
             pruned.append(Pruned(candidate.name, f"predicted compile/tune time {prediction.compile_seconds:.0f} s "
-                                                 f"exceeds constraints.max_compile_seconds ({limit:g} s)"))
+                                                 f"exceeds constraints.max_compile_seconds ({limit:g} s)",
+                                 "constraints.max_compile_seconds"))
+            continue
+        latency = job.constraints.max_latency_ms
+        if latency is not None and prediction.step_seconds * 1e3 > latency:
+            pruned.append(Pruned(candidate.name, f"predicted step {_ms(prediction.step_seconds)} exceeds "
+                                                 f"constraints.max_latency_ms ({latency:g} ms)",
+                                 "constraints.max_latency_ms"))
             continue
         ranked.append(RankedCandidate(candidate, prediction, objective_seconds(prediction, job.objective.steps)))
     ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
     ranked, gate_reasons = _gate_int8(loaded, source, ranked, pruned)
     if not ranked:
         why = "; ".join(f"{p.runtime}: {p.reason}" for p in pruned) or "the catalog is empty"
-        raise InputError(f"no candidate deployment can run this job ({why})", loaded.job_doc.path)
+        raise NoCandidate(f"no candidate deployment can run this job ({why})", loaded.job_doc.path, tuple(pruned))
     stock = next((r for r in ranked if catalog[r.candidate.runtime].is_stock(r.candidate)), None)
     fastest = ranked[0]
     winner = next((r for r in ranked if tuned is not None and r.candidate.name == tuned.candidate), None)
@@ -194,6 +247,60 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
                    *(r.replace("chose ", "the model predicted for it: ", 1) if i == 0 else r
                      for i, r in enumerate(reasons)))
     return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
+
+
+def choose_batch(loaded: LoadedJob, plan_at: Callable[[LoadedJob], Plan]) -> Plan:
+    """``model.batch_size: auto``: plan the job at each of :data:`AUTO_BATCH_SIZES` (``plan_at`` plans a job of
+    concrete batch size) and return the plan of the batch with the most predicted samples per second (the batch
+    over its choice's objective seconds; a tie goes to the smaller batch) among those within the limits: a batch
+    where no candidate is within the job's constraints (``max_latency_ms``: a step is one batch) is excluded, and
+    so is one whose step may hold more than :data:`MEMORY_SHARE` of its choice's device memory
+    (:func:`step_memory_gb`). The plan carries every batch tried (``batches``) and says why in its reasons."""
+    plans: dict[int, Plan] = {}
+    options: list[BatchOption] = []
+    for batch in AUTO_BATCH_SIZES:
+        try:
+            plan = plan_at(with_batch(loaded, batch))
+        except NoCandidate as exc:
+            options.append(BatchOption(batch, None, None, None, ", ".join(exc.limits) or "no candidate"))
+            continue
+        choice = plan.choice
+        memory = step_memory_gb(plan.workload)
+        device = plan.ceilings.gpu if choice.candidate.device == "gpu" else plan.ceilings.cpu
+        assert device is not None
+        over = memory > MEMORY_SHARE * device.memory_gb
+        options.append(BatchOption(batch, choice.candidate.name, choice.objective_seconds, memory,
+                                   "memory" if over else None))
+        if not over:
+            plans[batch] = plan
+    limits = _batch_limits(loaded)
+    table = ", ".join(option.describe() for option in options)
+    if not plans:
+        raise loaded.job_doc.error(("model", "batch_size"), f"no batch size is within the limits ({limits}): {table}")
+    best = max(plans, key=lambda b: (b / plans[b].choice.objective_seconds, -b))
+    chosen = plans[best]
+    reason = (f"batch_size auto chose {best}: the most predicted samples per second within {limits}; per batch, "
+              f"samples/s (step): {table}")
+    return replace(chosen, batches=tuple(options), reasons=(chosen.reasons[0], reason, *chosen.reasons[1:]))
+
+
+def with_batch(loaded: LoadedJob, batch: int) -> LoadedJob:
+    """``loaded`` with the job's ``model.batch_size`` set to ``batch``."""
+    job = loaded.job
+    return replace(loaded, job=job.model_copy(update={"model": job.model.model_copy(update={"batch_size": batch})}))
+
+
+def step_memory_gb(workload: WorkloadProfile) -> float:
+    """The most memory one inference step may hold, in GB: the parameters and every operator's output at once (no
+    buffer reuse: an upper bound that grows with the batch)."""
+    return (workload.parameter_bytes + sum(op.output_bytes for op in workload.ops)) / 1e9
+
+
+def _batch_limits(loaded: LoadedJob) -> str:
+    """The limits an auto batch is chosen within, in words."""
+    latency = loaded.job.constraints.max_latency_ms
+    return ((f"constraints.max_latency_ms ({latency:g} ms) and " if latency is not None else "")
+            + f"memory ({MEMORY_SHARE:.0%} of the device's)")
 
 
 def _gate_int8(loaded: LoadedJob, source: ModelSource, ranked: list[RankedCandidate],
@@ -265,8 +372,9 @@ def _does_not_fit(workload: WorkloadProfile, ceilings: TargetCeilings, candidate
     assert device is not None
     factor = _TRAINING_STATE_FACTOR if workload.task is Task.training else 1
     needed_gb = workload.parameter_bytes * factor / 1e9
-    if needed_gb > 0.9 * device.memory_gb:
-        return f"needs ~{needed_gb:.1f} GB for parameters and state, more than 90% of {device.memory_gb:g} GB"
+    if needed_gb > MEMORY_SHARE * device.memory_gb:
+        return (f"needs ~{needed_gb:.1f} GB for parameters and state, more than {MEMORY_SHARE:.0%} of "
+                f"{device.memory_gb:g} GB")
     return None
 
 
@@ -349,3 +457,7 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _count(value: float) -> str:
+    return f"{value / 1e6:.3g}M" if value >= 1e6 else f"{value / 1e3:.3g}k" if value >= 1e3 else f"{value:.3g}"

@@ -192,7 +192,8 @@ def test_stock_is_kept_unless_another_candidate_is_confidently_faster() -> None:
     stock = uncertain.choice.candidate
     assert uncertain.stock is uncertain.choice and load_catalog()["pytorch"].is_stock(stock)
     assert (stock.runtime, stock.precision, dict(stock.params)) == (
-        "pytorch", Precision.fp32, {"threads": "all", "channels_last": False, "allocator": "default"})
+        "pytorch", Precision.fp32, {"threads": "all", "wait_policy": "spin", "channels_last": False,
+                                    "allocator": "default"})
     assert any(r.startswith("kept the stock deployment") and "12 ms" in r for r in uncertain.reasons)
     confident = make_plan(loaded, source, profile, predictor=Scaled(0.008, 1.2))  # up to 9.6 ms: faster than stock
     assert confident.choice.objective_seconds == pytest.approx(0.008) and confident.stock.objective_seconds == 0.010

@@ -13,7 +13,7 @@ from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_
 from modak.errors import InputError
 from modak.paths import data_dir
 from modak.spec.loader import load_spec
-from modak.spec.models import Name, Precision, Requirement, Task
+from modak.spec.models import Allocation, Name, Precision, Requirement, Task
 
 
 # How the learned model sees a parameter: one column per value, log(1 + value), the candidate's share of the
@@ -53,6 +53,9 @@ class Parameter(_Recipe):
     env: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="value -> environment variables the entrypoint exports.")
     apt: dict[str, tuple[AptPackage, ...]] = Field(default_factory=dict, description="value -> extra apt packages.")
+    allocation: dict[Allocation, ParamValue] = Field(
+        default_factory=dict, description="kind of allocation (the target's scheduler.allocation) -> the one value "
+                                          "enumerated there: the others cannot win on it and are left out.")
     feature: FeatureKind = Field(
         description="How the learned model sees the parameter; default numeric if every value is an integer, "
                     "else categorical.")
@@ -70,7 +73,13 @@ class Parameter(_Recipe):
             raise ValueError("feature 'threads' is for the parameter named threads")
         if self.feature == "numeric" and not _integers(self.values):
             raise ValueError("a numeric feature needs integer values")
+        if any(value not in self.values for value in self.allocation.values()):
+            raise ValueError("allocation names a value the parameter does not list")
         return self
+
+    def values_for(self, allocation: Allocation) -> tuple[ParamValue, ...]:
+        """The values enumerated on a kind of allocation: the one ``allocation`` names for it, else all."""
+        return (self.allocation[allocation],) if allocation in self.allocation else self.values
 
 
 def _integers(values: Any) -> bool:

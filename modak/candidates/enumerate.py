@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from modak.candidates.candidate import Candidate
+from modak.candidates.candidate import Candidate, value_key
 from modak.candidates.catalog import DeviceKind, Recipe
 from modak.image.deployment import resolve_threads
 from modak.hardware.ceilings import TargetCeilings
@@ -15,10 +15,12 @@ from modak.spec.models import Device
 
 @dataclass(frozen=True)
 class Pruned:
-    """A runtime (or runtime on a device) left out, and why."""
+    """A runtime (or runtime on a device, or a candidate) left out, and why; ``limit`` names the job's or target's
+    limit that excluded it (``constraints.max_latency_ms``, ``memory``, ...), if one did."""
 
     runtime: str
     reason: str
+    limit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,16 @@ def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: d
                 continue
             applicable = [p for p in recipe.parameters if device in p.devices and job.task in p.tasks
                           and (p.needs_op_class is None or p.needs_op_class in op_classes)]
+            allocation = loaded.target.scheduler.allocation
+            for p in applicable:
+                left_out = [value_key(v) for v in p.values if v not in p.values_for(allocation)]
+                if left_out:
+                    pruned.append(Pruned(f"{recipe.name}/{device}", f"{p.name}={'|'.join(left_out)}: "
+                                         f"{value_key(p.allocation[allocation])} wins on {allocation} cores "
+                                         f"(target scheduler.allocation)"))
             for precision in precisions:
                 params = [p for p in applicable if p.precisions is None or precision in p.precisions]
-                for values in itertools.product(*(p.values for p in params)):
+                for values in itertools.product(*(p.values_for(allocation) for p in params)):
                     settings = tuple(zip((p.name for p in params), values))
                     policy = dict(settings).get("threads")
                     threads = resolve_threads(policy, ceilings.cores) if policy is not None else None

@@ -5,7 +5,7 @@ precision, task, parameter values (threads symbolic: ``all``, ``half`` or a numb
 chosen values set (from the runtime's recipe), batch size and input shapes. :func:`environment` turns it into
 the process environment for the real allocation: CPUs from Slurm, PBS, the cgroup quota or the affinity mask,
 threads from the policy, the thread variables of every library, the pools' wait policy, OpenMP thread pinning
-where the affinity mask is the allocation, the recipe's variables, a preloaded allocator.
+where the affinity mask is the allocation and the threads spin, the recipe's variables, a preloaded allocator.
 
 Where things are comes from the environment, so that the same code runs in the image and on the host:
 ``MODAK_PLAN`` (the JSON file with a ``deployment`` object: the image's ``plan.json``), ``MODAK_MODEL`` (the ONNX
@@ -142,7 +142,8 @@ WAIT_POLICIES = ("spin", "passive")
 def wait_policy(deployment: Deployment, environ: Mapping[str, str] = os.environ) -> str:
     """How idle pool threads wait, explicitly: ``spin`` (busy-wait: lowest latency on cores of one's own) or
     ``passive`` (sleep: for cores shared with other work). ``MODAK_WAIT_POLICY`` overrides the deployment's
-    ``wait_policy`` parameter; the default is ``spin``. OpenMP pools (PyTorch) and ONNX Runtime honor it."""
+    ``wait_policy`` parameter (the recipes' choice for the target's allocation); the default is ``spin``. OpenMP
+    pools (PyTorch, ``OMP_WAIT_POLICY``) and ONNX Runtime (its sessions' ``allow_spinning``) honor it."""
     value = str(environ.get(WAIT_VARIABLE) or deployment.params.get("wait_policy", "spin")).lower()
     if value not in WAIT_POLICIES:
         raise DeploymentError(f"unknown wait policy {value!r} ({' or '.join(WAIT_POLICIES)})")
@@ -162,7 +163,9 @@ def environment(deployment: Deployment, environ: Mapping[str, str] = os.environ)
     env = {"MODAK_CPUS": str(cpus), "MODAK_CPUS_FROM": source, **{name: str(threads) for name in THREAD_VARIABLES}}
     wait = wait_policy(deployment, environ)
     env.update({WAIT_VARIABLE: wait, "OMP_WAIT_POLICY": "ACTIVE" if wait == "spin" else "PASSIVE"})
-    if len(os.sched_getaffinity(0)) == cpus:  # the mask is the allocation: pin OpenMP threads to its cores
+    if wait == "spin" and len(os.sched_getaffinity(0)) == cpus:
+        # Cores of one's own whose mask is the allocation: pin OpenMP threads to them. On shared cores (passive)
+        # threads stay free to move away from a core the other work holds.
         env.update(OMP_PROC_BIND="close", OMP_PLACES="cores")
     env.update({k: v for k, v in deployment.env.items() if k != PRELOAD})
     library = deployment.env.get(PRELOAD)

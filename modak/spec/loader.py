@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from modak.errors import InputError, did_you_mean
 from modak.limits import MAX_SPEC_BYTES, MAX_STRING_CHARS, MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES, read_bounded
 from modak.spec.document import Loc, SpecDocument, dotted
-from modak.spec.models import Job, Target
+from modak.spec.models import AUTO_BATCH, Job, Metric, Target, Task
 from modak.spec.resolve import ResolvedFiles, resolve_files
 
 M = TypeVar("M", bound=BaseModel)
@@ -39,6 +39,7 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
     every file they refer to (:func:`modak.spec.resolve.resolve_files`). ``local_machine`` describes the machine
     modak runs on, for a target ``local`` and a target file's ``cpu: local``."""
     job, job_doc = load_spec(job_path, Job)
+    _check_auto_batch(job, job_doc)
     if target_path is None:
         if job.target is None:
             raise job_doc.error((), "no target: add a 'target:' field or pass --target FILE (or 'local')")
@@ -55,6 +56,19 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
     else:
         target, target_doc = load_spec(target_file, Target, local_machine)
     return LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
+
+
+def _check_auto_batch(job: Job, doc: SpecDocument) -> None:
+    """``batch_size: auto`` trades latency for throughput: only inference jobs that optimize throughput choose it."""
+    if job.model.batch_size != AUTO_BATCH:
+        return
+    if job.task is not Task.inference:
+        raise doc.error(("model", "batch_size"), "'auto' is for inference; a training job's batch size changes "
+                                                 "what it learns: give a number")
+    if job.objective.metric is not Metric.throughput:
+        raise doc.error(("model", "batch_size"), f"'auto' chooses the batch with the most samples per second, so it "
+                                                 f"needs objective.metric throughput (not "
+                                                 f"{job.objective.metric.value}): give a number")
 
 
 def load_spec(path: str | Path, model: type[M], local_machine: LocalMachine | None = None) -> tuple[M, SpecDocument]:
@@ -224,14 +238,14 @@ def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel]
 
 
 def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
-    """An error location as a path into ``data``: pydantic's union-branch markers (e.g. ``list[...]``) are dropped
-    unless ``data`` has such a key there (a key may contain anything)."""
+    """An error location as a path into ``data``: pydantic's union-branch markers (e.g. ``list[...]``,
+    ``constrained-int``) are dropped unless ``data`` has such a key there (a key may contain anything)."""
     path: list[str | int] = []
     for part in loc:
         if (isinstance(data, dict) and part in data
                 or isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)):
             data = data[part]
-        elif isinstance(part, str) and ("[" in part or "function-" in part):
+        elif isinstance(part, str) and ("[" in part or "function-" in part or part.startswith("constrained-")):
             continue
         else:
             data = None  # a missing field: nothing below it

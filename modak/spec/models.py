@@ -35,6 +35,8 @@ def _no_nul(value: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: are a job's cores its own?
+AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.plan.choose_batch)
 
 
 class Strict(BaseModel):
@@ -75,7 +77,10 @@ class ModelSpec(Strict):
     zoo: Name | None = Field(None, description="Name of a modak zoo architecture (see `modak zoo`).")
     input_shape: list[PositiveInt] | dict[str, list[PositiveInt]] | None = Field(
         None, description="Per-sample input shape without the batch dimension; a mapping for several inputs.")
-    batch_size: PositiveInt = 1
+    batch_size: PositiveInt | Literal["auto"] = Field(
+        1, description="Samples per step, or 'auto' (inference with objective throughput): the plan predicts every "
+                       "power of two from 1 to 256 and takes the batch with the most samples per second within "
+                       "constraints.max_latency_ms and the device's memory.")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
@@ -100,6 +105,9 @@ class Objective(Strict):
 class Constraints(Strict):
     max_image_size_gb: PositiveFloat | None = None
     max_compile_seconds: Annotated[float, Field(ge=0)] | None = None
+    max_latency_ms: PositiveFloat | None = Field(
+        None, description="Largest predicted time of one step (one batch), in milliseconds: slower candidates are "
+                          "left out; with model.batch_size auto it bounds the batch.")
     runtimes: list[Name] | None = Field(None, description="Allowed runtime names (see recipes/runtimes).")
 
 
@@ -213,6 +221,11 @@ class Network(Strict):
 
 class Scheduler(Strict):
     kind: Literal["slurm", "pbs", "none"] = "none"
+    allocation: Allocation = Field(
+        "exclusive", description="exclusive: a job's cores are its own (Slurm/PBS core binding, --exclusive, "
+                                 "Kubernetes' static CPU manager); shared: other work runs on them (oversubscribed "
+                                 "nodes, a CPU quota without pinning, workstations). Parameters such as wait_policy "
+                                 "keep only the value that can win on it.")
     partition: SchedulerWord | None = None
     account: SchedulerWord | None = None
     qos: SchedulerWord | None = None

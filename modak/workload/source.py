@@ -17,7 +17,7 @@ from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.deployment import MODEL_FILE
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
-from modak.spec.models import Task
+from modak.spec.models import AUTO_BATCH, Task
 from modak.image.zoo import get_entry
 from modak.workload import zoo
 from modak.paths import cache_dir, write_atomic
@@ -66,7 +66,11 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
     """Resolve the job's model and analyze it at the job's batch size for the job's task.
 
     The result is cached by the ONNX file's identity (path, size, modification time) and everything else the
-    analysis reads, so planning the same model again neither imports onnx nor reads the graph."""
+    analysis reads, so planning the same model again neither imports onnx nor reads the graph. A batch size of
+    ``auto`` is an input error: the plan chooses it (:func:`modak.plan.choose_batch`), analysing each batch."""
+    if loaded.job.model.batch_size == AUTO_BATCH:
+        raise loaded.job_doc.error(("model", "batch_size"), "the analysis needs a number: 'auto' is chosen by `modak "
+                                                           "plan` (the batch it chose is its workload.batch_size)")
     key = _analysis_key(loaded, optimizer)
     cached = _cached_analysis(key) if key else None
     if cached is not None:

@@ -4,6 +4,7 @@ provider."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,18 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     """An InferenceSession configured from the candidate's parameters (any batch size the graph accepts)."""
     import onnxruntime as ort
 
+    providers = ["CUDAExecutionProvider"] if request.device == "gpu" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(request.onnx_path, session_options(request), providers=providers)
+    if request.device == "gpu" and "CUDAExecutionProvider" not in session.get_providers():
+        raise RuntimeError("ONNX Runtime has no CUDA execution provider here (install onnxruntime-gpu)")
+    return FunctionSession(lambda feeds: session.run(None, dict(feeds)))
+
+
+def session_options(request: RunRequest) -> Any:
+    """The ``onnxruntime.SessionOptions`` of the candidate: its parameters, and the wait policy the launcher set
+    (``MODAK_WAIT_POLICY``: ``passive`` turns the intra- and inter-op pools' spinning off)."""
+    import onnxruntime as ort
+
     params = request.params
     options = ort.SessionOptions()
     options.intra_op_num_threads = request.threads or 0
@@ -25,11 +38,7 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[params.get("graph_optimization", "all")])
     options.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if params.get("execution_mode") == "parallel"
                               else ort.ExecutionMode.ORT_SEQUENTIAL)
-    spinning = "0" if os.environ.get(WAIT_VARIABLE) == "passive" else "1"  # the launcher's explicit wait policy
+    spinning = "0" if os.environ.get(WAIT_VARIABLE) == "passive" else "1"
     options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
     options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
-    providers = ["CUDAExecutionProvider"] if request.device == "gpu" else ["CPUExecutionProvider"]
-    session = ort.InferenceSession(request.onnx_path, options, providers=providers)
-    if request.device == "gpu" and "CUDAExecutionProvider" not in session.get_providers():
-        raise RuntimeError("ONNX Runtime has no CUDA execution provider here (install onnxruntime-gpu)")
-    return FunctionSession(lambda feeds: session.run(None, dict(feeds)))
+    return options
