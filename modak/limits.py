@@ -11,6 +11,9 @@ or a Python recursion error. The README's "Input limits" paragraph lists them.
   of nodes, local functions inlined.
 * Measurement CSV files (:func:`modak.measurements.store.read_csv`): the file's size (one field is limited to the
   :mod:`csv` module's 128 KiB).
+* JSON files (``modak check``): the file's size; nesting too deep for the parser is an input error too.
+* The job's application files (:mod:`modak.spec.resolve`): their total size and number, as they are copied into
+  the build context.
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ MAX_ONNX_NODES = 100_000
 """Nodes of an ONNX graph, its local functions inlined."""
 MAX_CSV_BYTES = 64 * MIB
 """Size of a measurement CSV file."""
+MAX_JSON_BYTES = 64 * MIB
+"""Size of a JSON file modak reads (``modak check``'s baseline and measured results)."""
+MAX_APP_BYTES = 1 * GIB
+"""Bytes of the job's ``entrypoint.files`` (folders walked, links not followed): all of it is copied into the
+build context."""
+MAX_APP_FILES = 20_000
+"""Files of the job's ``entrypoint.files``, folders walked."""
 
 
 def check_size(path: Path, limit: int, what: str) -> None:

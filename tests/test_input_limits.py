@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from modak import limits
+from modak import api, limits
 from modak.errors import InputError
 from modak.measurements.store import COLUMNS, read_csv
 from modak.spec.loader import load_job, parse_yaml
@@ -249,3 +249,30 @@ def test_nul_in_a_path_or_argument_is_an_input_error(tmp_path: Path, field: str)
 def test_a_tagged_value_its_tag_cannot_read_is_an_input_error(text: str) -> None:
     """PyYAML's constructors raise IndexError/ValueError for these (found by the fuzzer: `apiVersion: !!float`)."""
     assert parse_error(text).message.startswith("YAML error")
+
+
+def test_application_files_beyond_the_limit_are_refused_at_their_entry(tmp_path: Path, monkeypatch) -> None:
+    """`entrypoint.files: [..]` would copy a whole tree into the build context: bounded by size and count."""
+    from modak.spec import resolve
+
+    monkeypatch.setattr(resolve, "MAX_APP_FILES", 5)
+    (tmp_path / "app").mkdir()
+    for index in range(6):
+        (tmp_path / "app" / f"f{index}.py").write_text("print(1)\n")
+    (tmp_path / "serve.py").write_text("print(1)\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(HEADER + f"target: {TARGET}\nmodel: {{zoo: mnist_cnn, input_shape: [1, 28, 28]}}\n"
+                   "entrypoint: {command: [python3, serve.py], files: [serve.py, app]}\n")
+    with pytest.raises(InputError) as info:
+        api.load(job)
+    assert info.value.field == "entrypoint.files.1" and "more than 5 files" in info.value.message
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "{" * 10])
+def test_check_json_files_are_bounded_and_never_crash(tmp_path: Path, text: str) -> None:
+    from modak.integrations.check import _read_json
+
+    path = tmp_path / "baseline.json"
+    path.write_text(text)
+    with pytest.raises(InputError):
+        _read_json(path)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from modak.documents import SCHEMA_VERSION, document
+from modak.limits import MAX_JSON_BYTES, read_bounded
 from modak.errors import InputError
 from modak.paths import write_atomic
 
@@ -316,13 +317,13 @@ def _key(runtime: str, device: str, precision: str, parameters: dict[str, Any]) 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("no such file", path) from None
-    except (OSError, UnicodeDecodeError) as exc:
+        return json.loads(read_bounded(Path(path), MAX_JSON_BYTES, "a JSON file").decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise InputError(f"cannot read: {exc}", path) from None
     except json.JSONDecodeError as exc:
         raise InputError(f"not JSON: {exc.msg}", path, exc.lineno) from None
+    except RecursionError:
+        raise InputError("not JSON modak can read: nested too deeply", path) from None
 
 
 def _label(metric: str) -> str:

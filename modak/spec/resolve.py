@@ -9,11 +9,13 @@ express), each with ``FILE:LINE: field: message``. The model file and its inputs
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modak.errors import InputError
+from modak.limits import GIB, MAX_APP_BYTES, MAX_APP_FILES
 from modak.spec.document import SpecDocument
 
 if TYPE_CHECKING:
@@ -91,7 +93,35 @@ def _app_files(job: Job, doc: SpecDocument) -> tuple[Path, ...]:
                                  f"{APP_DIR}/{path.name}")
         seen[path.name] = index
         files.append(path)
+    _check_app_size(files, doc)
     return tuple(files)
+
+
+def _check_app_size(files: list[Path], doc: SpecDocument) -> None:
+    """Refuse application files beyond :data:`MAX_APP_BYTES` or :data:`MAX_APP_FILES` (folders walked, links not
+    followed), located at the entry where the total crosses a limit: all of them go into the build context."""
+    count = size = 0
+    for index, path in enumerate(files):
+        for file in _files_under(path):
+            count += 1
+            try:
+                size += file.lstat().st_size
+            except OSError:
+                pass  # gone meanwhile: the build reports it
+            if count > MAX_APP_FILES or size > MAX_APP_BYTES:
+                raise doc.error(("entrypoint", "files", index),
+                                f"the application files reach more than {MAX_APP_FILES:,} files or "
+                                f"{MAX_APP_BYTES // GIB} GiB at {path}; all of them would be copied into the build "
+                                "context: list only what the job needs")
+
+
+def _files_under(path: Path) -> Iterator[Path]:
+    """``path`` itself, or every file under it when it is a folder (links not followed)."""
+    if not path.is_dir() or path.is_symlink():
+        yield path
+        return
+    for root, _, names in os.walk(path):
+        yield from (Path(root) / name for name in names)
 
 
 def _data(job: Job, target: Target, doc: SpecDocument) -> DataBind | None:
