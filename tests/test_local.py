@@ -36,6 +36,8 @@ def test_target_local_reuses_the_hosts_cached_probe_and_names_its_cpu(probed, tm
     cache, probe = probed
     assert probe["microarchitecture"] == archspec.cpu.host().name
     assert set(probe["gemm_kernels"]["fp32"]) >= {"pytorch", "onnxruntime", "openvino"}
+    assert set(probe["gemm_kernels"]["int8"]) == {"onnxruntime"}  # MatMulInteger, what quantized models run
+    assert max(probe["gemm_gflops"]["int8"].values()) > 0
     best = max(probe["gemm_gflops"]["fp32"].values())
     assert best == max(rate for kernel in probe["gemm_kernels"]["fp32"].values() for rate in kernel.values())
     assert len(probe["triad_spread"]) == len(probe["triad_gbs"])

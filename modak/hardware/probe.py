@@ -78,7 +78,7 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     counts = sorted(set(thread_counts or _default_thread_counts(cores)))
     sizes = QUICK_GEMM_SIZES if quick else GEMM_SIZES
     elements = TRIAD_ELEMENTS // 4 if quick else TRIAD_ELEMENTS  # 32 MiB arrays still exceed the caches
-    precisions = ["fp32"] + (["bf16"] if _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"} else [])
+    precisions = ["fp32", *(["bf16"] if _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"} else []), "int8"]
     kernels: dict[str, dict[str, dict[int, float]]] = {p: {} for p in precisions}
     triad: dict[int, float] = {}
     spread: dict[int, float] = {}
@@ -95,7 +95,7 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     finally:
         torch.set_num_threads(saved)
     gemm = {p: {t: max(by_kernel[t] for by_kernel in kernels[p].values() if t in by_kernel) for t in counts}
-            for p in precisions}
+            for p in precisions if kernels[p]}
     arch = archspec.cpu.host()
     frequency, source = _frequency_ghz()
     theoretical = _theoretical_fp32(arch, frequency, cores)
@@ -120,6 +120,8 @@ def target_sections(result: ProbeResult) -> dict[str, Any]:
                                "memory_bandwidth_gbs": round(max(result.triad_gbs.values()), 1)}
     if "bf16" in result.gemm_gflops:
         peaks["bf16_gflops"] = round(max(result.gemm_gflops["bf16"].values()), 1)
+    if result.gemm_gflops.get("int8"):
+        peaks["int8_gops"] = round(max(result.gemm_gflops["int8"].values()), 1)
     sections: dict[str, Any] = {
         "cpu": {"microarchitecture": result.microarchitecture, "sockets": result.sockets,
                 "cores_per_socket": result.cores_per_socket, "threads_per_core": result.threads_per_core,
@@ -137,7 +139,7 @@ def probe_comment(result: ProbeResult) -> str:
     lines = [f"Written by `modak probe` on {result.host} in {result.seconds:.0f} s.",
              f"caches (KiB): {result.caches_kib}"]
     for precision, by_threads in result.gemm_gflops.items():
-        lines.append(f"GEMM {precision} GFLOP/s by threads (best kernel): "
+        lines.append(f"GEMM {precision} {'GOP/s' if precision == 'int8' else 'GFLOP/s'} by threads (best kernel): "
                      + ", ".join(f"{t}: {v:.1f}" for t, v in sorted(by_threads.items())))
         for kernel, rates in sorted(result.gemm_kernels[precision].items()):
             lines.append(f"  {kernel}: " + ", ".join(f"{t}: {v:.1f}" for t, v in sorted(rates.items())))
@@ -182,12 +184,16 @@ def _frequency_ghz() -> tuple[float | None, str]:
 
 
 def _gemm_kernels(torch: Any, precision: str, threads: int, sizes: tuple[int, ...]) -> dict[str, float]:
-    """GFLOP/s of each available GEMM kernel at ``threads`` threads, the best over ``sizes``."""
+    """GFLOP/s (GOP/s for int8) of each available GEMM kernel at ``threads`` threads, the best over ``sizes``.
+    int8 is ONNX Runtime's MatMulInteger (uint8 x int8 -> int32, the kernel its quantized models run)."""
     rates: dict[str, float] = {}
-    makers: dict[str, Callable[[int], Callable[[], Any]]] = {"pytorch": lambda n: _torch_gemm(torch, n, precision)}
-    if precision == "fp32":
-        makers["onnxruntime"] = lambda n: _onnxruntime_gemm(n, threads)
-    makers["openvino"] = lambda n: _openvino_gemm(n, threads, precision)
+    makers: dict[str, Callable[[int], Callable[[], Any]]] = {}
+    if precision != "int8":
+        makers["pytorch"] = lambda n: _torch_gemm(torch, n, precision)
+    if precision in ("fp32", "int8"):
+        makers["onnxruntime"] = lambda n: _onnxruntime_gemm(n, threads, precision)
+    if precision != "int8":
+        makers["openvino"] = lambda n: _openvino_gemm(n, threads, precision)
     for kernel, make in makers.items():
         try:
             rates[kernel] = max(2.0 * n**3 / _best_time(make(n)) / 1e9 for n in sizes)
@@ -203,20 +209,26 @@ def _torch_gemm(torch: Any, n: int, precision: str) -> Callable[[], Any]:
     return lambda: torch.matmul(a, b, out=c)
 
 
-def _onnxruntime_gemm(n: int, threads: int) -> Callable[[], Any]:
+def _onnxruntime_gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
     import numpy as np
     import onnxruntime
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in "ab"],
-                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+    integer = precision == "int8"
+    a_type, b_type = (TensorProto.UINT8, TensorProto.INT8) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
+    node = helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])
+    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("a", a_type, [n, n]),
+                                               helper.make_tensor_value_info("b", b_type, [n, n])],
+                              [helper.make_tensor_value_info("c", TensorProto.INT32 if integer else TensorProto.FLOAT,
+                                                             [n, n])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {x: np.random.default_rng(0).standard_normal((n, n), dtype=np.float32) for x in "ab"}
+    rng = np.random.default_rng(0)
+    feeds = ({"a": rng.integers(0, 255, (n, n), dtype=np.uint8), "b": rng.integers(-127, 127, (n, n), dtype=np.int8)}
+             if integer else {x: rng.standard_normal((n, n), dtype=np.float32) for x in "ab"})
     return lambda: session.run(None, feeds)
 
 
