@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from modak.bench.harness import measurement_row
 from modak.candidates.catalog import Parameter, load_catalog
 from modak.measurements.store import Measurement, PerfStore
-from modak.plan import make_plan
+from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score, training_data
 from modak.predict.learned import (Features, LearnedPredictor, ParameterFeature, example_from, example_from_row,
@@ -36,8 +36,7 @@ def plans():
     loaded = load_job(CNN)
     result = []
     for batch in (1, 8, 64):
-        job = loaded.job.model_copy(update={"model": loaded.job.model.model_copy(update={"batch_size": batch})})
-        batch_loaded = replace(loaded, job=job)
+        batch_loaded = with_batch(loaded, batch)
         result.append(make_plan(batch_loaded, *load_analysis(batch_loaded), RooflinePredictor()))
     return result
 

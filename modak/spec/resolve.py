@@ -8,6 +8,7 @@ express), each with ``FILE:LINE: field: message``. The model file and its inputs
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -104,10 +105,8 @@ def _check_app_size(files: list[Path], doc: SpecDocument) -> None:
     for index, path in enumerate(files):
         for file in _files_under(path):
             count += 1
-            try:
+            with contextlib.suppress(OSError):  # a file gone meanwhile adds nothing; the build reports it
                 size += file.lstat().st_size
-            except OSError:
-                pass  # gone meanwhile: the build reports it
             if count > MAX_APP_FILES or size > MAX_APP_BYTES:
                 raise doc.error(("entrypoint", "files", index),
                                 f"the application files reach more than {MAX_APP_FILES:,} files or "

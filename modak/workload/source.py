@@ -112,10 +112,10 @@ def _cached_analysis(key: str) -> tuple[ModelSource, WorkloadProfile] | None:
         data = json.loads((cache_dir() / "analysis" / f"{key}.json").read_text())
         source = ModelSource(**{**data["source"], "onnx_path": Path(data["source"]["onnx_path"]),
                                 "data_files": tuple(data["source"]["data_files"])})
-        profile_data = data["profile"]
-        profile = WorkloadProfile(**{**profile_data, "task": Task(profile_data["task"]), "input_shapes": {k: tuple(v) for k, v in
-                                                                      profile_data["input_shapes"].items()},
-                                     "ops": tuple(OpStats(**op) for op in profile_data["ops"])})
+        stored = data["profile"]
+        profile = WorkloadProfile(**{**stored, "task": Task(stored["task"]),
+                                     "input_shapes": {k: tuple(v) for k, v in stored["input_shapes"].items()},
+                                     "ops": tuple(OpStats(**op) for op in stored["ops"])})
     except (OSError, ValueError, KeyError, TypeError):
         return None
     folder = source.onnx_path.parent
