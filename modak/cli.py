@@ -206,10 +206,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_model(args: argparse.Namespace) -> int:
     import time
 
-    from modak.predict.evaluate import evaluate, format_scores, ok_rows, training_data
+    from modak.predict.evaluate import evaluate, format_scores, ok_rows, training_set
     from modak.predict.learned import LearnedPredictor
 
-    rows, weights = training_data(args.store)
+    data = training_set(args.store)
+    rows, weights = data.load()
     usable = ok_rows(rows)
     if not usable:
         raise InputError("no measured rows: ship perfmodels/*.csv or run `modak bench` first")
@@ -219,7 +220,7 @@ def _cmd_model(args: argparse.Namespace) -> int:
         print(format_scores(evaluate(usable, args.seeds)))
         return 0
     start = time.perf_counter()
-    model = LearnedPredictor.cached(rows, weights, refit=True)
+    model = LearnedPredictor.cached(data, refit=True)
     seconds = time.perf_counter() - start
     used = {id(r) for r in usable}
     local = sum(w > 1 for w, r in zip(weights, rows) if id(r) in used)

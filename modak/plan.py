@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
@@ -18,12 +18,13 @@ from modak.measurements.store import TunedChoice
 from modak.predict.base import Prediction, Predictor, predict_many
 from modak.predict.default import default_predictor
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
-from modak.quantize.calibration import load_samples
-from modak.quantize.gate import AccuracyCheck, check
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.workload.analysis import WorkloadProfile
 from modak.workload.source import ModelSource
+
+if TYPE_CHECKING:
+    from modak.quantize.gate import AccuracyCheck
 
 # Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
 _TRAINING_STATE_FACTOR = 4
@@ -314,6 +315,9 @@ def _gate_int8(loaded: LoadedJob, source: ModelSource, ranked: list[RankedCandid
     int8 = [r for r in ranked if r.candidate.precision is Precision.int8]
     if not int8:
         return ranked, ()
+    from modak.quantize.calibration import load_samples  # numerics and runtimes: only a job with int8 needs them
+    from modak.quantize.gate import check
+
     steps = loaded.job.objective.steps
     samples = load_samples(loaded, source)
     rival = next((r for r in ranked if r.candidate.precision is not Precision.int8), None)

@@ -18,8 +18,8 @@ from modak.measurements.store import Measurement, PerfStore
 from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score, training_data
-from modak.predict.learned import (Features, LearnedPredictor, ParameterFeature, example_from, example_from_row,
-                                   shrunk_offset)
+from modak.predict.learned import (Features, LearnedPredictor, ParameterFeature, TrainingData, example_from,
+                                   example_from_row, shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
 from modak.api import load as load_job
 from modak.workload.source import load_analysis
@@ -244,15 +244,15 @@ def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp
     rows = synthetic_rows(plans)
     weights = [1.0] * len(rows)
     fresh = LearnedPredictor.fit(rows, weights)
-    first = LearnedPredictor.cached(rows, weights, folder=tmp_path)
+    first = LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path)
     saved = list(tmp_path.glob("*.npz"))
     assert len(saved) == 1
-    again = LearnedPredictor.cached(rows, weights, folder=tmp_path)  # loaded, not refit
+    again = LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path)  # loaded, not refit
     examples = [example_from_row(r) for r in rows[:20]]
     assert fresh.predict_examples(examples) == first.predict_examples(examples) == again.predict_examples(examples)
     assert again.coverage == fresh.coverage and again.rows == fresh.rows
     changed = rows[:-1]
-    LearnedPredictor.cached(changed, weights[:-1], folder=tmp_path)
+    LearnedPredictor.cached(TrainingData.of(changed, weights[:-1]), folder=tmp_path)
     assert len(list(tmp_path.glob("*.npz"))) == 2  # other data, another fit
     saved[0].write_bytes(b"not a model")  # a damaged cache file is refit, not trusted
-    assert LearnedPredictor.cached(rows, weights, folder=tmp_path).predict_examples(examples) == fresh.predict_examples(examples)
+    assert LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path).predict_examples(examples) == fresh.predict_examples(examples)

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import yaml
 
 from modak.errors import did_you_mean
-from modak.paths import data_dir
+from modak.paths import data_dir, read_data_yaml
 from modak.spec.document import SpecDocument
 from modak.spec.models import Precision, Target
 
@@ -75,7 +74,7 @@ class TargetCeilings:
 
 @lru_cache(maxsize=None)
 def _catalog(name: str) -> dict[str, Any]:
-    return yaml.safe_load((data_dir("recipes") / "hardware" / name).read_text())
+    return read_data_yaml(data_dir("recipes") / "hardware" / name)
 
 
 def gpu_catalog() -> dict[str, dict[str, Any]]:

@@ -11,10 +11,11 @@ from modak.predict.roofline import RooflinePredictor
 
 def default_predictor(store: Path | None = None) -> Predictor:
     """Learned model fit on ``perfmodels/*.csv`` and the local store (cached by that data), then roofline fallback."""
-    from modak.predict.evaluate import ok_rows, training_data
-    from modak.predict.learned import LearnedPredictor
+    from modak.predict.evaluate import training_set
+    from modak.predict.learned import LearnedPredictor, NoTrainingRows
 
-    rows, weights = training_data(store)
-    if not ok_rows(rows):
+    try:
+        learned = LearnedPredictor.cached(training_set(store))
+    except NoTrainingRows:
         return RooflinePredictor()
-    return FallbackPredictor((LearnedPredictor.cached(rows, weights), RooflinePredictor()))
+    return FallbackPredictor((learned, RooflinePredictor()))

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -218,14 +218,34 @@ def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weig
     return offsets
 
 
-def fit_key(rows: Sequence[Measurement], weights: Sequence[float], catalog: Mapping[str, Recipe]) -> str:
-    """What a fit depends on, hashed: the rows and weights, the catalog's columns and this model's code."""
+class NoTrainingRows(ValueError):
+    """The training data hold no successful measurement."""
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """Rows to fit on, named by a ``key`` that changes whenever they do and is cheaper to compute than the rows
+    (e.g. a hash of the files they are read from): a cached fit is found by the key without reading them."""
+
+    key: str
+    load: Callable[[], tuple[Sequence[Measurement], Sequence[float]]]  # the rows and their weights
+
+    @classmethod
+    def of(cls, rows: Sequence[Measurement], weights: Sequence[float]) -> TrainingData:
+        """Rows in memory, keyed by their values."""
+        digest = hashlib.sha256()
+        for row, weight in zip(rows, weights, strict=True):
+            digest.update(f"{row!r}{weight!r}".encode())
+        return cls(digest.hexdigest(), lambda: (rows, weights))
+
+
+def fit_key(data_key: str, catalog: Mapping[str, Recipe]) -> str:
+    """What a fit depends on, hashed: the training data's key, the catalog's columns and this model's code."""
     digest = hashlib.sha256()
     for source in (__file__, forest.__file__):
         digest.update(Path(source).read_bytes())
     digest.update(repr(Features.from_catalog(catalog)).encode())
-    for row, weight in zip(rows, weights, strict=True):
-        digest.update(f"{row!r}{weight!r}".encode())
+    digest.update(data_key.encode())
     return digest.hexdigest()[:32]
 
 
@@ -264,7 +284,7 @@ class LearnedPredictor:
         pairs = [(r, w) for r, w in zip(rows, weights if weights is not None else _ones())
                  if r.status == "ok" and r.step_median_s]
         if not pairs:
-            raise ValueError("no successful measurements to learn from")
+            raise NoTrainingRows("no successful measurements to learn from")
         rows_ok = [r for r, _ in pairs]
         sample_weight = np.array([w for _, w in pairs], dtype=float)
         catalog = catalog if catalog is not None else load_catalog()
@@ -290,18 +310,20 @@ class LearnedPredictor:
                    coverage, len(rows_ok), catalog)
 
     @classmethod
-    def cached(cls, rows: Sequence[Measurement], weights: Sequence[float], catalog: Mapping[str, Recipe] | None = None,
-               folder: Path | None = None, refit: bool = False) -> LearnedPredictor:
-        """:meth:`fit` (seed 0), or the saved fit of the same rows, weights, catalog columns and model code from
-        ``folder`` (default: modak's cache). A missing or unreadable file, or ``refit``, fits and rewrites it."""
+    def cached(cls, data: TrainingData, catalog: Mapping[str, Recipe] | None = None, folder: Path | None = None,
+               refit: bool = False) -> LearnedPredictor:
+        """:meth:`fit` (seed 0) on ``data``, or the saved fit of the same data key, catalog columns and model code
+        from ``folder`` (default: modak's cache), found without loading the rows. A missing or unreadable file, or
+        ``refit``, fits and rewrites it."""
         catalog = catalog if catalog is not None else load_catalog()
         folder = folder if folder is not None else cache_dir() / "learned"
-        path = folder / f"{fit_key(rows, weights, catalog)}.npz"
+        path = folder / f"{fit_key(data.key, catalog)}.npz"
         if not refit:
             try:
                 return cls.load(path, catalog)
             except (OSError, ValueError, KeyError):
                 pass
+        rows, weights = data.load()
         model = cls.fit(rows, weights, catalog=catalog)
         model.save(path)
         for old in sorted(folder.glob("*.npz"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:

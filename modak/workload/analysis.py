@@ -26,11 +26,10 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import yaml
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
-from modak.paths import data_dir
+from modak.paths import data_dir, read_data_yaml
 from modak.spec.models import Task
 
 if TYPE_CHECKING:
@@ -340,7 +339,7 @@ OP_TABLE_FILE = data_dir("recipes") / "hardware" / "op_classes.yaml"
 @cache
 def op_table() -> dict[str, tuple[str, float]]:
     """op_type -> (op class, FLOP constant), from ``recipes/hardware/op_classes.yaml``."""
-    data = yaml.load(OP_TABLE_FILE.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    data = read_data_yaml(OP_TABLE_FILE)
     return {op: (op_class, float(cost)) for op_class, ops in data.items() for op, cost in ops.items()}
 
 
