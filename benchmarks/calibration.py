@@ -30,7 +30,7 @@ from modak.bench.harness import BenchSettings, bench
 from zoo_jobs import zoo_plan
 from modak.hardware.probe import probe, to_target
 from modak.measurements.store import Measurement, PerfStore, read_csv, write_csv
-from modak.predict.evaluate import LOCAL_WEIGHT, ok_rows, shipped_rows
+from modak.predict.training import LOCAL_WEIGHT, ok_rows, shipped_rows
 from modak.predict.learned import LearnedPredictor, example_from_row
 from modak.spec.document import SpecDocument
 from modak.spec.models import Target

@@ -18,7 +18,8 @@ import argparse
 from pathlib import Path
 
 from modak.measurements.store import read_csv
-from modak.predict.evaluate import format_scores, ok_rows, score
+from modak.predict.evaluate import format_scores, score
+from modak.predict.training import ok_rows
 
 
 def main() -> int:

@@ -206,7 +206,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_model(args: argparse.Namespace) -> int:
     import time
 
-    from modak.predict.evaluate import evaluate, format_scores, ok_rows, training_set
+    from modak.predict.evaluate import evaluate, format_scores
+    from modak.predict.training import ok_rows, training_set
     from modak.predict.learned import LearnedPredictor
 
     data = training_set(args.store)

@@ -63,7 +63,7 @@ def test_a_cpu_hog_during_bench_is_detected_every_time_and_not_learned_from(tmp_
     assert fit.returncode == 0, fit.stderr
     assert "(0 from the local store)" in fit.stdout, fit.stdout
 
-    from modak.predict.evaluate import ok_rows, training_data
+    from modak.predict.training import ok_rows, training_data
 
     rows_used, _ = training_data(store)
     assert not [r for r in ok_rows(rows_used) if r.session == rows[0].session]

@@ -17,7 +17,8 @@ from modak.candidates.catalog import Parameter, load_catalog
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
-from modak.predict.evaluate import evaluate, score, training_data
+from modak.predict.evaluate import evaluate, score
+from modak.predict.training import training_data
 from modak.predict.learned import (Features, LearnedPredictor, ParameterFeature, TrainingData, example_from,
                                    example_from_row, shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
@@ -100,7 +101,7 @@ def test_no_rows_is_an_error() -> None:
 def test_local_rows_replace_and_outweigh_shipped(plans, tmp_path: Path, monkeypatch) -> None:
     shipped = synthetic_rows(plans[:1], ("onnxruntime",))
     local = [replace(r, step_median_s=r.step_median_s * 2) for r in shipped[:2]]
-    monkeypatch.setattr("modak.predict.evaluate.shipped_rows", lambda: shipped)
+    monkeypatch.setattr("modak.predict.training.shipped_rows", lambda: shipped)
     store = tmp_path / "local.sqlite"
     with PerfStore(store) as perf:
         perf.add(local)
@@ -223,7 +224,7 @@ def test_tree_arrays_predict_what_scikit_learn_predicts_and_round_trip_without_p
     import numpy as np
     from sklearn.ensemble import RandomForestRegressor
 
-    from modak.predict.forest import TreeEnsemble
+    from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(300, 6))
@@ -234,10 +235,33 @@ def test_tree_arrays_predict_what_scikit_learn_predicts_and_round_trip_without_p
     expected = np.stack([tree.predict(probe) for tree in forest.estimators_])
     np.testing.assert_array_equal(ensemble.predict_trees(probe), expected)
     np.testing.assert_allclose(ensemble.predict(probe), forest.predict(probe))
-    path = tmp_path / "trees.npz"
-    np.savez(path, **ensemble.arrays("t"))
-    with np.load(path, allow_pickle=False) as arrays:
-        np.testing.assert_array_equal(TreeEnsemble.from_arrays(arrays, "t").predict_trees(probe), expected)
+    path = tmp_path / "trees.forest"
+    path.write_bytes(encode_arrays({"note": "header"}, ensemble.arrays("t")))
+    header, arrays = load_arrays(path)
+    assert header == {"note": "header"}
+    np.testing.assert_array_equal(TreeEnsemble.from_arrays(arrays, "t").predict_trees(probe), expected)
+
+
+def test_a_damaged_forest_file_is_refused_not_followed(tmp_path) -> None:
+    from array import array
+
+    from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
+
+    # one tree: node 0 splits on feature 0 into leaves 1 and 2
+    good = {"t.roots": array("q", [0]), "t.left": array("q", [1, -1, -1]), "t.right": array("q", [2, -1, -1]),
+            "t.feature": array("q", [0, 0, 0]), "t.threshold": array("d", [0.5, 0, 0]),
+            "t.value": array("d", [0, 1.0, 2.0])}
+    assert TreeEnsemble.from_arrays(good, "t").predict_trees([[0.0], [1.0]]) == [[1.0, 2.0]]
+    looped = good | {"t.left": array("q", [1, 0, -1]), "t.right": array("q", [2, 0, -1])}  # node 1 back to 0
+    with pytest.raises(ValueError, match="point outside"):
+        TreeEnsemble.from_arrays(looped, "t")
+    with pytest.raises(ValueError, match="inconsistent"):
+        TreeEnsemble.from_arrays(good | {"t.value": array("d", [0, 1.0])}, "t")
+    data = encode_arrays({}, good)
+    for damaged, message in ((data[:-3], "truncated"), (data + b"x", "trailing"), (b"PK" + data, "not a modak")):
+        (tmp_path / "f").write_bytes(damaged)
+        with pytest.raises(ValueError, match=message):
+            load_arrays(tmp_path / "f")
 
 
 def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp_path) -> None:
@@ -245,7 +269,7 @@ def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp
     weights = [1.0] * len(rows)
     fresh = LearnedPredictor.fit(rows, weights)
     first = LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path)
-    saved = list(tmp_path.glob("*.npz"))
+    saved = list(tmp_path.glob("*.forest"))
     assert len(saved) == 1
     again = LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path)  # loaded, not refit
     examples = [example_from_row(r) for r in rows[:20]]
@@ -253,6 +277,6 @@ def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp
     assert again.coverage == fresh.coverage and again.rows == fresh.rows
     changed = rows[:-1]
     LearnedPredictor.cached(TrainingData.of(changed, weights[:-1]), folder=tmp_path)
-    assert len(list(tmp_path.glob("*.npz"))) == 2  # other data, another fit
+    assert len(list(tmp_path.glob("*.forest"))) == 2  # other data, another fit
     saved[0].write_bytes(b"not a model")  # a damaged cache file is refit, not trusted
     assert LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path).predict_examples(examples) == fresh.predict_examples(examples)

@@ -1,41 +1,50 @@
-"""A fitted regression forest as plain arrays: per-tree predictions in NumPy, saved without pickle.
+"""A fitted regression forest as flat node arrays: per-tree predictions in plain Python, saved without pickle.
 
 scikit-learn fits the forests; `modak plan` only predicts, and importing scikit-learn alone costs more than the
-whole plan should (about 1.4 s of a 2 s plan). A :class:`TreeEnsemble` keeps every tree's nodes in flat arrays
-(children, split feature, threshold, leaf value), predicts all trees for all rows at once, as scikit-learn's own
-trees do (rows cast to float32, ``x <= threshold`` goes left), and round-trips through ``numpy.savez`` loaded
-with ``allow_pickle=False``. The per-tree values are what the prediction interval is made of, so an ONNX export
-(which sums the trees inside the operator) would not do.
+whole plan should (about 1.4 s of a 2 s plan), importing NumPy about a seventh of it. A :class:`TreeEnsemble`
+keeps every tree's nodes in flat standard-library arrays (children, split feature, threshold, leaf value) and
+predicts as scikit-learn's own trees do (features rounded to float32, ``x <= threshold`` goes left): a plan
+predicts a few dozen candidates, a few thousand node visits per forest. The per-tree values are what the
+prediction interval is made of, so an ONNX export (which sums the trees inside the operator) would not do.
+
+Files (:func:`encode_arrays`, :func:`load_arrays`): a magic line, one line of JSON (a header and the arrays' names,
+types and lengths), then the arrays' bytes, little-endian. Only integer and float arrays are read; nothing in a
+file is executed.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from array import array
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 LEAF = -1  # scikit-learn's TREE_LEAF: a node without children
+MAGIC = b"modak-arrays 1\n"
+_TYPES = {"q": 8, "d": 8}  # int64, float64
+_NAMES = ("roots", "left", "right", "feature", "threshold", "value")
 
 
 @dataclass(frozen=True, eq=False)
 class TreeEnsemble:
     """Trees in flat node arrays; tree ``t``'s root is node ``roots[t]``; children are global node indices."""
 
-    roots: np.ndarray  # int64, one per tree
-    left: np.ndarray  # int64 per node, LEAF at leaves
-    right: np.ndarray  # int64 per node
-    feature: np.ndarray  # int64 per node (meaningless at leaves)
-    threshold: np.ndarray  # float64 per node
-    value: np.ndarray  # float64 per node: the leaf's prediction
-    depth: int  # the longest root-to-leaf path, in edges
+    roots: array  # int64, one per tree
+    left: array  # int64 per node, LEAF at leaves
+    right: array  # int64 per node
+    feature: array  # int64 per node (meaningless at leaves)
+    threshold: array  # float64 per node
+    value: array  # float64 per node: the leaf's prediction
 
     @classmethod
     def from_sklearn(cls, forest: Any) -> TreeEnsemble:
         """The trees of a fitted scikit-learn ``RandomForestRegressor`` (single output)."""
+        import numpy as np
+
         roots, left, right, feature, threshold, value = [], [], [], [], [], []
         offset = 0
-        depth = 0
         for estimator in forest.estimators_:
             tree = estimator.tree_
             leaves = tree.children_left == LEAF
@@ -46,47 +55,99 @@ class TreeEnsemble:
             threshold.append(tree.threshold)
             value.append(tree.value.reshape(tree.node_count, -1)[:, 0])
             offset += tree.node_count
-            depth = max(depth, int(tree.max_depth))
-        return cls(np.array(roots, dtype=np.int64), *(np.concatenate(a).astype(np.int64) for a in (left, right, feature)),
-                   np.concatenate(threshold).astype(np.float64), np.concatenate(value).astype(np.float64), depth)
+        return cls(array("q", roots), *(array("q", np.concatenate(a).astype(np.int64).tolist())
+                                        for a in (left, right, feature)),
+                   array("d", np.concatenate(threshold).astype(np.float64).tolist()),
+                   array("d", np.concatenate(value).astype(np.float64).tolist()))
 
     @property
     def trees(self) -> int:
         return len(self.roots)
 
-    def predict_trees(self, X: np.ndarray) -> np.ndarray:
-        """Each tree's prediction for each row of ``X``: shape (trees, rows)."""
-        X = np.asarray(X, dtype=np.float32)
-        rows = np.arange(len(X))
-        node = np.repeat(self.roots[:, None], len(X), axis=1)
-        for _ in range(self.depth):
-            inner = self.left[node] != LEAF
-            if not inner.any():
-                break
-            go_left = X[rows[None, :], self.feature[node]] <= self.threshold[node]
-            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
-        return self.value[node]
+    def predict_trees(self, X: Sequence[Sequence[float]]) -> list[list[float]]:
+        """Each tree's prediction for each row of ``X``: ``trees`` lists of ``len(X)`` values."""
+        rows = [array("f", row) for row in X]  # scikit-learn compares float32 features
+        left, right, feature, threshold, value = self.left, self.right, self.feature, self.threshold, self.value
+        out = []
+        for root in self.roots:
+            per_row = []
+            for row in rows:
+                node = root
+                while left[node] != LEAF:
+                    node = left[node] if row[feature[node]] <= threshold[node] else right[node]
+                per_row.append(value[node])
+            out.append(per_row)
+        return out
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X: Sequence[Sequence[float]]) -> list[float]:
         """The forest's prediction (mean over trees) for each row of ``X``."""
-        return self.predict_trees(X).mean(axis=0)
+        per_tree = self.predict_trees(X)
+        return [sum(column) / len(per_tree) for column in zip(*per_tree)]
 
-    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
-        """The ensemble as named arrays (for ``numpy.savez``)."""
-        return {f"{prefix}.{name}": getattr(self, name) for name in ("roots", "left", "right", "feature", "threshold",
-                                                                     "value")} | {
-            f"{prefix}.depth": np.array(self.depth, dtype=np.int64)}
+    def arrays(self, prefix: str) -> dict[str, array]:
+        """The ensemble as named arrays (for :func:`encode_arrays`)."""
+        return {f"{prefix}.{name}": getattr(self, name) for name in _NAMES}
 
     @classmethod
-    def from_arrays(cls, arrays: Any, prefix: str) -> TreeEnsemble:
-        """Inverse of :meth:`arrays`; checks the node arrays agree, so a damaged file fails here."""
-        parts = {name: np.asarray(arrays[f"{prefix}.{name}"]) for name in ("roots", "left", "right", "feature",
-                                                                           "threshold", "value")}
+    def from_arrays(cls, arrays: Mapping[str, array], prefix: str) -> TreeEnsemble:
+        """Inverse of :meth:`arrays`; checks the node arrays agree and every path ends at a leaf within bounds
+        (children point forward, as scikit-learn numbers them), so a damaged file fails here, not in a loop."""
+        parts = {name: arrays[f"{prefix}.{name}"] for name in _NAMES}
+        if [parts[n].typecode for n in _NAMES] != ["q", "q", "q", "q", "d", "d"]:
+            raise ValueError(f"wrong array types for {prefix}")
         nodes = len(parts["left"])
-        if any(len(parts[name]) != nodes for name in ("right", "feature", "threshold", "value")) or not (
-                parts["roots"].size and nodes and parts["left"].max() < nodes and parts["right"].max() < nodes
-                and parts["roots"].max() < nodes):
+        if not parts["roots"] or any(len(parts[n]) != nodes for n in ("right", "feature", "threshold", "value")):
             raise ValueError(f"inconsistent tree arrays for {prefix}")
-        return cls(parts["roots"].astype(np.int64), parts["left"].astype(np.int64), parts["right"].astype(np.int64),
-                   parts["feature"].astype(np.int64), parts["threshold"].astype(np.float64),
-                   parts["value"].astype(np.float64), int(arrays[f"{prefix}.depth"]))
+        if any(not 0 <= r < nodes for r in parts["roots"]) or any(
+                (lo != LEAF or hi != LEAF) and not (i < lo < nodes and i < hi < nodes)
+                for i, (lo, hi) in enumerate(zip(parts["left"], parts["right"]))):
+            raise ValueError(f"tree arrays for {prefix} point outside the trees")
+        return cls(**parts)
+
+
+def encode_arrays(header: Mapping[str, Any], arrays: Mapping[str, array]) -> bytes:
+    """The bytes of a file holding ``header`` (JSON) and ``arrays`` (int64 ``q`` or float64 ``d``)."""
+    index = [[name, values.typecode, len(values)] for name, values in arrays.items()]
+    if any(code not in _TYPES for _, code, _ in index):
+        raise ValueError("only int64 and float64 arrays are saved")
+    chunks = [MAGIC, json.dumps({"header": header, "arrays": index}).encode() + b"\n"]
+    for values in arrays.values():
+        chunks.append(_little_endian(values).tobytes())
+    return b"".join(chunks)
+
+
+def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
+    """The header and arrays of a file of :func:`encode_arrays`' bytes; a damaged file is a ValueError."""
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        raise ValueError(f"{path} is not a modak arrays file")
+    try:
+        end = data.index(b"\n", len(MAGIC))
+        meta = json.loads(data[len(MAGIC):end])
+        header, index = dict(meta["header"]), [(str(n), str(c), int(k)) for n, c, k in meta["arrays"]]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: bad index ({exc})") from None
+    position = end + 1
+    arrays: dict[str, array] = {}
+    for name, code, length in index:
+        if code not in _TYPES or length < 0:
+            raise ValueError(f"{path}: bad array entry {name!r}")
+        size = _TYPES[code] * length
+        if position + size > len(data):
+            raise ValueError(f"{path} is truncated")
+        values = array(code)
+        values.frombytes(data[position:position + size])
+        arrays[name] = _little_endian(values)
+        position += size
+    if position != len(data):
+        raise ValueError(f"{path} has trailing bytes")
+    return header, arrays
+
+
+def _little_endian(values: array) -> array:
+    """``values`` in (or from) little-endian order: a copy, swapped, on a big-endian machine."""
+    if sys.byteorder == "little":
+        return values
+    swapped = array(values.typecode, values)
+    swapped.byteswap()
+    return swapped

@@ -14,16 +14,13 @@ recipe parameter as its ``feature`` declares.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import statistics
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from modak.measurements.store import Measurement
 from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_key
@@ -31,11 +28,14 @@ from modak.candidates.enumerate import Candidate
 from modak.paths import cache_dir, write_atomic
 from modak.predict.base import Prediction, PredictionRequest
 from modak.predict import forest
-from modak.predict.forest import TreeEnsemble
+from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
 from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TREES = 100
 MIN_ROWS = 5  # rows of a (runtime, device, precision) the model needs before it is trusted for it
@@ -197,6 +197,7 @@ def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weig
     a machine's offset from its own error and moves nothing. With data from one machine only there is
     nothing to compare against, and no offset.
     """
+    import numpy as np
     from sklearn.ensemble import RandomForestRegressor
 
     counts: dict[tuple, int] = {}
@@ -279,6 +280,7 @@ class LearnedPredictor:
     def fit(cls, rows: Iterable[Measurement], weights: Sequence[float] | None = None, seed: int = 0,
             catalog: Mapping[str, Recipe] | None = None) -> LearnedPredictor:
         """Fit on ``rows`` (weighted), with columns from ``catalog`` (default: the shipped recipes)."""
+        import numpy as np
         from sklearn.ensemble import RandomForestRegressor
 
         pairs = [(r, w) for r, w in zip(rows, weights if weights is not None else _ones())
@@ -317,7 +319,7 @@ class LearnedPredictor:
         ``refit``, fits and rewrites it."""
         catalog = catalog if catalog is not None else load_catalog()
         folder = folder if folder is not None else cache_dir() / "learned"
-        path = folder / f"{fit_key(data.key, catalog)}.npz"
+        path = folder / f"{fit_key(data.key, catalog)}.forest"
         if not refit:
             try:
                 return cls.load(path, catalog)
@@ -326,26 +328,24 @@ class LearnedPredictor:
         rows, weights = data.load()
         model = cls.fit(rows, weights, catalog=catalog)
         model.save(path)
-        for old in sorted(folder.glob("*.npz"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
+        for old in sorted(folder.glob("*.forest"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
             old.unlink(missing_ok=True)
         return model
 
     def save(self, path: Path) -> None:
-        """Write the fitted model to ``path`` (a NumPy ``.npz`` of plain arrays and a JSON header), atomically."""
+        """Write the fitted model to ``path`` (plain arrays and a JSON header, :mod:`modak.predict.forest`),
+        atomically."""
         header = {"rows": self.rows, "coverage": sorted(self.coverage),
                   "machine_offsets": [[list(m), offset] for m, offset in sorted(self.machine_offsets.items())]}
-        buffer = io.BytesIO()
-        np.savez(buffer, header=np.array(json.dumps(header)), **self._utilization.arrays("utilization"),
-                 **self._compile.arrays("compile"))
-        write_atomic(path, buffer.getvalue())
+        write_atomic(path, encode_arrays(header, self._utilization.arrays("utilization")
+                                         | self._compile.arrays("compile")))
 
     @classmethod
     def load(cls, path: Path, catalog: Mapping[str, Recipe]) -> LearnedPredictor:
-        """A model written by :meth:`save` (read with ``allow_pickle=False``)."""
-        with np.load(path, allow_pickle=False) as arrays:
-            header = json.loads(str(arrays["header"]))
-            utilization = TreeEnsemble.from_arrays(arrays, "utilization")
-            compile_ = TreeEnsemble.from_arrays(arrays, "compile")
+        """A model written by :meth:`save`."""
+        header, arrays = load_arrays(path)
+        utilization = TreeEnsemble.from_arrays(arrays, "utilization")
+        compile_ = TreeEnsemble.from_arrays(arrays, "compile")
         offsets = {tuple(machine): float(offset) for machine, offset in header["machine_offsets"]}
         coverage = frozenset((runtime, device, precision) for runtime, device, precision in header["coverage"])
         return cls(utilization, compile_, offsets, coverage, int(header["rows"]), catalog)
@@ -365,17 +365,19 @@ class LearnedPredictor:
         convolutions do fewer FLOPs than 2 x MACs), so predictions are not clamped to it."""
         if not examples:
             return []
-        X = np.array([self.features.row(e) for e in examples])
+        X = [self.features.row(e) for e in examples]
         per_tree = self._utilization.predict_trees(X)  # trees x examples
-        compile_s = np.maximum(0.0, np.expm1(self._compile.predict(X)))
+        compile_s = [max(0.0, math.expm1(value)) for value in self._compile.predict(X)]
         results = []
         for i, example in enumerate(examples):
-            trees = per_tree[:, i] + self.machine_offsets.get(example.machine, 0.0)
+            offset = self.machine_offsets.get(example.machine, 0.0)
+            trees = [tree[i] + offset for tree in per_tree]
+            deciles = statistics.quantiles(trees, n=10, method="inclusive")  # as numpy.percentile (linear)
             bound = example.bound_seconds
-            step = bound / math.exp(float(trees.mean()))
-            low = bound / math.exp(float(np.percentile(trees, 90)))
-            high = bound / math.exp(float(np.percentile(trees, 10)))
-            compile_total = float(compile_s[i]) + self._tuning_seconds(example)
+            step = bound / math.exp(statistics.fmean(trees))
+            low = bound / math.exp(deciles[-1])
+            high = bound / math.exp(deciles[0])
+            compile_total = compile_s[i] + self._tuning_seconds(example)
             results.append((step, min(low, step), max(high, step), compile_total))
         return results
 

@@ -134,7 +134,7 @@ def workload_rows(plan: Plan, store: Path | None = None) -> list[tuple[Measureme
     batch and input shapes, measured on a machine of the target's name or on the same hardware (CPU: same
     microarchitecture and core count; GPU: same GPU model). A local row replaces a shipped row of the same
     configuration. Each row comes with where it came from."""
-    from modak.predict.evaluate import local_rows, ok_rows, shipped_rows
+    from modak.predict.training import local_rows, ok_rows, shipped_rows
 
     local = ok_rows(local_rows(store))
     keys = {r.key for r in local}
