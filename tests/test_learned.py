@@ -250,13 +250,18 @@ def test_a_damaged_forest_file_is_refused_not_followed(tmp_path) -> None:
     # one tree: node 0 splits on feature 0 into leaves 1 and 2
     good = {"t.roots": array("q", [0]), "t.left": array("q", [1, -1, -1]), "t.right": array("q", [2, -1, -1]),
             "t.feature": array("q", [0, 0, 0]), "t.threshold": array("d", [0.5, 0, 0]),
-            "t.value": array("d", [0, 1.0, 2.0])}
+            "t.value": array("d", [0, 1.0, 2.0]), "t.depth": array("q", [1])}
     assert TreeEnsemble.from_arrays(good, "t").predict_trees([[0.0], [1.0]]) == [[1.0, 2.0]]
     looped = good | {"t.left": array("q", [1, 0, -1]), "t.right": array("q", [2, 0, -1])}  # node 1 back to 0
+    assert TreeEnsemble.from_arrays(looped, "t").predict_trees([[0.0]]) == [[1.0]]  # a walk stops at depth
     with pytest.raises(ValueError, match="point outside"):
-        TreeEnsemble.from_arrays(looped, "t")
+        TreeEnsemble.from_arrays(good | {"t.right": array("q", [3, -1, -1])}, "t")
     with pytest.raises(ValueError, match="inconsistent"):
         TreeEnsemble.from_arrays(good | {"t.value": array("d", [0, 1.0])}, "t")
+    with pytest.raises(ValueError, match="wrong array types"):
+        TreeEnsemble.from_arrays(good | {"t.left": array("d", [1, -1, -1])}, "t")
+    with pytest.raises(ValueError, match="a row has fewer"):
+        TreeEnsemble.from_arrays(good | {"t.feature": array("q", [2, 0, 0])}, "t").predict_trees([[0.0]])
     data = encode_arrays({}, good)
     for damaged, message in ((data[:-3], "truncated"), (data + b"x", "trailing"), (b"PK" + data, "not a modak")):
         (tmp_path / "f").write_bytes(damaged)

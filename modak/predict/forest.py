@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 LEAF = -1  # scikit-learn's TREE_LEAF: a node without children
 MAGIC = b"modak-arrays 1\n"
 _TYPES = {"q": 8, "d": 8}  # int64, float64
-_NAMES = ("roots", "left", "right", "feature", "threshold", "value")
+_NAMES = ("roots", "left", "right", "feature", "threshold", "value", "depth")
+_CODES = ("q", "q", "q", "q", "d", "d", "q")
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +38,7 @@ class TreeEnsemble:
     feature: array  # int64 per node (meaningless at leaves)
     threshold: array  # float64 per node
     value: array  # float64 per node: the leaf's prediction
+    depth: array  # int64, one value: the longest root-to-leaf path, in edges (no walk takes more steps)
 
     @classmethod
     def from_sklearn(cls, forest: Any) -> TreeEnsemble:
@@ -45,6 +47,7 @@ class TreeEnsemble:
 
         roots, left, right, feature, threshold, value = [], [], [], [], [], []
         offset = 0
+        depth = 0
         for estimator in forest.estimators_:
             tree = estimator.tree_
             leaves = tree.children_left == LEAF
@@ -55,10 +58,11 @@ class TreeEnsemble:
             threshold.append(tree.threshold)
             value.append(tree.value.reshape(tree.node_count, -1)[:, 0])
             offset += tree.node_count
+            depth = max(depth, int(tree.max_depth))
         return cls(array("q", roots), *(array("q", np.concatenate(a).astype(np.int64).tolist())
                                         for a in (left, right, feature)),
                    array("d", np.concatenate(threshold).astype(np.float64).tolist()),
-                   array("d", np.concatenate(value).astype(np.float64).tolist()))
+                   array("d", np.concatenate(value).astype(np.float64).tolist()), array("q", [depth]))
 
     @property
     def trees(self) -> int:
@@ -67,13 +71,18 @@ class TreeEnsemble:
     def predict_trees(self, X: Sequence[Sequence[float]]) -> list[list[float]]:
         """Each tree's prediction for each row of ``X``: ``trees`` lists of ``len(X)`` values."""
         rows = [array("f", row) for row in X]  # scikit-learn compares float32 features
+        if any(len(row) <= max(self.feature) for row in rows):
+            raise ValueError(f"the trees split on {max(self.feature) + 1} features; a row has fewer")
         left, right, feature, threshold, value = self.left, self.right, self.feature, self.threshold, self.value
+        steps = range(self.depth[0])
         out = []
         for root in self.roots:
             per_row = []
             for row in rows:
                 node = root
-                while left[node] != LEAF:
+                for _ in steps:
+                    if left[node] == LEAF:
+                        break
                     node = left[node] if row[feature[node]] <= threshold[node] else right[node]
                 per_row.append(value[node])
             out.append(per_row)
@@ -90,17 +99,18 @@ class TreeEnsemble:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, array], prefix: str) -> TreeEnsemble:
-        """Inverse of :meth:`arrays`; checks the node arrays agree and every path ends at a leaf within bounds
-        (children point forward, as scikit-learn numbers them), so a damaged file fails here, not in a loop."""
+        """Inverse of :meth:`arrays`; checks the arrays' types and lengths and that every index is a node, so a
+        damaged file fails here (and no walk is longer than ``depth``, so none loops)."""
         parts = {name: arrays[f"{prefix}.{name}"] for name in _NAMES}
-        if [parts[n].typecode for n in _NAMES] != ["q", "q", "q", "q", "d", "d"]:
+        if tuple(parts[n].typecode for n in _NAMES) != _CODES:
             raise ValueError(f"wrong array types for {prefix}")
         nodes = len(parts["left"])
-        if not parts["roots"] or any(len(parts[n]) != nodes for n in ("right", "feature", "threshold", "value")):
+        if not parts["roots"] or len(parts["depth"]) != 1 or any(
+                len(parts[n]) != nodes for n in ("right", "feature", "threshold", "value")):
             raise ValueError(f"inconsistent tree arrays for {prefix}")
-        if any(not 0 <= r < nodes for r in parts["roots"]) or any(
-                (lo != LEAF or hi != LEAF) and not (i < lo < nodes and i < hi < nodes)
-                for i, (lo, hi) in enumerate(zip(parts["left"], parts["right"]))):
+        if not (0 <= min(parts["roots"]) and max(parts["roots"]) < nodes and min(parts["left"]) >= LEAF
+                and max(parts["left"]) < nodes and min(parts["right"]) >= LEAF and max(parts["right"]) < nodes
+                and min(parts["feature"]) >= 0 and 0 <= parts["depth"][0] <= nodes):
             raise ValueError(f"tree arrays for {prefix} point outside the trees")
         return cls(**parts)
 
