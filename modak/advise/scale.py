@@ -236,7 +236,7 @@ class Fit:
     def to_dict(self) -> dict[str, Any]:
         return {"fitted": list(self.fitted), "defaults": list(self.kept),
                 "points": [{"workers": n, "measured_seconds": _round(m), "predicted_seconds": _round(p),
-                            "error": _round(p / m - 1)} for n, m, p in self.residuals()],
+                            "error": round(p / m - 1, 6)} for n, m, p in self.residuals()],
                 "notes": list(self.notes)}
 
 
