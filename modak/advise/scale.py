@@ -436,7 +436,6 @@ class ScaleAdvice:
     limit: int | None  # the most workers asked for (scaling.max_workers, --max-workers)
     gradient_dtype: str
     model: ScalingModel  # fitted where measured points were given
-    default: ScalingModel  # before the fit
     points: tuple[Point, ...]
     chosen: Point
     fit: Fit | None
@@ -472,20 +471,25 @@ def advise(plan: Plan, scaling: Scaling | None = None, max_workers: int | None =
     points_measured = {**spec.measured, **(measured or {})}
     limit = max_workers or spec.max_workers
     default = scaling_model(plan, spec.gradient_dtype, single_node)
-    result = fit(default, points_measured) if points_measured else None
+    try:
+        result = fit(default, points_measured) if points_measured else None
+    except InputError as exc:
+        if measured:  # the command line's points
+            raise
+        raise loaded.job_doc.error(("scaling", "measured"), exc.message) from None
     model = result.model if result else default
     points = tuple(model.predict(n) for n in model.worker_counts(limit))
     chosen = max((p for p in points if p.efficiency >= spec.min_efficiency - 1e-12), key=lambda p: p.workers)
     batch = int(job.model.batch_size)
     advice = ScaleAdvice(job.name, loaded.target.name, plan.choice.candidate.name, batch, spec.min_efficiency,
-                         limit, spec.gradient_dtype, model, default, points, chosen, result, ())
+                         limit, spec.gradient_dtype, model, points, chosen, result, ())
     return replace(advice, reasons=_reasons(advice, plan, single_node))
 
 
 def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, ...]:
     model, chosen, batch = advice.model, advice.chosen, advice.batch_size
     target = plan.loaded.target
-    worker = "GPU" if model.intra is not None or plan.choice.candidate.device == "gpu" else "node"
+    worker = "GPU" if plan.choice.candidate.device == "gpu" else "node"
     reasons = []
     after = next((p for p in advice.points if p.workers > chosen.workers), None)
     top = advice.points[-1]
@@ -499,7 +503,8 @@ def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, .
     elif model.network is None and target.nodes > 1:
         why = "the target's nodes are not connected (network.interconnect none)"
     else:
-        why = f"the target has no more ({target.nodes} node(s) x {model.workers_per_node} {worker}(s))"
+        why = (f"the target has no more ({target.nodes} node(s) x {model.workers_per_node} GPU(s))" if worker == "GPU"
+               else f"the target has no more ({target.nodes} node(s), one worker each)")
     reasons.append(f"chose {chosen.workers} worker(s) ({chosen.nodes} node(s) x {chosen.per_node}): predicted "
                    f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {_ms(chosen.step_s)} per step, "
                    f"{chosen.samples_per_second(batch):.4g} samples/s; {why}")
