@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import modak
+from modak.advise.scale import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.paths import data_dir
 from modak.render.package import wheel_name
@@ -348,8 +349,6 @@ def _job_script(plan: Plan, image: Image, command: tuple[str, ...]) -> JobScript
         default_command=SELF_TEST_COMMAND if _serves(job) else ())
     if job.scaling is None:
         return script
-    from modak.advise.scale import advise
-
     # A job script without a scheduler runs on the node it is started on: one node at most.
     chosen = advise(plan, single_node=scheduler.kind == "none").chosen
     summary = (f"{chosen.workers} data-parallel worker(s), {chosen.nodes} node(s) x {chosen.per_node}: predicted "
