@@ -105,6 +105,16 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--seeds", type=int, default=3,
                      help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
 
+    sub = command("scale", _cmd_scale, "predict data-parallel training on 1..N workers (step time, throughput, "
+                                        "efficiency) and the largest N that keeps the job's min_efficiency")
+    job_args(sub)
+    sub.add_argument("--max-workers", type=int, metavar="N",
+                     help="most workers to consider (default: scaling.max_workers, else all the target has)")
+    sub.add_argument("--measured", nargs="+", default=[], metavar="N=SECONDS",
+                     help="measured seconds per step with N workers (e.g. 1=0.210 2=0.236): the model fits its "
+                          "bandwidth, overlap and latency to them, as far as the points determine them")
+    sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
+
     sub = command("render", _cmd_render, "write Dockerfile, Singularity.def, entrypoint, job script and plan")
     job_args(sub)
     sub.add_argument("-o", "--output", type=Path, required=True, help="output folder (a build context)")
@@ -233,6 +243,67 @@ def _cmd_model(args: argparse.Namespace) -> int:
         count = sum((r.runtime, r.device, r.precision) == (runtime, device, precision) for r in usable)
         print(f"  covers {runtime}/{device}/{precision}: {count} rows")
     return 0
+
+
+def _measured_points(values: list[str]) -> dict[int, float]:
+    points: dict[int, float] = {}
+    for value in values:
+        workers, _, seconds = value.partition("=")
+        try:
+            count, step = int(workers), float(seconds)
+        except ValueError:
+            count, step = 0, 0.0
+        if count < 1 or not step > 0 or step == float("inf"):
+            raise InputError(f"--measured {value}: give WORKERS=SECONDS, e.g. 2=0.236 (a positive whole number of "
+                             "workers and seconds per step)")
+        points[count] = step
+    return points
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    from modak.advise.scale import advise
+
+    if args.max_workers is not None and args.max_workers < 1:
+        raise InputError(f"--max-workers {args.max_workers}: give a positive number of workers")
+    measured = _measured_points(args.measured)
+    plan = _plan(args)
+    advice = advise(plan, max_workers=args.max_workers, measured=measured,
+                    single_node=plan.loaded.target.scheduler.kind == "none")
+    if args.json:
+        print(json.dumps(advice.to_dict(), indent=2, sort_keys=True))
+    else:
+        _print_scale(advice)
+    return 0
+
+
+def _print_scale(advice: Any) -> None:
+    from rich.table import Table
+
+    console = _console()
+    console.print(f"[bold]{advice.job}[/] on [bold]{advice.target}[/]: data-parallel training of "
+                  f"{advice.candidate}, batch {advice.batch_size} per worker, min_efficiency "
+                  f"{advice.min_efficiency:g}")
+    table = Table()
+    for column in ("workers", "nodes x per node", "step ms", "samples/s", "efficiency", "all-reduce ms",
+                   "exposed ms", "comm share", "algorithm"):
+        table.add_column(column, justify="left" if column == "algorithm" else "right")
+    for point in advice.points:
+        mark = "* " if point.workers == advice.chosen.workers else ""
+        table.add_row(f"{mark}{point.workers}", f"{point.nodes} x {point.per_node}", f"{point.step_s * 1e3:.4g}",
+                      f"{point.samples_per_second(advice.batch_size):.4g}", f"{point.efficiency:.3f}",
+                      f"{point.comm_s * 1e3:.3g}", f"{point.exposed_s * 1e3:.3g}", f"{point.comm_share:.0%}",
+                      point.algorithm or "")
+    console.print(table)
+    if advice.fit:
+        fitted = Table(title="fit: measured vs predicted", title_justify="left")
+        for column in ("workers", "measured ms", "predicted ms", "error"):
+            fitted.add_column(column, justify="right")
+        for workers, measured, predicted in advice.fit.residuals():
+            fitted.add_row(str(workers), f"{measured * 1e3:.4g}", f"{predicted * 1e3:.4g}",
+                           f"{predicted / measured - 1:+.1%}")
+        console.print(fitted)
+    for reason in advice.reasons:
+        console.print(f"- {reason}", highlight=False)
 
 
 def _cmd_render(args: argparse.Namespace) -> int:

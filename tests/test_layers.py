@@ -25,6 +25,7 @@ LAYERS = {
     "measurements": 6,
     "predict": 7,
     "plan": 8,
+    "advise": 8.5,  # advice beyond one machine from a plan (modak scale); job scripts request what it chooses
     "render": 9, "bench": 9,
     "build": 10, "report": 10, "integrations": 10,
     "api": 11,

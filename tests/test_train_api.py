@@ -70,6 +70,19 @@ def test_fp32_plan_threads_and_a_falling_loss(tmp_path: Path, monkeypatch: pytes
     assert "runtime pytorch on cpu, precision fp32" in step.describe() and "1 threads" in step.describe()
 
 
+def test_processes_of_torchrun_share_the_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job with scaling starts LOCAL_WORLD_SIZE processes per node: each takes its share of the threads."""
+    monkeypatch.setenv("MODAK_THREADS", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a CPU plan: no GPU to pick
+    net = _net()
+    _, _, step = modak_torch.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), plan=_plan(tmp_path))
+    assert step.threads == 2 and torch.get_num_threads() == 2 and step.device.type == "cpu"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    _, _, step = modak_torch.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), plan=_plan(tmp_path))
+    assert step.threads == 1
+
+
 def test_bf16_channels_last_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODAK_THREADS", "2")
     net = _net()

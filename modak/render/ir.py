@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
 import modak
+from modak.advise.scale import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.paths import data_dir, read_data_yaml
 from modak.render.package import wheel_name
@@ -46,6 +47,7 @@ BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 SERVE_COMMAND = ("modak", "serve")  # the default command of inference images
 SELF_TEST_COMMAND = ("modak", "self-test")  # the default of training images without a command; the smoke test
 SERVE_PORT = 8080
+RENDEZVOUS_PORT = 29500  # torchrun's c10d rendezvous on the first node of a job of several nodes
 USER_NAME = "modak"
 USER_UID = 1000
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -136,8 +138,15 @@ class JobScript:
     log_file: str
     # what the script runs when given no arguments, instead of the image's default command: a batch job cannot
     # run a server that never ends, so an inference image's job runs its self-test (``modak run ...`` as
-    # arguments runs batch inference); empty: the image's default command
+    # arguments runs batch inference); a job of several workers hands the job's command to torchrun; empty: the
+    # image's default command
     default_command: tuple[str, ...] = ()
+    # data-parallel training (the job's ``scaling``, :mod:`modak.advise.scale`): processes in all and per node,
+    # each started by torchrun (one torchrun per node); 1: one process, as the plan measured it
+    workers: int = 1
+    workers_per_node: int = 1
+    scaling_summary: str = ""  # one line: the chosen worker count and its predicted efficiency
+    rendezvous_port: int = RENDEZVOUS_PORT
 
     @property
     def family(self) -> str:
@@ -228,7 +237,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
         image=image, base=base, apt_packages=tuple(_unique(apt)),
         build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=_pip_step(plan),
         copies=tuple(copies), runtime_env=runtime_env, labels=_labels(plan, image, base, created),
-        command=command, context=tuple(context), job=_job_script(plan, image),
+        command=command, context=tuple(context), job=_job_script(plan, image, command),
         plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
         runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", ports=(SERVE_PORT,) if serving else (),
         templates=files.templates)
@@ -323,19 +332,32 @@ def _base_image(logical: str, loaded: LoadedJob) -> BaseImage:
     return BaseImage(logical, mapped or default["image"], default["gcc"] if default else None)
 
 
-def _job_script(plan: Plan, image: Image) -> JobScript:
+def _job_script(plan: Plan, image: Image, command: tuple[str, ...]) -> JobScript:
     loaded = plan.loaded
     job, target = loaded.job, loaded.target
     scheduler, engine = target.scheduler, target.container.engine
     log = {"slurm": f"{job.name}-%j.out", "pbs": f"{job.name}.out", "none": f"{job.name}.log"}[scheduler.kind]
-    return JobScript(
+    gpu = plan.choice.candidate.device == "gpu"
+    script = JobScript(
         scheduler=scheduler.kind, name=job.name, partition=scheduler.partition, account=scheduler.account,
         qos=scheduler.qos, time_limit=scheduler.time_limit, walltime=_pbs_walltime(scheduler.time_limit),
         nodes=1,  # the plan runs one process on one node
         cpus_per_task=plan.ceilings.cores,
-        gpus=plan.ceilings.gpu_count if plan.choice.candidate.device == "gpu" else 0,
+        gpus=plan.ceilings.gpu_count if gpu else 0,
         engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data, log_file=log,
         default_command=SELF_TEST_COMMAND if _serves(job) else ())
+    if job.scaling is None:
+        return script
+    # A job script without a scheduler runs on the node it is started on: one node at most.
+    chosen = advise(plan, single_node=scheduler.kind == "none").chosen
+    summary = (f"{chosen.workers} data-parallel worker(s), {chosen.nodes} node(s) x {chosen.per_node}: predicted "
+               f"efficiency {chosen.efficiency:.2f} (min_efficiency {job.scaling.min_efficiency:g}; modak scale)"
+               + ("; one node at most: without a scheduler, the script starts no processes on other nodes"
+                  if scheduler.kind == "none" and target.nodes > 1 else ""))
+    if chosen.workers == 1:
+        return replace(script, scaling_summary=summary)
+    return replace(script, nodes=chosen.nodes, gpus=chosen.per_node if gpu else 0, workers=chosen.workers,
+                   workers_per_node=chosen.per_node, default_command=command, scaling_summary=summary)
 
 
 def _serves(job: Any) -> bool:

@@ -18,6 +18,11 @@ What the plan's deployment (``$MODAK_PLAN``, the image's ``plan.json``) decides,
 with TF32 on only for ``tf32``), ``channels_last`` (the model, and 4-D inputs through :meth:`Step.inputs`),
 ``torch.compile`` with the plan's mode (runtime ``torch-compile``), autocast for ``bf16``/``fp16`` and a gradient
 scaler for ``fp16``. A plan whose runtime is not a PyTorch runtime is refused.
+
+Started by torchrun (a job with ``scaling``: one process per worker), each process takes the GPU of its
+``LOCAL_RANK`` and its share of the threads (``LOCAL_WORLD_SIZE`` processes share the node). Distributed training
+itself stays the script's: ``torch.distributed.init_process_group()`` and ``DistributedDataParallel`` around the
+model that :func:`prepare` returns.
 """
 
 from __future__ import annotations
@@ -121,6 +126,10 @@ def prepare(model: Any, optimizer: Any, *, plan: str | Path | None = None) -> tu
     threads = _threads(deployment)
     torch.set_num_threads(threads)
     device = torch.device("cuda" if deployment.device == "gpu" else "cpu")
+    local_rank = os.environ.get("LOCAL_RANK", "")
+    if device.type == "cuda" and local_rank.isdigit():  # torchrun: one GPU per process
+        device = torch.device("cuda", int(local_rank))
+        torch.cuda.set_device(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = deployment.precision == "tf32"
         torch.backends.cudnn.allow_tf32 = deployment.precision == "tf32"
@@ -135,6 +144,9 @@ def prepare(model: Any, optimizer: Any, *, plan: str | Path | None = None) -> tu
 
 
 def _threads(deployment: Deployment) -> int:
-    """The threads the image's entrypoint set (``$MODAK_THREADS``), else the plan's policy on this allocation."""
+    """The threads the image's entrypoint set (``$MODAK_THREADS``), else the plan's policy on this allocation;
+    divided among the ``$LOCAL_WORLD_SIZE`` processes torchrun started on this node."""
     given = os.environ.get("MODAK_THREADS", "")
-    return int(given) if given.isdigit() else int(environment(deployment)["MODAK_THREADS"])
+    threads = int(given) if given.isdigit() else int(environment(deployment)["MODAK_THREADS"])
+    processes = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return max(1, threads // int(processes)) if processes.isdigit() and int(processes) > 1 else threads

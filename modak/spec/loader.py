@@ -40,6 +40,13 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
     modak runs on, for a target ``local`` and a target file's ``cpu: local``."""
     job, job_doc = load_spec(job_path, Job)
     _check_auto_batch(job, job_doc)
+    if job.scaling is not None and job.task is not Task.training:
+        raise job_doc.error(("scaling",), "data-parallel scaling is for training jobs (an inference job scales by "
+                                          "running more replicas, each its own job)")
+    if job.scaling is not None and not (job.entrypoint and job.entrypoint.command):
+        raise job_doc.error(("scaling",), "scaling runs the job's own training script once per worker (torchrun "
+                                          "gives each process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR); modak's "
+                                          "runner trains in one process: give entrypoint.command")
     if target_path is None:
         if job.target is None:
             raise job_doc.error((), "no target: add a 'target:' field or pass --target FILE (or 'local')")

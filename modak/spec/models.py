@@ -152,6 +152,27 @@ class DataSpec(Strict):
     mount: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")] = "/data"
 
 
+class Scaling(Strict):
+    """Data-parallel training across GPUs and nodes (`modak scale`): how many workers the job script requests."""
+
+    min_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.8, description="Smallest parallel efficiency to accept: one worker's step time over the predicted step "
+                         "time with N workers at the same per-worker batch (weak scaling). The job runs on the "
+                         "largest N that keeps it.")
+    max_workers: PositiveInt | None = Field(
+        None, description="Most workers to consider (GPUs; nodes for a CPU job, one process each); default all "
+                          "the target has (nodes x gpus.count). Beyond one node, whole nodes only (rounded down).")
+    gradient_dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="What the gradients are all-reduced in. fp32 (default) under autocast, which keeps "
+                            "parameters and their gradients in fp32 (modak.runtime.torch does); bf16/fp16 when the "
+                            "training script compresses them (e.g. DDP's bf16_compress_hook) or trains a half "
+                            "model. Halves the bytes each step exchanges.")
+    measured: dict[PositiveInt, PositiveFloat] = Field(
+        default_factory=dict, description="Measured seconds per step by worker count, e.g. {1: 0.210, 2: 0.236} "
+                                          "(same per-worker batch): the model fits its parameters to them, as "
+                                          "`modak scale --measured` does, before choosing the worker count.")
+
+
 class Job(Strict):
     """A data scientist's job: what to run and what to optimize."""
 
@@ -171,6 +192,10 @@ class Job(Strict):
     data: DataSpec | None = None
     calibration: Calibration = Calibration()
     accuracy: Accuracy = Accuracy()
+    scaling: Scaling | None = Field(
+        None, description="Training only: scale out data-parallel (see `modak scale`); the job script then "
+                          "requests the largest worker count that keeps min_efficiency, and launches one process "
+                          "per worker with torchrun.")
 
 
 class CpuPeaks(Strict):
@@ -214,9 +239,17 @@ class Gpus(Strict):
 
 
 class Network(Strict):
-    interconnect: Literal["ethernet", "infiniband", "omnipath", "slingshot", "none"] = "ethernet"
-    bandwidth_gbps: PositiveFloat | None = None
-    latency_us: PositiveFloat | None = None
+    """How the nodes are connected; the scaling model's alpha and beta (recipes/hardware/interconnects.yaml
+    gives the defaults per interconnect)."""
+
+    interconnect: Literal["ethernet", "roce", "infiniband", "omnipath", "slingshot", "none"] = Field(
+        "ethernet", description="ethernet (TCP), roce (RDMA over Converged Ethernet), infiniband, omnipath, "
+                                "slingshot, or none (the nodes are not connected: jobs scale within one node).")
+    bandwidth_gbps: PositiveFloat | None = Field(
+        None, description="Each node's network bandwidth per direction, Gbit/s (a 200 Gbit/s HDR port: 200).")
+    latency_us: PositiveFloat | None = Field(
+        None, description="Latency of one step of a collective across the network, microseconds (default: "
+                          "NCCL's tuning constant, 14).")
 
 
 class Scheduler(Strict):

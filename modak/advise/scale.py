@@ -1,0 +1,545 @@
+"""Data-parallel training on several workers (GPUs; nodes for a CPU job): the predicted step time and parallel
+efficiency for 1..N workers, the largest N that keeps the job's ``scaling.min_efficiency``, and a fit of the
+model to measured step times (``modak scale``).
+
+The model (weak scaling: every worker keeps the job's batch, so N workers train on N x batch samples a step):
+
+* compute: one worker's step, the plan's prediction for its choice (or the measured one-worker step); the
+  backward pass is its share of the step's FLOPs (the analysis' rule: twice the forward pass, so about 2/3).
+* gradients: S = the trainable parameters x the bytes of the gradient dtype (fp32 under autocast), all-reduced
+  every step in buckets of ``bucket_mb`` (DDP's default, 25 MiB), one collective call each.
+* all-reduce, NCCL's own alpha-beta tuning model (NVIDIA/nccl ``src/graph/tuning.cc``), for N workers on n nodes
+  of g workers each::
+
+      ring: calls x (base + 2(N-n) alpha_intra + 2(n-1) alpha_net)           + 2(N-1)/N x S / beta
+      tree: calls x (base + 2((g-1) alpha_intra + ceil(log2 n) alpha_net))   + 2 S / beta
+
+  beta is the slowest link the collective crosses: the intra-node link (NVLink, PCIe) on one node, else the
+  lesser of it and the node's network bandwidth (the "bus bandwidth" of nccl-tests' doc/PERFORMANCE.md:
+  t = 2(N-1)/N x S / B for a ring). The faster algorithm is taken, as NCCL's tuner takes it.
+* overlap: buckets are all-reduced while the backward pass still runs, so a share ``overlap`` of the
+  communication hides behind it, at most the backward pass's length: exposed = comm - overlap x min(comm,
+  backward). Default: overlap = 1 - bucket/S (the last bucket can only start when the backward pass has ended,
+  the gradients assumed to become ready evenly through it).
+* step(N) = compute + exposed(N); efficiency(N) = step(1) / step(N).
+
+Defaults come from ``recipes/hardware/interconnects.yaml`` and ``gpus.yaml``; a target's ``network`` overrides
+the network's; :func:`fit` fits the parameters the measured points can identify.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from modak.documents import document
+from modak.errors import InputError
+from modak.paths import data_dir
+
+if TYPE_CHECKING:
+    from modak.plan import Plan
+    from modak.spec.models import Scaling
+
+ALGORITHMS = ("ring", "tree")
+GRADIENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes per gradient value, by scaling.gradient_dtype
+MIB = 1024 * 1024
+_SCALE_BOUNDS = (1e-3, 1e3)  # what a fitted factor on a default may be
+_PRIOR_WEIGHT = 1e-6  # pulls each fitted factor toward its default where the points do not determine it
+
+
+@lru_cache(maxsize=1)
+def interconnects() -> dict[str, Any]:
+    """``recipes/hardware/interconnects.yaml``: the links' default alphas and betas."""
+    return yaml.safe_load((data_dir("recipes") / "hardware" / "interconnects.yaml").read_text())
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of the hierarchy: the link between the workers of a node, or between nodes."""
+
+    kind: str  # nvlink, pcie4, infiniband, ethernet, ...
+    bandwidth_gbs: float  # beta: GB/s (1e9 bytes) per direction, of one GPU (intra-node) or one node (network)
+    latency_us: float  # alpha: one step of a collective
+    source: str  # where the two numbers come from, in words
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "bandwidth_gbs": _round(self.bandwidth_gbs),
+                "latency_us": _round(self.latency_us), "source": self.source}
+
+
+@dataclass(frozen=True)
+class Layout:
+    workers: int
+    nodes: int
+    per_node: int
+
+
+@dataclass(frozen=True)
+class Point:
+    """The prediction for one worker count."""
+
+    workers: int
+    nodes: int
+    per_node: int
+    step_s: float
+    compute_s: float
+    comm_s: float  # the all-reduce of one step, hidden or not
+    exposed_s: float  # the part of it the step waits for
+    algorithm: str | None  # ring or tree; None for one worker
+    efficiency: float
+
+    @property
+    def comm_share(self) -> float:
+        """The share of the step spent waiting for communication."""
+        return self.exposed_s / self.step_s
+
+    def samples_per_second(self, batch: int) -> float:
+        return self.workers * batch / self.step_s
+
+    def to_dict(self, batch: int) -> dict[str, Any]:
+        return {"workers": self.workers, "nodes": self.nodes, "workers_per_node": self.per_node,
+                "step_seconds": _round(self.step_s), "compute_seconds": _round(self.compute_s),
+                "allreduce_seconds": _round(self.comm_s), "exposed_comm_seconds": _round(self.exposed_s),
+                "comm_share": _round(self.comm_share), "algorithm": self.algorithm,
+                "samples_per_second": _round(self.samples_per_second(batch)),
+                "efficiency": _round(self.efficiency)}
+
+
+@dataclass(frozen=True)
+class ScalingModel:
+    """The alpha-beta model of one job on one target (see the module docstring)."""
+
+    compute_s: float  # one worker's step
+    backward_share: float  # of compute_s
+    gradient_bytes: float  # S
+    overlap: float  # share of the communication that can hide behind the backward pass
+    workers_per_node: int  # g
+    max_nodes: int
+    intra: Link | None  # None: one worker per node
+    network: Link | None  # None: one node only
+    bucket_bytes: float
+    base_latency_us: float
+    algorithms: tuple[str, ...] = ALGORITHMS
+
+    @property
+    def backward_s(self) -> float:
+        return self.compute_s * self.backward_share
+
+    @property
+    def calls(self) -> int:
+        """Collective calls a step: one per gradient bucket."""
+        return max(1, math.ceil(self.gradient_bytes / self.bucket_bytes))
+
+    @property
+    def max_workers(self) -> int:
+        return self.workers_per_node * self.max_nodes
+
+    def layout(self, workers: int) -> Layout:
+        """``workers`` as nodes x workers per node: a part of one node, or whole nodes."""
+        g = self.workers_per_node
+        if workers < 1 or (workers > g and workers % g):
+            raise ValueError(f"{workers} workers are neither part of one node nor whole nodes of {g}")
+        return Layout(workers, 1, workers) if workers <= g else Layout(workers, workers // g, g)
+
+    def allreduce_s(self, workers: int) -> dict[str, float]:
+        """Seconds of one step's all-reduce per algorithm (0 for one worker)."""
+        if workers == 1:
+            return {a: 0.0 for a in self.algorithms}
+        shape = self.layout(workers)
+        links = []
+        alpha_intra = alpha_net = 0.0
+        if shape.per_node > 1:
+            assert self.intra is not None
+            links.append(self.intra)
+            alpha_intra = self.intra.latency_us
+        if shape.nodes > 1:
+            if self.network is None:
+                raise ValueError(f"{workers} workers need {shape.nodes} nodes, but the nodes are not connected")
+            links.append(self.network)
+            alpha_net = self.network.latency_us
+        beta = min(link.bandwidth_gbs for link in links) * 1e9
+        n, g, size = shape.nodes, shape.per_node, self.gradient_bytes
+        times = {}
+        if "ring" in self.algorithms:
+            latency = self.base_latency_us + 2 * (workers - n) * alpha_intra + 2 * (n - 1) * alpha_net
+            times["ring"] = self.calls * latency * 1e-6 + 2 * (workers - 1) / workers * size / beta
+        if "tree" in self.algorithms:
+            latency = self.base_latency_us + 2 * ((g - 1) * alpha_intra + math.ceil(math.log2(n)) * alpha_net)
+            times["tree"] = self.calls * latency * 1e-6 + 2 * size / beta
+        return times
+
+    def exposed_s(self, comm_s: float) -> float:
+        """The communication the step waits for: what does not hide behind the backward pass."""
+        return comm_s - self.overlap * min(comm_s, self.backward_s)
+
+    def predict(self, workers: int) -> Point:
+        shape = self.layout(workers)
+        times = self.allreduce_s(workers)
+        algorithm = min(times, key=lambda a: times[a]) if workers > 1 else None
+        comm = times[algorithm] if algorithm else 0.0
+        exposed = self.exposed_s(comm)
+        step = self.compute_s + exposed
+        return Point(workers, shape.nodes, shape.per_node, step, self.compute_s, comm, exposed, algorithm,
+                     self.compute_s / step)
+
+    def worker_counts(self, limit: int | None = None) -> tuple[int, ...]:
+        """The counts to predict: powers of two within a node and the full node, then whole nodes by powers of
+        two, and the most there are (within ``limit``, whole nodes beyond one)."""
+        g = self.workers_per_node
+        top = min(limit or self.max_workers, self.max_workers)
+        if top > g:
+            top -= top % g
+        counts = {1, min(g, top), top}
+        k = 2
+        while k < min(g, top):
+            counts.add(k)
+            k *= 2
+        nodes = 2
+        while nodes * g <= top:
+            counts.add(nodes * g)
+            nodes *= 2
+        return tuple(sorted(counts))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compute_seconds": _round(self.compute_s), "backward_seconds": _round(self.backward_s),
+                "gradient_bytes": int(self.gradient_bytes), "bucket_bytes": int(self.bucket_bytes),
+                "allreduce_calls": self.calls, "overlap": _round(self.overlap),
+                "workers_per_node": self.workers_per_node, "max_nodes": self.max_nodes,
+                "base_latency_us": _round(self.base_latency_us), "algorithms": list(self.algorithms),
+                "intra_node": self.intra.to_dict() if self.intra else None,
+                "network": self.network.to_dict() if self.network else None}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fitting to measured step times
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The model fitted to measured seconds per step by worker count."""
+
+    model: ScalingModel
+    fitted: tuple[str, ...]  # parameter names the points determined, in the order they are freed
+    kept: tuple[str, ...]  # parameters left at their defaults
+    measured: tuple[tuple[int, float], ...]
+    notes: tuple[str, ...]
+
+    def residuals(self) -> list[tuple[int, float, float]]:
+        """(workers, measured, predicted) per measured point."""
+        return [(n, seconds, self.model.predict(n).step_s) for n, seconds in self.measured]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fitted": list(self.fitted), "defaults": list(self.kept),
+                "points": [{"workers": n, "measured_seconds": _round(m), "predicted_seconds": _round(p),
+                            "error": round(p / m - 1, 6)} for n, m, p in self.residuals()],
+                "notes": list(self.notes)}
+
+
+PARAMETERS = {
+    "compute_seconds": "one worker's step time",
+    "overlap": "the share of communication hidden behind the backward pass",
+    "network_bandwidth": "the network's bandwidth (beta)",
+    "network_latency": "the network's latency per step (alpha)",
+    "intra_bandwidth": "the intra-node link's bandwidth (beta)",
+    "intra_latency": "the intra-node link's latency per step (alpha)",
+}
+
+
+def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
+    """Fit ``model`` to measured seconds per step (workers -> seconds) by least squares on relative errors.
+
+    A one-worker point is the compute time itself. The other points free parameters in this order, one per
+    point, the rest staying at their defaults: (compute time, when one worker was not measured), the
+    bandwidth of the outermost link the points cross (the network when a point spans nodes, else the
+    intra-node link), the overlap, that link's latency, then the inner link's bandwidth when points also lie
+    within one node. Two points (1 and 2 workers) thus fit one bandwidth, with overlap and latencies at their
+    defaults.
+    """
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    points = tuple(sorted(measured.items()))
+    for workers, seconds in points:
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise InputError(f"measured step time for {workers} workers must be a positive number of seconds")
+        try:
+            shape = model.layout(workers)
+        except ValueError as exc:
+            raise InputError(f"measured point {workers}={seconds:g}: {exc}") from None
+        if shape.nodes > 1 and model.network is None:
+            raise InputError(f"measured point {workers}={seconds:g}: spans {shape.nodes} nodes, but the target's "
+                             "nodes are not connected (network.interconnect none)")
+    base = model
+    fixed: list[str] = []
+    notes: list[str] = []
+    if 1 in measured:
+        base = replace(base, compute_s=measured[1])
+        notes.append(f"compute: the measured one-worker step, {_ms(measured[1])} (predicted {_ms(model.compute_s)})")
+        fixed.append("compute_seconds")
+    many = [w for w, _ in points if w > 1]
+    spans_nodes = any(model.layout(w).nodes > 1 for w in many)
+    within_node = any(model.layout(w).nodes == 1 for w in many)
+    outer = "network" if spans_nodes else "intra"
+    order = ([] if 1 in measured else ["compute_seconds"]) + [f"{outer}_bandwidth", "overlap", f"{outer}_latency"]
+    if spans_nodes and within_node:
+        order.append("intra_bandwidth")
+    free = order[:len(many)]  # one parameter per point beyond the one-worker step
+    kept = tuple(name for name in PARAMETERS if name not in free and name not in fixed
+                 and _applies(model, name))
+    if not free:
+        return Fit(base, tuple(fixed), kept, points, tuple(notes))
+
+    def build(x: Sequence[float]) -> ScalingModel:
+        current = base
+        for name, value in zip(free, x):
+            current = _set(current, base, name, value)
+        return current
+
+    def residuals(x: Sequence[float]) -> Any:
+        current = build(x)
+        errors = [current.predict(w).step_s / s - 1 for w, s in points]
+        prior = [_PRIOR_WEIGHT * (v - _start(base, name)) for name, v in zip(free, x)]
+        return np.array(errors + prior)
+
+    low = [0.0 if name == "overlap" else math.log(_SCALE_BOUNDS[0]) for name in free]
+    high = [1.0 if name == "overlap" else math.log(_SCALE_BOUNDS[1]) for name in free]
+    starts = [[_start(base, name) for name in free]]
+    for factor in (-2.0, 2.0):
+        starts.append([min(1.0, max(0.0, base.overlap + factor / 8)) if name == "overlap" else factor
+                       for name in free])
+    best = min((least_squares(residuals, x0, bounds=(low, high), method="trf") for x0 in starts),
+               key=lambda r: r.cost)
+    fitted_model = build(best.x)
+    for i, (name, value) in enumerate(zip(free, best.x)):
+        # Undetermined: at a bound, or the measured steps hardly depend on it (doubling a factor, or moving the
+        # overlap by 0.1, changes none of them by 0.1%).
+        slope = float(np.max(np.abs(best.jac[:len(points), i]))) * (0.1 if name == "overlap" else math.log(2))
+        loose = value <= low[i] + 1e-6 or value >= high[i] - 1e-6 or slope < 1e-3
+        notes.append(_describe(fitted_model, base, name, value, loose))
+    return Fit(fitted_model, tuple(fixed) + tuple(free), kept, points, tuple(notes))
+
+
+def _applies(model: ScalingModel, name: str) -> bool:
+    if name.startswith("intra_"):
+        return model.intra is not None
+    if name.startswith("network_"):
+        return model.network is not None and model.max_nodes > 1
+    return True
+
+
+def _start(base: ScalingModel, name: str) -> float:
+    """The default of a free parameter in the fit's coordinates (overlap itself, else log of a factor)."""
+    return base.overlap if name == "overlap" else 0.0
+
+
+def _set(model: ScalingModel, base: ScalingModel, name: str, value: float) -> ScalingModel:
+    """``model`` with parameter ``name`` at ``value`` (overlap itself; the others as log of a factor on base)."""
+    factor = math.exp(value)
+    if name == "overlap":
+        return replace(model, overlap=value)
+    if name == "compute_seconds":
+        return replace(model, compute_s=base.compute_s * factor)
+    level, what = name.split("_")
+    default, current = (base.intra, model.intra) if level == "intra" else (base.network, model.network)
+    assert default is not None and current is not None
+    changed = (replace(current, bandwidth_gbs=default.bandwidth_gbs * factor) if what == "bandwidth"
+               else replace(current, latency_us=default.latency_us * factor))
+    changed = replace(changed, source=f"fitted to the measured steps (default: {default.source})")
+    return replace(model, intra=changed) if level == "intra" else replace(model, network=changed)
+
+
+def _describe(model: ScalingModel, base: ScalingModel, name: str, value: float, loose: bool) -> str:
+    bound = (": the measured steps hardly depend on it, so they do not determine it (their communication is "
+             "hidden or negligible)" if loose else "")
+    if name == "overlap":
+        return f"overlap: {value:.2f} fitted (default {base.overlap:.2f}){bound}"
+    if name == "compute_seconds":
+        return f"compute: {_ms(model.compute_s)} per step fitted (predicted {_ms(base.compute_s)}){bound}"
+    level, what = name.split("_")
+    link, default = (model.intra, base.intra) if level == "intra" else (model.network, base.network)
+    assert link is not None and default is not None
+    where = "intra-node link" if level == "intra" else "network"
+    if what == "bandwidth":
+        return (f"{where} bandwidth: {link.bandwidth_gbs:.3g} GB/s fitted (default {default.bandwidth_gbs:.3g} "
+                f"GB/s){bound}")
+    return f"{where} latency: {link.latency_us:.3g} us per step fitted (default {default.latency_us:.3g} us){bound}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The model of a plan, and the advice
+
+
+def scaling_model(plan: Plan, gradient_dtype: str = "fp32", single_node: bool = False) -> ScalingModel:
+    """The default model of the plan's choice on its target: one worker per GPU (per node for a CPU choice),
+    links from the GPU catalog, the interconnect table and the target's ``network``."""
+    from modak.hardware.ceilings import gpu_catalog
+    from modak.workload.analysis import BACKWARD_FLOPS
+
+    target, workload = plan.loaded.target, plan.workload
+    table = interconnects()
+    gpu = plan.choice.candidate.device == "gpu"
+    per_node = plan.ceilings.gpu_count if gpu else 1
+    intra = None
+    if gpu and per_node > 1:
+        assert plan.ceilings.gpu is not None
+        name = plan.ceilings.gpu.name
+        entry = gpu_catalog().get(name, {})
+        kind = entry.get("link", table["default_intra_node"])
+        if kind == "nvlink":
+            intra = Link("nvlink", float(entry["nvlink_gbs"]), float(table["intra_node"]["nvlink"]["latency_us"]),
+                         f"{name} NVLink in recipes/hardware/gpus.yaml")
+        else:
+            spec = table["intra_node"][kind]
+            intra = Link(kind, float(spec["bandwidth_gbs"]), float(spec["latency_us"]),
+                         f"{name}: {kind} x16 in recipes/hardware/" + ("gpus.yaml" if entry.get("link") else
+                                                                      "interconnects.yaml (the default: not in "
+                                                                      "gpus.yaml)"))
+    network = None
+    kind = target.network.interconnect
+    if kind != "none":
+        spec = table["network"][kind]
+        given_bw, given_lat = target.network.bandwidth_gbps, target.network.latency_us
+        parts = [f"{kind}: bandwidth " + ("the target's" if given_bw else f"the default for {kind} "
+                                          f"({spec['bandwidth_gbps']} Gbit/s)"),
+                 "latency " + ("the target's" if given_lat else "NCCL's per-step constant")]
+        network = Link(kind, float(given_bw or spec["bandwidth_gbps"]) / 8, float(given_lat or spec["latency_us"]),
+                       ", ".join(parts))
+    nodes = 1 if (network is None or single_node) else target.nodes
+    size = workload.parameters * GRADIENT_BYTES[gradient_dtype]
+    bucket = float(table["bucket_mb"]) * MIB
+    backward = workload.forward_flops * BACKWARD_FLOPS / workload.flops if workload.flops else 2 / 3
+    return ScalingModel(
+        compute_s=plan.choice.prediction.step_seconds, backward_share=backward, gradient_bytes=float(size),
+        overlap=default_overlap(size, bucket), workers_per_node=per_node, max_nodes=nodes, intra=intra,
+        network=network, bucket_bytes=bucket, base_latency_us=float(table["base_latency_us"]))
+
+
+def default_overlap(gradient_bytes: float, bucket_bytes: float) -> float:
+    """1 - bucket/S: all buckets but the last can be all-reduced while the backward pass runs."""
+    return 1.0 - min(1.0, bucket_bytes / gradient_bytes) if gradient_bytes > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ScaleAdvice:
+    """``modak scale``'s answer: the table, the chosen worker count and why."""
+
+    job: str
+    target: str
+    candidate: str
+    batch_size: int
+    min_efficiency: float
+    limit: int | None  # the most workers asked for (scaling.max_workers, --max-workers)
+    gradient_dtype: str
+    model: ScalingModel  # fitted where measured points were given
+    points: tuple[Point, ...]
+    chosen: Point
+    fit: Fit | None
+    reasons: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return document({
+            "job": self.job, "target": self.target, "candidate": self.candidate, "batch_size": self.batch_size,
+            "scaling": "weak", "min_efficiency": self.min_efficiency, "max_workers": self.limit,
+            "gradient_dtype": self.gradient_dtype, "model": self.model.to_dict(),
+            "points": [p.to_dict(self.batch_size) for p in self.points],
+            "chosen": {"workers": self.chosen.workers, "nodes": self.chosen.nodes,
+                       "workers_per_node": self.chosen.per_node, "efficiency": _round(self.chosen.efficiency)},
+            "fit": self.fit.to_dict() if self.fit else None,
+            "reasons": list(self.reasons)})
+
+
+def advise(plan: Plan, scaling: Scaling | None = None, max_workers: int | None = None,
+           measured: Mapping[int, float] | None = None, single_node: bool = False) -> ScaleAdvice:
+    """Predict 1..N workers for the plan's choice and pick the largest N that keeps ``min_efficiency``.
+
+    ``scaling`` defaults to the job's (or the spec's defaults); ``max_workers`` and ``measured`` add to it (the
+    command line's ``--max-workers`` and ``--measured``); ``single_node``: the job script cannot start processes
+    on several nodes (no scheduler)."""
+    from modak.spec.models import Scaling, Task
+
+    loaded = plan.loaded
+    job = loaded.job
+    if job.task is not Task.training:
+        raise loaded.job_doc.error(("task",), "modak scale predicts data-parallel training; this is an "
+                                              f"{job.task.value} job (serve more replicas to scale it)")
+    spec = scaling or job.scaling or Scaling()
+    points_measured = {**spec.measured, **(measured or {})}
+    limit = max_workers or spec.max_workers
+    default = scaling_model(plan, spec.gradient_dtype, single_node)
+    try:
+        result = fit(default, points_measured) if points_measured else None
+    except InputError as exc:
+        if measured:  # the command line's points
+            raise
+        raise loaded.job_doc.error(("scaling", "measured"), exc.message) from None
+    model = result.model if result else default
+    points = tuple(model.predict(n) for n in model.worker_counts(limit))
+    chosen = max((p for p in points if p.efficiency >= spec.min_efficiency - 1e-12), key=lambda p: p.workers)
+    batch = int(job.model.batch_size)
+    advice = ScaleAdvice(job.name, loaded.target.name, plan.choice.candidate.name, batch, spec.min_efficiency,
+                         limit, spec.gradient_dtype, model, points, chosen, result, ())
+    return replace(advice, reasons=_reasons(advice, plan, single_node))
+
+
+def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, ...]:
+    model, chosen, batch = advice.model, advice.chosen, advice.batch_size
+    target = plan.loaded.target
+    worker = "GPU" if plan.choice.candidate.device == "gpu" else "node"
+    reasons = []
+    after = next((p for p in advice.points if p.workers > chosen.workers), None)
+    top = advice.points[-1]
+    if after is not None:
+        why = (f"{after.workers} workers would give {after.efficiency:.2f} < {advice.min_efficiency:g} "
+               f"(min_efficiency)")
+    elif top.workers < model.max_workers and advice.limit:
+        why = f"max_workers is {advice.limit}"
+    elif single_node and target.nodes > 1:
+        why = "the job script runs on one node: a target without a scheduler cannot start processes on others"
+    elif model.network is None and target.nodes > 1:
+        why = "the target's nodes are not connected (network.interconnect none)"
+    else:
+        why = (f"the target has no more ({target.nodes} node(s) x {model.workers_per_node} GPU(s))" if worker == "GPU"
+               else f"the target has no more ({target.nodes} node(s), one worker each)")
+    reasons.append(f"chose {chosen.workers} worker(s) ({chosen.nodes} node(s) x {chosen.per_node}): predicted "
+                   f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {_ms(chosen.step_s)} per step, "
+                   f"{chosen.samples_per_second(batch):.4g} samples/s; {why}")
+    reasons.append(f"weak scaling: every worker keeps the job's batch of {batch}, so N workers train on N x {batch} "
+                   f"samples per step; efficiency = one worker's step time / N workers' step time")
+    reasons.append(f"compute: {_ms(model.compute_s)} per step on one {worker} "
+                   + (f"(the plan's prediction for {advice.candidate})" if not advice.fit
+                      or "compute_seconds" not in advice.fit.fitted else "(from the measured steps)")
+                   + f"; the backward pass is {model.backward_share:.0%} of it ({_ms(model.backward_s)})")
+    reasons.append(f"gradients: {plan.workload.parameters / 1e6:.3g} M parameters x "
+                   f"{GRADIENT_BYTES[advice.gradient_dtype]} bytes ({advice.gradient_dtype}) = "
+                   f"{model.gradient_bytes / 1e6:.4g} MB all-reduced per step in {model.calls} bucket(s) of "
+                   f"{model.bucket_bytes / MIB:g} MiB")
+    if model.intra is not None:
+        reasons.append(f"within a node: {model.workers_per_node} GPUs over {model.intra.kind}, "
+                       f"{model.intra.bandwidth_gbs:.3g} GB/s per GPU and direction, {model.intra.latency_us:.3g} us "
+                       f"per step ({model.intra.source})")
+    if model.network is not None and model.max_nodes > 1:
+        reasons.append(f"between nodes: {model.network.kind}, {model.network.bandwidth_gbs * 8:.3g} Gbit/s per "
+                       f"node, {model.network.latency_us:.3g} us per step ({model.network.source})")
+    reasons.append(f"overlap: {model.overlap:.2f} of the all-reduce can hide behind the backward pass"
+                   + (" (all buckets but the last)" if not advice.fit or "overlap" not in advice.fit.fitted
+                      else " (fitted)"))
+    if advice.fit:
+        kept = ", ".join(advice.fit.kept) or "none"
+        reasons.append("fit to the measured steps: " + "; ".join(advice.fit.notes) + f"; at their defaults: {kept}")
+        if not plan.loaded.job.scaling or dict(plan.loaded.job.scaling.measured) != dict(advice.fit.measured):
+            reasons.append("modak render and build fit to the job's scaling.measured: put these points there for "
+                           "the job script to request what this fit chooses")
+    return tuple(reasons)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.6g}")
