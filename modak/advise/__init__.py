@@ -1,0 +1,1 @@
+"""Advice beyond one plan: what-if across targets (:mod:`modak.advise.whatif`), co-location (:mod:`modak.advise.pack`)."""
