@@ -157,6 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
                      help="default: learned model where measured data covers the runtime, else roofline")
     sub.add_argument("--store", type=Path, help="local perf store the learned model also learns from")
+    sub.add_argument("--modes", nargs="+", default=["cores", "time-slicing", "mps", "mig"], metavar="MODE",
+                     choices=["cores", "time-slicing", "mps", "mig"],
+                     help="ways of sharing allowed (default all): cores (disjoint core sets), time-slicing, mps, mig")
     sub.add_argument("--render", type=Path, metavar="DIR",
                      help="render every job into DIR/<job>/ with its share (core set, MPS or MIG settings in job.sh) "
                           "and write DIR/pack.json")
@@ -524,7 +527,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     if args.report:
         from modak.report.whatif import write_whatif_report
 
-        write_whatif_report(result, args.report)
+        write_whatif_report(result.to_dict(), args.report)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
         if args.report:
@@ -535,7 +538,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     console.print(f"[bold]{result.job}[/] on {len(result.outcomes)} targets, ranked by {result.metric.value}; "
                   f"time and cost for {basis}", highlight=False)
     table = Table()
-    for column in ("#", "target", "candidate", "cores", "step ms (interval)", "samples/s", f"time (interval)",
+    for column in ("#", "target", "candidate", "cores", "step ms (interval)", "samples/s", "time (interval)",
                    "cost (interval)", "Pareto"):
         table.add_column(column, justify="left" if column in ("target", "candidate", "Pareto") else "right",
                          overflow="fold")
@@ -561,7 +564,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     from modak import api
     from modak.advise.pack import pack, render_pack
 
-    result = pack(args.jobs, args.target, api.predictor(args.predictor, args.store), args.store)
+    result = pack(args.jobs, args.target, api.predictor(args.predictor, args.store), args.store, args.modes)
     written = render_pack(result, args.render) if args.render else []
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))

@@ -28,6 +28,7 @@ LAYERS = {
     "render": 9, "bench": 9,
     "build": 10, "report": 10, "integrations": 10,
     "api": 11,
+    "advise": 11.5,  # modak whatif and modak pack: plans on several targets or shares, through the API
     "cli": 12, "__main__": 13,
 }
 IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)

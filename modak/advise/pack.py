@@ -63,6 +63,7 @@ OVERSUBSCRIPTION_COST = 0.1  # extra time per unit of CPU oversubscription (see 
 SPIN_PENALTY = 1.25  # a spinning pool on time-sliced cores
 MIN_GAIN = 1.05  # the least aggregate throughput gain (x) worth sharing for: less is within the model's error
 _TRAINING_STATE_FACTOR = 4  # bytes a training step holds per parameter byte (weights, gradients, optimizer state)
+MODES = ("cores", "time-slicing", "mps", "mig")  # the ways of sharing, as --modes names them
 _GRID = 16  # the core splits searched: every split up to this many cores, else multiples of cores / _GRID
 
 
@@ -534,14 +535,18 @@ def _better(a: Arrangement, b: Arrangement) -> bool:
     return (a.feasible, a.gain) > (b.feasible, b.gain)
 
 
-def evaluate(jobs: Sequence[PackJob], target: Target, planner: _Planner) -> tuple[Arrangement | None, list[Arrangement], str]:
-    """The best arrangement of ``jobs`` sharing one node or GPU (None: none within the limits gains
+def evaluate(jobs: Sequence[PackJob], target: Target, planner: _Planner,
+             modes: Sequence[str] = MODES) -> tuple[Arrangement | None, list[Arrangement], str]:
+    """The best arrangement of ``jobs`` sharing one node or GPU among ``modes`` (None: none within the limits gains
     :data:`MIN_GAIN`), every arrangement evaluated, and why."""
     devices = {job.device for job in jobs}
     if len(devices) > 1:
         return None, [], ("their plans run on different devices (" + ", ".join(f"{j.label}: {j.device}" for j in jobs)
                           + "): modak pack co-locates jobs of one device kind")
-    options = (gpu_arrangements if devices == {"gpu"} else cpu_arrangements)(jobs, target, planner)
+    options = [o for o in (gpu_arrangements if devices == {"gpu"} else cpu_arrangements)(jobs, target, planner)
+               if o.mode in modes]
+    if not options:
+        return None, [], f"no way of sharing a {devices.pop()} among the modes allowed ({', '.join(modes)})"
     feasible = [o for o in options if o.feasible]
     if not feasible:
         why = "; ".join(f"{o.mode}{' ' + _shares(o) if o.mode in ('cores', 'mig') else ''}: {', '.join(o.refused)}"
@@ -562,12 +567,16 @@ def _shares(arrangement: Arrangement) -> str:
 
 
 def pack(job_files: Sequence[str | Path], target_file: str | Path, predictor: Predictor,
-         store: Path | None = None) -> PackResult:
-    """Plan each job alone on the target, then group the jobs first-fit into nodes or GPUs they can share."""
+         store: Path | None = None, modes: Sequence[str] = MODES) -> PackResult:
+    """Plan each job alone on the target, then group the jobs first-fit into nodes or GPUs they can share by one
+    of ``modes`` (the site's choice, e.g. only ``mig``)."""
     from modak import api
 
     if len(job_files) < 2:
         raise InputError("modak pack needs at least two jobs")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise InputError(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(MODES)})")
     loaded_jobs = [api.load(path, target_file) for path in job_files]
     names = [loaded.job.name for loaded in loaded_jobs]
     labels = [name if names.count(name) == 1 else f"{name}-{names[:i + 1].count(name)}"
@@ -580,7 +589,7 @@ def pack(job_files: Sequence[str | Path], target_file: str | Path, predictor: Pr
     refusals: dict[str, list[str]] = {}
     for job in jobs:
         for index, (members, best, _, _) in enumerate(groups):
-            candidate, options, why = evaluate([*members, job], target, planner)
+            candidate, options, why = evaluate([*members, job], target, planner, modes)
             if candidate is not None and (best is None or candidate.gain > best.gain):
                 groups[index] = ([*members, job], candidate, options, why)
                 break
