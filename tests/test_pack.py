@@ -303,3 +303,15 @@ def test_cli_bad_target_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[
     code = main(["pack", *map(str, jobs), "--target", str(tmp_path / "missing.yaml")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and str(tmp_path / "missing.yaml") in err[0]
+
+
+def test_a_cpuset_of_several_ranges_renders(tmp_path: Path) -> None:
+    from modak.render.ir import build_description
+    from modak.render.render import render_text
+
+    jobs = [write_job(tmp_path, "a"), write_job(tmp_path, "b")]
+    plan = pack(jobs, write_target(tmp_path, cores=8), Scaled()).jobs[0].alone
+    sharing = Sharing("cores", "cpu", ("b",), cpuset=cpuset([0, 1, 4]))
+    text = render_text(build_description(plan, sharing=sharing), "job.sh")
+    assert "MODAK_CPUSET=${MODAK_CPUSET:-0-1,4}" in text and '--cpuset-cpus "$MODAK_CPUSET"' in text
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
