@@ -23,7 +23,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from modak.advise.scale import MIB, Link, ScalingModel, default_overlap, fit, interconnects
+from modak.scaling import MIB, Link, ScalingModel, default_overlap, fit, interconnects
 from modak.paths import data_dir
 
 DATA = data_dir("perfmodels") / "published" / "data_parallel_scaling.csv"

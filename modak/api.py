@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from modak.measurements.store import Measurement, TunedChoice
     from modak.plan import Plan
     from modak.predict.base import Predictor
-    from modak.render.ir import BuildDescription
+    from modak.render.ir import BuildDescription, Sharing
     from modak.spec.loader import LoadedJob
     from modak.workload.analysis import WorkloadProfile
 
@@ -53,16 +53,18 @@ def plan_job(job: str | Path, target: str | Path | None = None, predictor_name: 
     """Load, resolve and analyse the job, then rank its candidates (``using`` overrides the named predictor). With
     ``model.batch_size: auto``, the plan of the batch size with the most predicted samples per second within the
     limits (:func:`modak.plan.choose_batch`): its job has that batch, and its ``batches`` list every one tried."""
+    return plan_loaded(load(job, target), using or predictor(predictor_name, store), store)
+
+
+def plan_loaded(loaded: LoadedJob, using: Predictor, store: Path | None = None) -> Plan:
+    """:func:`plan_job` of a job already loaded (e.g. with its target changed: ``modak whatif``, ``modak pack``)."""
     from modak.plan import choose_batch, make_plan
     from modak.spec.models import AUTO_BATCH
     from modak.workload.source import load_analysis
 
-    loaded = load(job, target)
-    model = using or predictor(predictor_name, store)
-
     def plan_at(concrete: LoadedJob) -> Plan:
         source, workload = load_analysis(concrete)
-        return make_plan(concrete, source, workload, model, tuned=tuned_choice(concrete, workload, store))
+        return make_plan(concrete, source, workload, using, tuned=tuned_choice(concrete, workload, store))
 
     return choose_batch(loaded, plan_at) if loaded.job.model.batch_size == AUTO_BATCH else plan_at(loaded)
 
@@ -87,12 +89,13 @@ class Rendered:
     files: tuple[Path, ...]
 
 
-def render_plan(plan: Plan, out_dir: str | Path) -> Rendered:
-    """Write the plan's build context (Dockerfile, Singularity.def, entrypoint.sh, job.sh, plan.json, files)."""
+def render_plan(plan: Plan, out_dir: str | Path, sharing: Sharing | None = None) -> Rendered:
+    """Write the plan's build context (Dockerfile, Singularity.def, entrypoint.sh, job.sh, plan.json, files);
+    ``sharing``: how the job shares its node or GPU (``modak pack``), rendered into its job script."""
     from modak.render.ir import build_description
     from modak.render.render import render
 
-    ir = build_description(plan)
+    ir = build_description(plan, sharing=sharing)
     return Rendered(ir, tuple(render(ir, Path(out_dir))))
 
 

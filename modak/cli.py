@@ -150,6 +150,31 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--update", action="store_true", help="write the current state as the new baseline (exit 0)")
     sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
 
+    sub = command("whatif", _cmd_whatif, "plan the job on several targets: best candidate, predicted step, time to "
+                                          "solution and cost on each, ranked, with the Pareto front of time vs cost")
+    sub.add_argument("job", type=Path, help="job spec (YAML); its own 'target' is replaced by each of --targets")
+    sub.add_argument("--targets", type=Path, nargs="+", required=True, metavar="TARGET", help="target specs (YAML)")
+    sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
+                     help="default: learned model where measured data covers the runtime, else roofline")
+    sub.add_argument("--store", type=Path, help="local perf store the learned model also learns from")
+    sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
+    sub.add_argument("--report", type=Path, metavar="HTML", help="also write an HTML report with the time-vs-cost plot")
+
+    sub = command("pack", _cmd_pack, "co-location advice: which jobs can share a node's cores or a GPU (MPS, MIG, "
+                                      "time-slicing), each job's predicted slowdown and the aggregate throughput")
+    sub.add_argument("jobs", type=Path, nargs="+", metavar="JOB", help="job specs (YAML), at least two")
+    sub.add_argument("--target", "-t", type=Path, required=True, help="the target they would share (YAML or 'local')")
+    sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
+                     help="default: learned model where measured data covers the runtime, else roofline")
+    sub.add_argument("--store", type=Path, help="local perf store the learned model also learns from")
+    sub.add_argument("--modes", nargs="+", default=["cores", "time-slicing", "mps", "mig"], metavar="MODE",
+                     choices=["cores", "time-slicing", "mps", "mig"],
+                     help="ways of sharing allowed (default all): cores (disjoint core sets), time-slicing, mps, mig")
+    sub.add_argument("--render", type=Path, metavar="DIR",
+                     help="render every job into DIR/<job>/ with its share (core set, MPS or MIG settings in job.sh) "
+                          "and write DIR/pack.json")
+    sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
+
     sub = command("report", _cmd_report, "write a self-contained HTML report: rooflines, trajectory, ranked table")
     job_args(sub)
     sub.add_argument("-o", "--output", type=Path, required=True, help="HTML file to write")
@@ -261,7 +286,7 @@ def _measured_points(values: list[str]) -> dict[int, float]:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
-    from modak.advise.scale import advise
+    from modak.scaling import advise
 
     if args.max_workers is not None and args.max_workers < 1:
         raise InputError(f"--max-workers {args.max_workers}: give a positive number of workers")
@@ -562,6 +587,65 @@ def _cmd_report(args: argparse.Namespace) -> int:
     write_report(plan, predictor, args.output, args.store)
     print(f"chose {plan.choice.candidate.name}")
     print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from modak import api
+    from modak.advise.whatif import describe, whatif
+
+    result = whatif(args.job, args.targets, api.predictor(args.predictor, args.store), args.store)
+    if args.report:
+        from modak.report.whatif import write_whatif_report
+
+        write_whatif_report(result.to_dict(), args.report)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        if args.report:
+            print(f"wrote {args.report}", file=sys.stderr)
+        return 0
+    console = _console()
+    basis = result.basis.describe()
+    console.print(f"[bold]{result.job}[/] on {len(result.outcomes)} targets, ranked by {result.metric.value}; "
+                  f"time and cost for {basis}", highlight=False)
+    table = Table()
+    for column in ("#", "target", "candidate", "cores", "step ms (interval)", "samples/s", "time (interval)",
+                   "cost (interval)", "Pareto"):
+        table.add_column(column, justify="left" if column in ("target", "candidate", "Pareto") else "right",
+                         overflow="fold")
+    for o in result.outcomes:
+        low, high = o.step_interval
+        cost = ("-" if o.cost is None else
+                f"{o.cost:.4g} ({o.cost_low:.3g}-{o.cost_high:.3g}) {o.currency}")
+        table.add_row(str(o.rank), o.target, o.plan.choice.candidate.name, str(o.plan.ceilings.cores)
+                      + (f" +{o.plan.loaded.target.scheduler.co_runners} busy" if o.sharing > 1 else ""),
+                      f"{o.step_seconds * 1e3:.3g} ({low * 1e3:.3g}-{high * 1e3:.3g})",
+                      f"{o.samples_per_second:.4g}",
+                      f"{o.time_seconds:.4g} s ({o.time_low:.3g}-{o.time_high:.3g})", cost,
+                      {True: "front", False: "", None: "unpriced"}[o.pareto])
+    console.print(table)
+    for line in describe(result):
+        console.print(line, highlight=False)
+    if args.report:
+        print(f"wrote {args.report}")
+    return 0
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from modak import api
+    from modak.advise.pack import pack, render_pack
+
+    result = pack(args.jobs, args.target, api.predictor(args.predictor, args.store), args.store, args.modes)
+    written = render_pack(result, args.render) if args.render else []
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        for line in result.describe():
+            print(line)
+    for folder in written:
+        print(f"rendered {folder}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -25,10 +25,11 @@ LAYERS = {
     "measurements": 6,
     "predict": 7,
     "plan": 8,
-    "advise": 8.5,  # advice beyond one machine from a plan (modak scale); job scripts request what it chooses
+    "scaling": 8.5,  # data-parallel scaling of a plan (modak scale); job scripts request the workers it picks
     "render": 9, "bench": 9,
     "build": 10, "report": 10, "integrations": 10,
     "api": 11,
+    "advise": 11.5,  # modak whatif and modak pack: plans on several targets or shares, through the API
     "cli": 12, "__main__": 13,
 }
 IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)

@@ -19,7 +19,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 import modak
-from modak.advise.scale import Link, ScalingModel, default_overlap, fit
+from modak.scaling import Link, ScalingModel, default_overlap, fit
 from modak.cli import main
 from modak.render.ir import build_description
 from modak.render.render import render

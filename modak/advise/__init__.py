@@ -1,1 +1,2 @@
-"""Advice beyond one machine: what modak predicts for a job run differently from its plan."""
+"""Advice across plans: what-if over targets (:mod:`modak.advise.whatif`) and co-location (:mod:`modak.advise.pack`).
+Data-parallel scaling of one plan is :mod:`modak.scaling`, below rendering, which requests the workers it picks."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -92,13 +92,33 @@ def target_ceilings(target: Target, doc: SpecDocument) -> TargetCeilings:
         raise doc.error(("cpu", "microarchitecture"), f"unknown archspec microarchitecture '{arch_name}'{hint}")
     arch = archspec.cpu.TARGETS[arch_name]
     features = frozenset(arch.features)
-    cores = target.cpu.sockets * target.cpu.cores_per_socket
-    cpu = _cpu_ceilings(target, arch, features, cores)
+    node_cores = target.cpu.sockets * target.cpu.cores_per_socket
+    cores = target.scheduler.cores_per_job or node_cores
+    if cores > node_cores:
+        raise doc.error(("scheduler", "cores_per_job"), f"{cores} cores per job, but a node has {node_cores} "
+                                                        f"({target.cpu.sockets} socket(s) x {target.cpu.cores_per_socket})")
+    cpu = core_share(_cpu_ceilings(target, arch, features, node_cores), cores, node_cores)
     gpu, capability = (_gpu_ceilings(target, doc) if target.gpus else (None, None))
     return TargetCeilings(
         microarchitecture=arch_name, features=features, cores=cores,
         hardware_threads=cores * target.cpu.threads_per_core, cpu=cpu, gpu=gpu,
         gpu_count=target.gpus.count if target.gpus else 0, cuda_capability=capability)
+
+
+def bandwidth_share(cores: float, node_cores: int) -> float:
+    """The share of a node's memory bandwidth ``cores`` of its ``node_cores`` draw when running alone: a few cores
+    already saturate much of it, so the share grows linearly to all of it at half the node's cores."""
+    return min(1.0, cores / max(1.0, node_cores / 2))
+
+
+def core_share(node: Ceilings, cores: int, node_cores: int) -> Ceilings:
+    """The CPU ceilings of ``cores`` of a node's ``node_cores`` (``scheduler.cores_per_job``): compute peaks scale
+    with the cores, bandwidth by :func:`bandwidth_share`; the memory size stays the node's."""
+    if cores == node_cores:
+        return node
+    share = cores / node_cores
+    return replace(node, peak_gflops={p: g * share for p, g in node.peak_gflops.items()},
+                   bandwidth_gbs=node.bandwidth_gbs * bandwidth_share(cores, node_cores))
 
 
 def cpu_catalog_entry(arch: Any) -> dict[str, Any]:

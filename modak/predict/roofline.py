@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from modak.candidates.catalog import Recipe, value_key
 from modak.candidates.enumerate import Candidate
 from modak.predict.base import Prediction
-from modak.hardware.ceilings import TargetCeilings
+from modak.hardware.ceilings import TargetCeilings, bandwidth_share
 from modak.spec.models import Precision
 from modak.workload.analysis import WorkloadProfile
 
@@ -77,7 +77,7 @@ def thread_shares(candidate: Candidate, cores: int) -> tuple[float, float]:
     cores, and a few cores already saturate much of a socket's bandwidth."""
     if candidate.device != "cpu" or not candidate.threads:
         return 1.0, 1.0
-    return candidate.threads / cores, min(1.0, candidate.threads / max(1.0, cores / 2))
+    return candidate.threads / cores, bandwidth_share(candidate.threads, cores)
 
 
 def op_seconds(flops: float, fp32_bytes: float, precision: Precision, peak: float,

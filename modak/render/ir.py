@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 
 import modak
-from modak.advise.scale import advise
+from modak.scaling import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.paths import data_dir, read_data_yaml
 from modak.render.package import wheel_name
@@ -118,6 +118,57 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Sharing:
+    """How a job shares its node or GPU with other jobs (``modak pack``'s decision), as its job script applies it.
+
+    Every value is modak's own (numbers, core lists it computed, a MIG profile name from its slice table, job
+    names the spec constrains): the job script writes them as words."""
+
+    mode: str  # cores (a core set of its own), time-slicing (all cores, or the GPU, shared), mps or mig
+    device: str  # cpu or gpu: what it shares
+    partners: tuple[str, ...]  # the names of the jobs it shares with
+    cpuset: str | None = None  # mode cores: its cores, as a cpuset list (0-3,8)
+    mps_percentage: int | None = None  # mode mps: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    mig_profile: str | None = None  # mode mig: the slice's profile (3g.40gb)
+    mig_index: int = 0  # mode mig: which slice of that profile (0: the first nvidia-smi -L lists)
+
+    def __post_init__(self) -> None:
+        if self.mode not in SHARING_MODES or self.device not in ("cpu", "gpu"):
+            raise ValueError(f"unknown sharing mode {self.mode!r} or device {self.device!r}")
+        if (self.device == "gpu") != (self.mode in ("mps", "mig")) and self.mode != "time-slicing":
+            raise ValueError(f"sharing mode {self.mode} does not share a {self.device}")
+        if (self.mode == "cores") != (self.cpuset is not None) or (self.mode == "mps") != (self.mps_percentage is not None) \
+                or (self.mode == "mig") != (self.mig_profile is not None):
+            raise ValueError(f"sharing mode {self.mode} needs its own setting and no other")
+        if self.cpuset is not None and not _CPUSET.fullmatch(self.cpuset):
+            raise ValueError(f"not a cpuset list: {self.cpuset!r}")
+        if self.mps_percentage is not None and not 1 <= self.mps_percentage <= 100:
+            raise ValueError(f"MPS percentage {self.mps_percentage} is not within 1-100")
+        if self.mig_profile is not None and not _MIG_PROFILE.fullmatch(self.mig_profile):
+            raise ValueError(f"not a MIG profile name: {self.mig_profile!r}")
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "gpu"
+
+
+SHARING_MODES = ("cores", "time-slicing", "mps", "mig")
+_CPUSET = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_MIG_PROFILE = re.compile(r"\d+g\.\d+gb")
+
+
+def cpuset(cores: list[int] | tuple[int, ...]) -> str:
+    """Core numbers as a cpuset list: ``[0, 1, 2, 5]`` is ``0-2,5``."""
+    ranges: list[list[int]] = []
+    for core in sorted(set(cores)):
+        if ranges and core == ranges[-1][1] + 1:
+            ranges[-1][1] = core
+        else:
+            ranges.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+@dataclass(frozen=True)
 class JobScript:
     """What the scheduler script needs: directives, the engine and how to start the image."""
 
@@ -141,12 +192,13 @@ class JobScript:
     # arguments runs batch inference); a job of several workers hands the job's command to torchrun; empty: the
     # image's default command
     default_command: tuple[str, ...] = ()
-    # data-parallel training (the job's ``scaling``, :mod:`modak.advise.scale`): processes in all and per node,
+    # data-parallel training (the job's ``scaling``, :mod:`modak.scaling`): processes in all and per node,
     # each started by torchrun (one torchrun per node); 1: one process, as the plan measured it
     workers: int = 1
     workers_per_node: int = 1
     scaling_summary: str = ""  # one line: the chosen worker count and its predicted efficiency
     rendezvous_port: int = RENDEZVOUS_PORT
+    sharing: Sharing | None = None  # how it shares its node or GPU with other jobs (``modak pack``); None: it does not
 
     @property
     def family(self) -> str:
@@ -197,8 +249,9 @@ class BuildDescription:
                 "--disable-pip-version-check", f"{build_dir}/{self.runtime_wheel}")
 
 
-def build_description(plan: Plan, created: str | None = None) -> BuildDescription:
-    """The build description of the plan's chosen candidate (the plan's inputs were checked when it was made)."""
+def build_description(plan: Plan, created: str | None = None, sharing: Sharing | None = None) -> BuildDescription:
+    """The build description of the plan's chosen candidate (the plan's inputs were checked when it was made);
+    ``sharing``: how its job script shares the node or GPU with other jobs (``modak pack``)."""
     loaded = plan.loaded
     job, target = loaded.job, loaded.target
     candidate = plan.choice.candidate
@@ -237,7 +290,7 @@ def build_description(plan: Plan, created: str | None = None) -> BuildDescriptio
         image=image, base=base, apt_packages=tuple(_unique(apt)),
         build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=_pip_step(plan),
         copies=tuple(copies), runtime_env=runtime_env, labels=_labels(plan, image, base, created),
-        command=command, context=tuple(context), job=_job_script(plan, image, command),
+        command=command, context=tuple(context), job=_job_script(plan, image, command, sharing),
         plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
         runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", ports=(SERVE_PORT,) if serving else (),
         templates=files.templates)
@@ -332,7 +385,7 @@ def _base_image(logical: str, loaded: LoadedJob) -> BaseImage:
     return BaseImage(logical, mapped or default["image"], default["gcc"] if default else None)
 
 
-def _job_script(plan: Plan, image: Image, command: tuple[str, ...]) -> JobScript:
+def _job_script(plan: Plan, image: Image, command: tuple[str, ...], sharing: Sharing | None = None) -> JobScript:
     loaded = plan.loaded
     job, target = loaded.job, loaded.target
     scheduler, engine = target.scheduler, target.container.engine
@@ -343,10 +396,10 @@ def _job_script(plan: Plan, image: Image, command: tuple[str, ...]) -> JobScript
         qos=scheduler.qos, time_limit=scheduler.time_limit, walltime=_pbs_walltime(scheduler.time_limit),
         nodes=1,  # the plan runs one process on one node
         cpus_per_task=plan.ceilings.cores,
-        gpus=plan.ceilings.gpu_count if gpu else 0,
+        gpus=(1 if sharing and sharing.gpu else plan.ceilings.gpu_count) if gpu else 0,
         engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data, log_file=log,
-        default_command=SELF_TEST_COMMAND if _serves(job) else ())
-    if job.scaling is None:
+        default_command=SELF_TEST_COMMAND if _serves(job) else (), sharing=sharing)
+    if job.scaling is None or sharing is not None:  # a job sharing a node or GPU (modak pack) runs one process
         return script
     # A job script without a scheduler runs on the node it is started on: one node at most.
     chosen = advise(plan, single_node=scheduler.kind == "none").chosen

@@ -47,6 +47,20 @@ class Roof:
 
 
 @dataclass(frozen=True)
+class TargetPoint:
+    """One target of ``modak whatif`` on the time-vs-cost plot (cost None: the target states no price)."""
+
+    label: str
+    time: float
+    time_low: float
+    time_high: float
+    cost: float | None
+    cost_low: float | None
+    cost_high: float | None
+    front: bool
+
+
+@dataclass(frozen=True)
 class OpPoint:
     """One operator of the workload on the roofline (forward pass, whole batch)."""
 

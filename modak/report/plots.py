@@ -6,7 +6,7 @@ import io
 import math
 from typing import TYPE_CHECKING, Iterable
 
-from modak.report.data import OpPoint, PerfPoint, Roof, Trajectory
+from modak.report.data import OpPoint, PerfPoint, Roof, TargetPoint, Trajectory
 from modak.workload.analysis import OP_CLASSES
 
 if TYPE_CHECKING:
@@ -147,3 +147,42 @@ def _class_order(name: str) -> int:
 
 def _short(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def whatif_png(points: list[TargetPoint], unit: str, currency: str | None, title: str) -> bytes:
+    """Time against cost per target (intervals as error bars), the Pareto front as a step line; targets without a
+    price as ticks along the time axis. Without any price: each target's time as a bar."""
+    figure, ax = _figure()
+    priced = [p for p in points if p.cost is not None]
+    if priced:
+        for i, p in enumerate(priced):
+            assert p.cost is not None and p.cost_low is not None and p.cost_high is not None
+            ax.errorbar([p.time], [p.cost], xerr=[[p.time - p.time_low], [p.time_high - p.time]],
+                        yerr=[[p.cost - p.cost_low], [p.cost_high - p.cost]], fmt="o" if p.front else "s",
+                        color=f"C{i % 10}", markersize=9 if p.front else 6, capsize=4, zorder=3,
+                        label=f"{_short(p.label)}{' (front)' if p.front else ''}")
+            ax.annotate(_short(p.label, 28), (p.time, p.cost), textcoords="offset points", xytext=(6, 6), fontsize=8)
+        front = sorted((p for p in priced if p.front), key=lambda p: p.time)
+        if len(front) > 1:
+            ax.step([p.time for p in front], [p.cost for p in front], where="post", color="#d62728", lw=1.5,
+                    alpha=0.7, zorder=2, label="Pareto front")
+        low = min(p.cost_low for p in priced if p.cost_low is not None)
+        for p in (p for p in points if p.cost is None):
+            ax.axvline(p.time, color="#888888", ls=":", lw=1)
+            ax.annotate(f"{_short(p.label, 28)} (no price)", (p.time, low), rotation=90, fontsize=7, color="#555555",
+                        xytext=(3, 0), textcoords="offset points", va="bottom")
+        ax.set_xlabel(f"time for {unit} (s)")
+        ax.set_ylabel(f"cost for {unit} ({currency})")
+        ax.grid(True, alpha=0.3)
+    else:
+        labels = [_short(p.label, 32) for p in points]
+        ax.barh(labels, [p.time for p in points], xerr=[[p.time - p.time_low for p in points],
+                                                        [p.time_high - p.time for p in points]],
+                color="#1f4e9c", alpha=0.8, capsize=4)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"time for {unit} (s); no target states a price")
+        ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    if priced:
+        figure.legend(loc="outside right upper", fontsize=7.5, framealpha=0.9)
+    return _png(figure)

@@ -109,6 +109,10 @@ class Constraints(Strict):
         None, description="Largest predicted time of one step (one batch), in milliseconds: slower candidates are "
                           "left out; with model.batch_size auto it bounds the batch.")
     runtimes: list[Name] | None = Field(None, description="Allowed runtime names (see recipes/runtimes).")
+    max_slowdown: Annotated[float, Field(ge=1)] | None = Field(
+        None, description="Largest predicted slowdown this job accepts when `modak pack` co-locates it with other "
+                          "jobs (its step time sharing a node or GPU over its step time alone on the target), e.g. "
+                          "1.3; without it, any slowdown that raises the group's throughput is accepted.")
 
 
 class AccuracyMetric(str, Enum):
@@ -259,10 +263,24 @@ class Scheduler(Strict):
                                  "Kubernetes' static CPU manager); shared: other work runs on them (oversubscribed "
                                  "nodes, a CPU quota without pinning, workstations). Parameters such as wait_policy "
                                  "keep only the value that can win on it.")
+    cores_per_job: PositiveInt | None = Field(
+        None, description="Cores of a node one job gets (Slurm --cpus-per-task, PBS ncpus, a cpuset), when jobs get "
+                          "part of a node; default: all of its cores. Compute ceilings scale with the share, memory "
+                          "bandwidth as a few cores already draw much of it (see modak.hardware.ceilings).")
+    co_runners: Annotated[int, Field(ge=0)] = Field(
+        0, description="CPU-bound processes (one busy thread each) that run on the job's cores beside it, time-"
+                       "sliced by the operating system: `modak whatif` predicts the job's step with the sharing "
+                       "model of `modak pack`. Needs allocation: shared.")
     partition: SchedulerWord | None = None
     account: SchedulerWord | None = None
     qos: SchedulerWord | None = None
     time_limit: TimeLimit = "01:00:00"
+
+    @model_validator(mode="after")
+    def _co_runners_share(self) -> "Scheduler":
+        if self.co_runners and self.allocation != "shared":
+            raise ValueError("co_runners needs allocation: shared (exclusive cores run nothing else)")
+        return self
 
 
 class Container(Strict):
@@ -286,6 +304,16 @@ class PythonPackages(Strict):
                           "sites that cannot reach them (serve those wheels from index_url or the wheelhouse).")
 
 
+class Cost(Strict):
+    """What running on the target costs: `modak whatif` prices each target's time to solution with it."""
+
+    per_node_hour: Annotated[float, Field(ge=0)] = Field(
+        description="Price of one node for one hour; a job given part of a node (scheduler.cores_per_job) pays "
+                    "its share of the cores.")
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = Field(
+        "EUR", description="ISO 4217 code of the price's currency; targets compared by cost must use the same.")
+
+
 class Target(Strict):
     """A platform engineer's description of where jobs run."""
 
@@ -301,3 +329,5 @@ class Target(Strict):
     scheduler: Scheduler = Scheduler()
     container: Container = Container()
     python: PythonPackages = PythonPackages()
+    cost: Cost | None = Field(None, description="Price of the target's nodes (optional): `modak whatif` adds cost "
+                                                "and the Pareto front of time against cost.")

@@ -1,0 +1,108 @@
+"""`modak pack` against measurement: pairs of jobs co-located on this machine's 2 cores, each job's slowdown
+against running alone, predicted vs measured.
+
+For each pair, `modak pack` plans both jobs alone on this machine (`cpu: local`, both cores) and predicts two
+arrangements: disjoint cores (one core each, each job re-planned for one core) and time-slicing (both on both
+cores, re-planned for shared cores). Each job is then measured alone (on cores {0, 1}), and in each arrangement
+beside the other job (which runs its own plan continuously on its cores, started before the measured launch), in
+interleaved rounds of random order. Printed per job and arrangement: predicted and measured slowdown and the
+error (target: within 15%), and each arrangement's aggregate throughput (sum of alone / shared step).
+Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
+
+    flock -x /tmp/modak-quiet.lock python benchmarks/pack.py [--rounds 3] [--pairs mnist-cnn:mlp mnist-cnn:mnist-cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from allocations import WARM_UP_S, beside, job_runner, measure, write_jobs, write_target
+from modak import api
+from modak.advise.pack import Arrangement, pack
+from modak.measurements.store import PerfStore
+
+CORES = {0, 1}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", nargs="+", default=["mnist-cnn:mlp", "mnist-cnn:mobilenet-onnx"],
+                        help="JOB:JOB pairs of mnist-cnn, mlp, mobilenet-onnx")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    predictor = api.predictor()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        target = write_target(folder, 2, price=None)
+        jobs = {path.stem: path for path in write_jobs(folder / "jobs")}
+        packs = {pair: pack([jobs[name] for name in pair.split(":")], target, predictor) for pair in args.pairs}
+        # What is measured: (pair, arrangement mode or "alone", job index); each is one launch per round.
+        arrangements: dict[tuple[str, str], Arrangement] = {}
+        for pair, result in packs.items():
+            for option in (o for g in result.groups for o in g.options):
+                arrangements[(pair, option.mode)] = option
+        cases = [(pair, mode, i) for pair in packs for mode in ("alone", "cores", "time-slicing") for i in (0, 1)
+                 if mode == "alone" or (pair, mode) in arrangements]
+        times: dict[tuple[str, str, int], list[float]] = {case: [] for case in cases}
+        shuffle = random.Random(args.seed).shuffle
+        with PerfStore(folder / "pack.sqlite") as store:
+            for round_ in range(args.rounds):
+                shuffle(cases)
+                for pair, mode, i in cases:
+                    result = packs[pair]
+                    if mode == "alone":
+                        plan = result.jobs[i].alone
+                        step = measure(plan, plan.choice.candidate, store, CORES)
+                    else:
+                        placements = arrangements[(pair, mode)].placements
+                        mine, other = placements[i], placements[1 - i]
+                        assert mine.plan is not None and other.plan is not None
+                        my_cores = {i} if mode == "cores" else CORES
+                        other_cores = {1 - i} if mode == "cores" else CORES
+                        command, env = job_runner(other.plan, other.plan.choice.candidate, folder / "runner")
+                        with beside(command, other_cores, env, WARM_UP_S):
+                            step = measure(mine.plan, mine.plan.choice.candidate, store, my_cores)
+                    if step is not None:
+                        times[(pair, mode, i)].append(step)
+                print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    print(f"{'pair':<26} {'arrangement':<13} {'job':<15} {'alone ms':>9} {'shared ms':>9} {'pred':>6} {'meas':>6} "
+          f"{'error':>7}")
+    errors = []
+    for pair, result in packs.items():
+        alone = {i: statistics.median(times[(pair, "alone", i)]) for i in (0, 1) if times[(pair, "alone", i)]}
+        for mode in ("cores", "time-slicing"):
+            if (pair, mode) not in arrangements:
+                continue
+            arrangement = arrangements[(pair, mode)]
+            gains = []
+            for i, placement in enumerate(arrangement.placements):
+                shared = times[(pair, mode, i)]
+                if i not in alone or not shared or placement.slowdown is None:
+                    print(f"{pair:<26} {mode:<13} {placement.job.label:<15} not measured")
+                    continue
+                measured = statistics.median(shared) / alone[i]
+                error = placement.slowdown / measured - 1
+                errors.append(error)
+                gains.append(1 / measured)
+                print(f"{pair:<26} {mode:<13} {placement.job.label:<15} {alone[i] * 1e3:9.3f} "
+                      f"{statistics.median(shared) * 1e3:9.3f} {placement.slowdown:6.2f} {measured:6.2f} {error:+7.1%}")
+            print(f"{pair:<26} {mode:<13} {'(aggregate)':<15} throughput predicted {arrangement.gain:.2f}x, "
+                  f"measured {sum(gains):.2f}x running them one after another", flush=True)
+        chosen = next((g.chosen for g in result.groups if g.chosen), None)
+        print(f"{pair:<26} modak pack chooses: " + (f"{chosen.mode} ({chosen.describe()})" if chosen
+                                                   else f"run apart ({result.groups[0].reason})"))
+    if errors:
+        within = sum(abs(e) <= 0.15 for e in errors)
+        print(f"slowdown error: median |error| {statistics.median(abs(e) for e in errors):.1%}, "
+              f"max {max(abs(e) for e in errors):.1%}; {within}/{len(errors)} within 15%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

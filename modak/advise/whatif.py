@@ -1,0 +1,231 @@
+"""``modak whatif``: the job planned on each of several targets: the best candidate on each, its predicted step and
+time to solution with intervals, the cost where a target states a price, ranked by the job's objective, and the
+Pareto front of time against cost.
+
+A target's ``scheduler.co_runners`` (busy processes time-sliced on the job's cores) is predicted by the sharing
+model of ``modak pack`` (:func:`modak.advise.pack.co_runner_slowdown`); ``scheduler.cores_per_job`` makes the
+target a part of a node (its ceilings scale, its price is the cores' share of the node's).
+
+Time and cost are per run when the job gives ``objective.steps`` (time to solution: compile/tune time plus the
+steps; cost: the node share's price for that long); otherwise per :data:`PER_UNITS` samples (objective
+throughput) or steps (latency), and the result says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from modak.advise.pack import co_runner_slowdown
+from modak.documents import document
+from modak.errors import InputError
+from modak.plan import Plan
+from modak.predict.base import Predictor
+from modak.spec.models import Metric
+
+PER_UNITS = 1000  # without objective.steps, time and cost are per this many samples (throughput) or steps
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a time and a cost are for: one run of ``count`` steps, or ``count`` samples or steps."""
+
+    kind: str  # run, samples or steps
+    count: int
+
+    def describe(self) -> str:
+        return f"the run ({self.count} steps)" if self.kind == "run" else f"{self.count} {self.kind}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The job on one target: its plan's choice and what it predicts, time and cost on the job's basis."""
+
+    file: Path
+    plan: Plan
+    sharing: float  # slowdown from the target's co-runners (1: none)
+    time_seconds: float
+    time_low: float
+    time_high: float
+    cost: float | None  # in ``currency``; None: the target states no price
+    cost_low: float | None
+    cost_high: float | None
+    currency: str | None
+    rank: int = 0
+    pareto: bool | None = None  # on the time/cost front; None: unpriced, outside the front
+
+    @property
+    def target(self) -> str:
+        return self.plan.loaded.target.name
+
+    @property
+    def step_seconds(self) -> float:
+        return self.plan.choice.prediction.step_seconds * self.sharing
+
+    @property
+    def step_interval(self) -> tuple[float, float]:
+        p = self.plan.choice.prediction
+        return p.low_seconds * self.sharing, p.high_seconds * self.sharing
+
+    @property
+    def objective_seconds(self) -> float:
+        """The step plus compile/tune time amortized over the job's steps (as the plan ranks)."""
+        choice = self.plan.choice
+        return choice.objective_seconds + choice.prediction.step_seconds * (self.sharing - 1.0)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.plan.workload.batch_size / self.objective_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        target, choice = self.plan.loaded.target, self.plan.choice
+        low, high = self.step_interval
+        return {
+            "rank": self.rank, "target": self.target, "file": str(self.file), "candidate": choice.candidate.name,
+            "device": choice.candidate.device, "threads": choice.candidate.threads,
+            "cores": self.plan.ceilings.cores, "co_runners": target.scheduler.co_runners,
+            "sharing_slowdown": _round(self.sharing), "batch_size": self.plan.workload.batch_size,
+            "predictor": choice.prediction.predictor, "step_seconds": _round(self.step_seconds),
+            "step_interval_seconds": [_round(low), _round(high)],
+            "compile_seconds": _round(choice.prediction.compile_seconds),
+            "samples_per_second": _round(self.samples_per_second),
+            "time_seconds": _round(self.time_seconds), "time_interval_seconds": [_round(self.time_low),
+                                                                                 _round(self.time_high)],
+            "cost": None if self.cost is None else _round(self.cost),
+            "cost_interval": None if self.cost_low is None else [_round(self.cost_low), _round(self.cost_high or 0)],
+            "currency": self.currency, "priced": self.cost is not None, "pareto": self.pareto,
+        }
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The job on every target, ranked by its objective (rank 1 first)."""
+
+    job: str
+    metric: Metric
+    basis: Basis
+    outcomes: tuple[Outcome, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def front(self) -> tuple[Outcome, ...]:
+        """The Pareto front of time against cost, fastest first."""
+        return tuple(sorted((o for o in self.outcomes if o.pareto), key=lambda o: (o.time_seconds, o.cost or 0.0)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return document({"job": self.job, "objective": {"metric": self.metric.value},
+                         "basis": {"kind": self.basis.kind, "count": self.basis.count},
+                         "targets": [o.to_dict() for o in self.outcomes],
+                         "pareto_front": [o.target for o in self.front], "notes": list(self.notes)})
+
+
+def pareto_front(points: Sequence[tuple[float, float] | None]) -> list[bool | None]:
+    """For each (time, cost) point, whether no other point is at least as good in both and better in one (None
+    for a missing point: unpriced, outside the front). Equal points are all on the front."""
+    flags: list[bool | None] = []
+    for i, point in enumerate(points):
+        if point is None:
+            flags.append(None)
+            continue
+        dominated = any(other is not None and j != i and other[0] <= point[0] and other[1] <= point[1]
+                        and other != point for j, other in enumerate(points))
+        flags.append(not dominated)
+    return flags
+
+
+def cost(per_node_hour: float, seconds: float, cores: int, node_cores: int) -> float:
+    """The price of ``seconds`` on ``cores`` of a node's ``node_cores``: one node's share for that long."""
+    return per_node_hour * (cores / node_cores) * seconds / HOUR
+
+
+def basis_of(metric: Metric, steps: int | None) -> Basis:
+    if steps:
+        return Basis("run", steps)
+    return Basis("samples" if metric is Metric.throughput else "steps", PER_UNITS)
+
+
+def outcome(file: Path, plan: Plan, basis: Basis) -> Outcome:
+    """The job's outcome on the target of ``plan`` (its co-runners applied), on ``basis``."""
+    target = plan.loaded.target
+    sharing = co_runner_slowdown(plan, target.scheduler.co_runners)
+    prediction = plan.choice.prediction
+    batch = plan.workload.batch_size
+    steps_of = {"run": basis.count, "steps": basis.count, "samples": basis.count / batch}[basis.kind]
+    compile_s = prediction.compile_seconds if basis.kind == "run" else 0.0
+    # Per samples or steps, compile time counts as the plan amortizes it over the job's steps (none without them).
+    times = [compile_s + steps_of * seconds * sharing
+             for seconds in (prediction.step_seconds, prediction.low_seconds, prediction.high_seconds)]
+    price = target.cost
+    node_cores = target.cpu.sockets * target.cpu.cores_per_socket
+    costs = [cost(price.per_node_hour, t, plan.ceilings.cores, node_cores) for t in times] if price else [None] * 3
+    return Outcome(file, plan, sharing, *times, *costs, price.currency if price else None)
+
+
+def rank_key(item: Outcome, metric: Metric) -> tuple:
+    """What the job's objective ranks by (smaller first), ties broken by cost (priced first) and target name."""
+    value = {Metric.throughput: -item.samples_per_second, Metric.latency: item.objective_seconds,
+             Metric.time_to_solution: item.time_seconds}[metric]
+    return (value, item.cost is None, item.cost or 0.0, item.target)
+
+
+def whatif(job: str | Path, targets: Sequence[str | Path], predictor: Predictor, store: Path | None = None) -> WhatIf:
+    """Plan ``job`` on each target (its own ``target`` replaced by each), rank the outcomes by the job's
+    objective and mark the Pareto front of time against cost."""
+    from modak import api
+
+    if not targets:
+        raise InputError("modak whatif needs at least one target (--targets A.yaml B.yaml ...)")
+    plans = [(Path(t), api.plan_loaded(api.load(job, t), predictor, store)) for t in targets]
+    first = plans[0][1].loaded.job
+    metric, steps = first.objective.metric, first.objective.steps
+    priced = [p.loaded for _, p in plans if p.loaded.target.cost]
+    for loaded in priced[1:]:
+        currency, first_currency = loaded.target.cost.currency, priced[0].target.cost.currency  # type: ignore[union-attr]
+        if currency != first_currency:
+            raise loaded.target_doc.error(("cost", "currency"), f"{currency}, but {priced[0].target_doc.path} prices in "
+                                          f"{first_currency}: costs in different currencies cannot be compared")
+    basis = basis_of(metric, steps)
+    items = sorted((outcome(file, plan, basis) for file, plan in plans), key=lambda o: rank_key(o, metric))
+    front = pareto_front([(o.time_seconds, o.cost) if o.cost is not None else None for o in items])
+    items = [replace(o, rank=i, pareto=flag) for i, (o, flag) in enumerate(zip(items, front), 1)]
+    notes = []
+    if basis.kind != "run":
+        notes.append(f"the job gives no objective.steps: time and cost are per {basis.describe()}, ranked by "
+                     f"{'samples per second' if metric is Metric.throughput else 'step time'}; give objective.steps "
+                     "for time to solution")
+    unpriced = [o.target for o in items if o.cost is None]
+    if unpriced:
+        notes.append(f"no price (cost.per_node_hour) for {', '.join(unpriced)}: outside the Pareto front of time "
+                     "against cost")
+    shared = [o for o in items if o.sharing > 1]
+    for o in shared:
+        notes.append(f"{o.target}: {o.plan.loaded.target.scheduler.co_runners} co-runner(s) on its "
+                     f"{o.plan.ceilings.cores} core(s) slow the step {o.sharing:.2f}x (the sharing model of modak pack)")
+    return WhatIf(first.name, metric, basis, tuple(items), tuple(notes))
+
+
+def describe(result: WhatIf) -> list[str]:
+    """The notes and the front in lines (the table is printed by the command line)."""
+    lines = [f"- {note}" for note in result.notes]
+    front = result.front
+    if front:
+        lines.append("- Pareto front (time against cost, fastest first): "
+                     + ", ".join(f"{o.target} ({_seconds(o.time_seconds)}, {o.cost:.4g} {o.currency})" for o in front))
+    best = result.outcomes[0]
+    lines.append(f"- best for {result.metric.value}: {best.target} with {best.plan.choice.candidate.name}")
+    return lines
+
+
+def _seconds(value: float) -> str:
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    if value < 120:
+        return f"{value:.3g} s"
+    return f"{value / 60:.3g} min" if value < 7200 else f"{value / 3600:.3g} h"
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.6g}")
