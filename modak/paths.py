@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -17,13 +16,6 @@ def data_dir(kind: str) -> Path:
     """
     packaged = _PACKAGE / "_data" / kind
     return packaged if packaged.is_dir() else _PACKAGE.parent / kind
-
-
-def read_data_yaml(path: Path) -> Any:
-    """A shipped catalog file (trusted YAML, not user input), parsed by libyaml where PyYAML has it."""
-    import yaml
-
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def cache_dir() -> Path:

@@ -35,11 +35,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from modak.documents import document
 from modak.errors import InputError
-from modak.paths import data_dir
+from modak.spec.loader import read_catalog
 
 if TYPE_CHECKING:
     from modak.plan import Plan
@@ -55,7 +53,7 @@ _PRIOR_WEIGHT = 1e-6  # pulls each fitted factor toward its default where the po
 @lru_cache(maxsize=1)
 def interconnects() -> dict[str, Any]:
     """``recipes/hardware/interconnects.yaml``: the links' default alphas and betas."""
-    return yaml.safe_load((data_dir("recipes") / "hardware" / "interconnects.yaml").read_text())
+    return read_catalog("hardware/interconnects.yaml")
 
 
 @dataclass(frozen=True)

@@ -449,7 +449,7 @@ def _without_default_bases(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     (folder / "recipes" / "base_images.yaml").write_text(
         yaml.safe_dump({"cuda": {"image": "docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04", "gcc": "13.2"}}))
     shutil.copy(data_dir("recipes") / "image.yaml", folder / "recipes" / "image.yaml")
-    monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: folder / kind)
+    monkeypatch.setattr("modak.spec.loader.data_dir", lambda kind: folder / kind)
 
 
 @pytest.mark.parametrize("change, field", [
@@ -476,7 +476,7 @@ def test_compiler_flags_follow_the_base_images_gcc(tmp_path: Path, monkeypatch: 
     (tmp_path / "recipes" / "base_images.yaml").write_text(
         yaml.safe_dump({"debian": {"image": "docker.io/library/debian:stretch-slim", "gcc": "6.3"}}))
     shutil.copy(data_dir("recipes") / "image.yaml", tmp_path / "recipes" / "image.yaml")
-    monkeypatch.setattr("modak.render.ir.data_dir", lambda kind: tmp_path / kind)
+    monkeypatch.setattr("modak.spec.loader.data_dir", lambda kind: tmp_path / kind)
     assert build_description(plan, CREATED).build_env == ()  # gcc 6.3 does not know icelake
 
 

@@ -48,15 +48,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from modak.documents import document
 from modak.errors import InputError
-from modak.paths import data_dir
 from modak.plan import MEMORY_SHARE, Plan, step_memory_gb
 from modak.predict.base import Predictor
 from modak.render.ir import Sharing, cpuset
-from modak.spec.loader import LoadedJob
+from modak.spec.loader import LoadedJob, read_catalog
 from modak.spec.models import GpuPeaks, Target, Task
 
 OVERSUBSCRIPTION_COST = 0.1  # extra time per unit of CPU oversubscription (see the module docstring)
@@ -192,7 +189,7 @@ class MigProfile:
 def mig_profiles(gpu: str) -> tuple[MigProfile, ...]:
     """The MIG profiles of GPU model ``gpu`` (a canonical name of the GPU catalog), smallest first; () if it has
     none (not MIG-capable, or not in ``recipes/hardware/mig.yaml``)."""
-    table = yaml.safe_load((data_dir("recipes") / "hardware" / "mig.yaml").read_text())
+    table = read_catalog("hardware/mig.yaml")
     entry = table.get(gpu)
     if not entry:
         return ()

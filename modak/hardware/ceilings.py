@@ -8,8 +8,8 @@ from typing import Any
 
 
 from modak.errors import did_you_mean
-from modak.paths import data_dir, read_data_yaml
 from modak.spec.document import SpecDocument
+from modak.spec.loader import read_catalog
 from modak.spec.models import Precision, Target
 
 # ISA features that give a CPU native support for a reduced precision (archspec feature names), with the default
@@ -74,7 +74,7 @@ class TargetCeilings:
 
 @lru_cache(maxsize=None)
 def _catalog(name: str) -> dict[str, Any]:
-    return read_data_yaml(data_dir("recipes") / "hardware" / name)
+    return read_catalog(f"hardware/{name}")
 
 
 def gpu_catalog() -> dict[str, dict[str, Any]]:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import modak
 from modak.scaling import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
-from modak.paths import data_dir, read_data_yaml
 from modak.render.package import wheel_name
+from modak.spec.loader import read_catalog
 from modak.spec.resolve import APP_DIR, DataBind
 
 if TYPE_CHECKING:
@@ -316,7 +316,7 @@ def _pip_step(plan: Plan) -> PipStep:
 def image_requirements(task: str | None = None) -> tuple[str, ...]:
     """What modak's in-image package needs in images of ``task`` (``recipes/image.yaml``: every image's, then the
     task's; all of them when ``task`` is None); a recipe's own pin of the same project wins."""
-    pins = read_data_yaml(data_dir("recipes") / "image.yaml")
+    pins = read_catalog("image.yaml")
     tasks = [task] if task else [k for k in pins if k != "requirements"]
     return (*pins["requirements"], *(r for t in tasks for r in pins.get(t, ())))
 
@@ -376,7 +376,7 @@ def _repository(name: str) -> str:
 
 def _base_image(logical: str, loaded: LoadedJob) -> BaseImage:
     """The target's image for a recipe's logical base name, else the shipped default; the shipped entry's gcc."""
-    default = read_data_yaml(data_dir("recipes") / "base_images.yaml").get(logical)
+    default = read_catalog("base_images.yaml").get(logical)
     mapped = loaded.target.container.base_images.get(logical)
     if mapped is None and default is None:
         raise loaded.target_doc.error(("container", "base_images"),

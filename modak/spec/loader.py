@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from modak.errors import InputError, did_you_mean
+from modak.paths import data_dir
 from modak.limits import MAX_SPEC_BYTES, MAX_STRING_CHARS, MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES, read_bounded
 from modak.spec.document import Loc, SpecDocument, dotted
 from modak.spec.models import AUTO_BATCH, Job, Metric, Target, Task
@@ -103,6 +104,11 @@ def load_spec(path: str | Path, model: type[M], local_machine: LocalMachine | No
         return model.model_validate(data), doc
     except ValidationError as exc:
         raise _first_error(exc, doc, model, data) from None
+
+
+def read_catalog(name: str) -> Any:
+    """A shipped catalog file under ``recipes/`` (trusted data, not user input), e.g. ``hardware/cpus.yaml``."""
+    return yaml.load((data_dir("recipes") / name).read_text(encoding="utf-8"), Loader=_Loader)
 
 
 def parse_yaml(text: str, path: Path) -> tuple[Any, dict[Loc, int]]:

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
-from modak.paths import data_dir, read_data_yaml
+from modak.paths import data_dir
+from modak.spec.loader import read_catalog
 from modak.spec.models import Task
 
 if TYPE_CHECKING:
@@ -333,13 +334,14 @@ def _strict_reason(skeleton: onnx.ModelProto) -> str:
 
 # --- costs ----------------------------------------------------------------------------------------------
 
-OP_TABLE_FILE = data_dir("recipes") / "hardware" / "op_classes.yaml"
+OP_TABLE = "hardware/op_classes.yaml"
+OP_TABLE_FILE = data_dir("recipes") / OP_TABLE
 
 
 @cache
 def op_table() -> dict[str, tuple[str, float]]:
     """op_type -> (op class, FLOP constant), from ``recipes/hardware/op_classes.yaml``."""
-    data = read_data_yaml(OP_TABLE_FILE)
+    data = read_catalog(OP_TABLE)
     return {op: (op_class, float(cost)) for op_class, ops in data.items() for op, cost in ops.items()}
 
 
