@@ -415,8 +415,12 @@ def test_failing_build_step_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: 
 
 def test_ctrl_c_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     write_target(tmp_path, "local-cpu")
-    # A requirement of its own makes the pip step new, so the build is still running when Ctrl-C comes.
-    job = write_job(tmp_path, name="interrupted-build", entrypoint={"requirements": ["six==1.16.0"]})
+    # A requirement of its own makes the pip step new, so the build is still running when Ctrl-C comes; the
+    # never-matching exclusion makes it new on every run too (an earlier run's layer would be cached).
+    requirement = f"six==1.16.0,!=0.0.{time.time_ns() % 10**9}"
+    for stale in [t for t in _all_tags(engine) if t.startswith("localhost/modak/interrupted-build:")]:
+        engine.remove(stale)  # a run whose Ctrl-C never arrived (SIGINT ignored) tagged one
+    job = write_job(tmp_path, name="interrupted-build", entrypoint={"requirements": [requirement]})
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "modak", "build", str(job), "-o", str(out)], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
