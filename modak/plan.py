@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
-from modak.documents import document
+from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.image.deployment import Deployment
 from modak.measurements.store import TunedChoice
@@ -72,16 +72,16 @@ class BatchOption:
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "candidate": self.candidate,
-                "objective_seconds": None if self.objective_seconds is None else _round(self.objective_seconds),
-                "samples_per_second": None if self.samples_per_second is None else _round(self.samples_per_second),
-                "memory_gb": None if self.memory_gb is None else _round(self.memory_gb), "excluded": self.excluded}
+                "objective_seconds": None if self.objective_seconds is None else rounded(self.objective_seconds),
+                "samples_per_second": None if self.samples_per_second is None else rounded(self.samples_per_second),
+                "memory_gb": None if self.memory_gb is None else rounded(self.memory_gb), "excluded": self.excluded}
 
     def describe(self) -> str:
         """``64: 20.6k/s (3.1 ms)`` or ``256: excluded (memory)``."""
         rate = self.samples_per_second
         if self.excluded is not None or rate is None or self.objective_seconds is None:
             return f"{self.batch_size}: excluded ({self.excluded})"
-        return f"{self.batch_size}: {_count(rate)}/s ({_ms(self.objective_seconds)})"
+        return f"{self.batch_size}: {_count(rate)}/s ({duration(self.objective_seconds)})"
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
             continue
         latency = job.constraints.max_latency_ms
         if latency is not None and prediction.step_seconds * 1e3 > latency:
-            pruned.append(Pruned(candidate.name, f"predicted step {_ms(prediction.step_seconds)} exceeds "
+            pruned.append(Pruned(candidate.name, f"predicted step {duration(prediction.step_seconds)} exceeds "
                                                  f"constraints.max_latency_ms ({latency:g} ms)",
                                  "constraints.max_latency_ms"))
             continue
@@ -393,19 +393,15 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
         "parameters": {k: v for k, v in c.params},
         "threads": c.threads,
         "predictor": p.predictor,
-        "step_seconds": _round(p.step_seconds),
-        "interval_seconds": [_round(p.low_seconds), _round(p.high_seconds)],
-        "compile_seconds": _round(p.compile_seconds),
-        "objective_seconds": _round(ranked.objective_seconds),
-        "throughput_per_second": _round(batch / ranked.objective_seconds),
+        "step_seconds": rounded(p.step_seconds),
+        "interval_seconds": [rounded(p.low_seconds), rounded(p.high_seconds)],
+        "compile_seconds": rounded(p.compile_seconds),
+        "objective_seconds": rounded(ranked.objective_seconds),
+        "throughput_per_second": rounded(batch / ranked.objective_seconds),
         "bound": p.bound,
-        "roofline": {k: _round(v) for k, v in p.terms},
+        "roofline": {k: rounded(v) for k, v in p.terms},
         "accuracy": ranked.accuracy.to_dict() if ranked.accuracy else None,
     }
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.6g}")
 
 
 def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned],
@@ -415,26 +411,26 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
     p = best.prediction
     physics = [p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")]  # the roofline's split of a step
     share = max(physics) / sum(physics)
-    reasons = [f"chose {best.candidate.name}: predicted {_ms(p.step_seconds)} per step of batch "
+    reasons = [f"chose {best.candidate.name}: predicted {duration(p.step_seconds)} per step of batch "
                f"{job.model.batch_size} ({p.bound}-bound: {share:.0%} of the roofline step), "
-               f"interval {_ms(p.low_seconds)}-{_ms(p.high_seconds)} ({p.predictor})"]
+               f"interval {duration(p.low_seconds)}-{duration(p.high_seconds)} ({p.predictor})"]
     if stock_kept_over is not None:  # ranked[0] is the stock deployment
         fastest = stock_kept_over
         reasons.append(f"kept the stock deployment: the fastest predicted, {fastest.candidate.name} at "
-                       f"{_ms(fastest.objective_seconds)}, is not faster than stock's "
-                       f"{_ms(best.objective_seconds)} at the slow end of its interval "
-                       f"({_ms(fastest.prediction.high_seconds)} per step): `modak bench` measures both")
+                       f"{duration(fastest.objective_seconds)}, is not faster than stock's "
+                       f"{duration(best.objective_seconds)} at the slow end of its interval "
+                       f"({duration(fastest.prediction.high_seconds)} per step): `modak bench` measures both")
     other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)
     if other:
         ratio = other.objective_seconds / best.objective_seconds
-        reasons.append(f"best other runtime: {other.candidate.name} at {_ms(other.objective_seconds)} "
+        reasons.append(f"best other runtime: {other.candidate.name} at {duration(other.objective_seconds)} "
                        f"({ratio:.2f}x the chosen objective)")
         if other.prediction.low_seconds < p.high_seconds:
             reasons.append("the two intervals overlap, so the order is uncertain: `modak bench` measures both")
     if job.objective.steps:
         amortized = p.compile_seconds / job.objective.steps
         reasons.append(f"compile/tune time {p.compile_seconds:.1f} s over {job.objective.steps} steps adds "
-                       f"{_ms(amortized)} per step")
+                       f"{duration(amortized)} per step")
     elif p.compile_seconds > 1 and job.objective.metric is not Metric.time_to_solution:
         reasons.append(f"compile/tune time {p.compile_seconds:.1f} s is not counted: the job gives no step count")
     by_precision: dict[tuple[str, str], str] = {(r.candidate.runtime, r.candidate.precision.value):
@@ -457,10 +453,6 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
                        + (f" (threads resolve to {best.candidate.threads} on this target; the entrypoint "
                           "recomputes them from the real allocation)" if best.candidate.threads else ""))
     return tuple(reasons)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 def _count(value: float) -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from modak.documents import document
+from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.spec.loader import read_catalog
 
@@ -66,8 +66,8 @@ class Link:
     source: str  # where the two numbers come from, in words
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "bandwidth_gbs": _round(self.bandwidth_gbs),
-                "latency_us": _round(self.latency_us), "source": self.source}
+        return {"kind": self.kind, "bandwidth_gbs": rounded(self.bandwidth_gbs),
+                "latency_us": rounded(self.latency_us), "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,11 @@ class Point:
 
     def to_dict(self, batch: int) -> dict[str, Any]:
         return {"workers": self.workers, "nodes": self.nodes, "workers_per_node": self.per_node,
-                "step_seconds": _round(self.step_s), "compute_seconds": _round(self.compute_s),
-                "allreduce_seconds": _round(self.comm_s), "exposed_comm_seconds": _round(self.exposed_s),
-                "comm_share": _round(self.comm_share), "algorithm": self.algorithm,
-                "samples_per_second": _round(self.samples_per_second(batch)),
-                "efficiency": _round(self.efficiency)}
+                "step_seconds": rounded(self.step_s), "compute_seconds": rounded(self.compute_s),
+                "allreduce_seconds": rounded(self.comm_s), "exposed_comm_seconds": rounded(self.exposed_s),
+                "comm_share": rounded(self.comm_share), "algorithm": self.algorithm,
+                "samples_per_second": rounded(self.samples_per_second(batch)),
+                "efficiency": rounded(self.efficiency)}
 
 
 @dataclass(frozen=True)
@@ -204,11 +204,11 @@ class ScalingModel:
         return tuple(sorted(counts))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"compute_seconds": _round(self.compute_s), "backward_seconds": _round(self.backward_s),
+        return {"compute_seconds": rounded(self.compute_s), "backward_seconds": rounded(self.backward_s),
                 "gradient_bytes": int(self.gradient_bytes), "bucket_bytes": int(self.bucket_bytes),
-                "allreduce_calls": self.calls, "overlap": _round(self.overlap),
+                "allreduce_calls": self.calls, "overlap": rounded(self.overlap),
                 "workers_per_node": self.workers_per_node, "max_nodes": self.max_nodes,
-                "base_latency_us": _round(self.base_latency_us), "algorithms": list(self.algorithms),
+                "base_latency_us": rounded(self.base_latency_us), "algorithms": list(self.algorithms),
                 "intra_node": self.intra.to_dict() if self.intra else None,
                 "network": self.network.to_dict() if self.network else None}
 
@@ -233,7 +233,7 @@ class Fit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"fitted": list(self.fitted), "defaults": list(self.kept),
-                "points": [{"workers": n, "measured_seconds": _round(m), "predicted_seconds": _round(p),
+                "points": [{"workers": n, "measured_seconds": rounded(m), "predicted_seconds": rounded(p),
                             "error": round(p / m - 1, 6)} for n, m, p in self.residuals()],
                 "notes": list(self.notes)}
 
@@ -277,7 +277,7 @@ def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
     notes: list[str] = []
     if 1 in measured:
         base = replace(base, compute_s=measured[1])
-        notes.append(f"compute: the measured one-worker step, {_ms(measured[1])} (predicted {_ms(model.compute_s)})")
+        notes.append(f"compute: the measured one-worker step, {duration(measured[1])} (predicted {duration(model.compute_s)})")
         fixed.append("compute_seconds")
     many = [w for w, _ in points if w > 1]
     spans_nodes = any(model.layout(w).nodes > 1 for w in many)
@@ -357,7 +357,7 @@ def _describe(model: ScalingModel, base: ScalingModel, name: str, value: float, 
     if name == "overlap":
         return f"overlap: {value:.2f} fitted (default {base.overlap:.2f}){bound}"
     if name == "compute_seconds":
-        return f"compute: {_ms(model.compute_s)} per step fitted (predicted {_ms(base.compute_s)}){bound}"
+        return f"compute: {duration(model.compute_s)} per step fitted (predicted {duration(base.compute_s)}){bound}"
     level, what = name.split("_")
     link, default = (model.intra, base.intra) if level == "intra" else (model.network, base.network)
     assert link is not None and default is not None
@@ -446,7 +446,7 @@ class ScaleAdvice:
             "gradient_dtype": self.gradient_dtype, "model": self.model.to_dict(),
             "points": [p.to_dict(self.batch_size) for p in self.points],
             "chosen": {"workers": self.chosen.workers, "nodes": self.chosen.nodes,
-                       "workers_per_node": self.chosen.per_node, "efficiency": _round(self.chosen.efficiency)},
+                       "workers_per_node": self.chosen.per_node, "efficiency": rounded(self.chosen.efficiency)},
             "fit": self.fit.to_dict() if self.fit else None,
             "reasons": list(self.reasons)})
 
@@ -504,14 +504,14 @@ def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, .
         why = (f"the target has no more ({target.nodes} node(s) x {model.workers_per_node} GPU(s))" if worker == "GPU"
                else f"the target has no more ({target.nodes} node(s), one worker each)")
     reasons.append(f"chose {chosen.workers} worker(s) ({chosen.nodes} node(s) x {chosen.per_node}): predicted "
-                   f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {_ms(chosen.step_s)} per step, "
+                   f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {duration(chosen.step_s)} per step, "
                    f"{chosen.samples_per_second(batch):.4g} samples/s; {why}")
     reasons.append(f"weak scaling: every worker keeps the job's batch of {batch}, so N workers train on N x {batch} "
                    f"samples per step; efficiency = one worker's step time / N workers' step time")
-    reasons.append(f"compute: {_ms(model.compute_s)} per step on one {worker} "
+    reasons.append(f"compute: {duration(model.compute_s)} per step on one {worker} "
                    + (f"(the plan's prediction for {advice.candidate})" if not advice.fit
                       or "compute_seconds" not in advice.fit.fitted else "(from the measured steps)")
-                   + f"; the backward pass is {model.backward_share:.0%} of it ({_ms(model.backward_s)})")
+                   + f"; the backward pass is {model.backward_share:.0%} of it ({duration(model.backward_s)})")
     reasons.append(f"gradients: {plan.workload.parameters / 1e6:.3g} M parameters x "
                    f"{GRADIENT_BYTES[advice.gradient_dtype]} bytes ({advice.gradient_dtype}) = "
                    f"{model.gradient_bytes / 1e6:.4g} MB all-reduced per step in {model.calls} bucket(s) of "
@@ -533,11 +533,3 @@ def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, .
             reasons.append("modak render and build fit to the job's scaling.measured: put these points there for "
                            "the job script to request what this fit chooses")
     return tuple(reasons)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.6g}")

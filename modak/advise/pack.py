@@ -48,7 +48,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from modak.documents import document
+from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.plan import MEMORY_SHARE, Plan, step_memory_gb
 from modak.predict.base import Predictor
@@ -240,8 +240,8 @@ class PackJob:
         choice = self.alone.choice
         return {"name": self.label, "file": str(self.file), "device": self.device,
                 "candidate": choice.candidate.name, "threads": choice.candidate.threads,
-                "batch_size": self.alone.workload.batch_size, "step_seconds": _round(choice.prediction.step_seconds),
-                "memory_gb": _round(memory_need_gb(self.alone)), "max_slowdown": self.max_slowdown,
+                "batch_size": self.alone.workload.batch_size, "step_seconds": rounded(choice.prediction.step_seconds),
+                "memory_gb": rounded(memory_need_gb(self.alone)), "max_slowdown": self.max_slowdown,
                 "max_latency_ms": self.max_latency_ms}
 
 
@@ -265,9 +265,9 @@ class Placement:
         return {"job": self.job.label, "share": self.share,
                 "candidate": self.plan.choice.candidate.name if self.plan else None,
                 "threads": self.plan.choice.candidate.threads if self.plan else None,
-                "step_seconds": None if self.step_seconds is None else _round(self.step_seconds),
-                "alone_step_seconds": _round(self.job.alone_step),
-                "slowdown": None if self.slowdown is None else _round(self.slowdown),
+                "step_seconds": None if self.step_seconds is None else rounded(self.step_seconds),
+                "alone_step_seconds": rounded(self.job.alone_step),
+                "slowdown": None if self.slowdown is None else rounded(self.slowdown),
                 "max_slowdown": self.job.max_slowdown, "within_limits": not self.over, "over": list(self.over),
                 "cpuset": sharing.cpuset, "mps_percentage": sharing.mps_percentage,
                 "mig_profile": sharing.mig_profile, "mig_index": sharing.mig_profile and sharing.mig_index}
@@ -297,9 +297,9 @@ class Arrangement:
         return f"{self.mode}: " + ", ".join(f"{p.job.label} on {p.share}" for p in self.placements)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "device": self.device, "gain": _round(self.gain), "feasible": self.feasible,
-                "refused": list(self.refused), "memory_gb": _round(self.memory_gb),
-                "memory_capacity_gb": _round(self.capacity_gb), "placements": [p.to_dict() for p in self.placements]}
+        return {"mode": self.mode, "device": self.device, "gain": rounded(self.gain), "feasible": self.feasible,
+                "refused": list(self.refused), "memory_gb": rounded(self.memory_gb),
+                "memory_capacity_gb": rounded(self.capacity_gb), "placements": [p.to_dict() for p in self.placements]}
 
 
 @dataclass(frozen=True)
@@ -351,7 +351,7 @@ class PackResult:
                 assert p.slowdown is not None and p.step_seconds is not None
                 limit = f" (limit {p.job.max_slowdown:g}x)" if p.job.max_slowdown else ""
                 lines.append(f"  {p.job.label}: {p.share}: {p.plan.choice.candidate.name if p.plan else '-'}; "
-                             f"step {_ms(p.step_seconds)} vs {_ms(p.job.alone_step)} alone: "
+                             f"step {duration(p.step_seconds)} vs {duration(p.job.alone_step)} alone: "
                              f"slowdown {p.slowdown:.2f}x{limit}")
             lines.append(f"  {group.reason}")
         return lines + [f"note: {note}" for note in self.notes]
@@ -424,7 +424,7 @@ def _limits(job: PackJob, step: float) -> tuple[str, ...]:
     if job.max_slowdown is not None and slowdown > job.max_slowdown * (1 + 1e-9):
         over.append(f"slowdown {slowdown:.2f}x exceeds its constraints.max_slowdown ({job.max_slowdown:g}x)")
     if job.max_latency_ms is not None and step * 1e3 > job.max_latency_ms:
-        over.append(f"step {_ms(step)} exceeds its constraints.max_latency_ms ({job.max_latency_ms:g} ms)")
+        over.append(f"step {duration(step)} exceeds its constraints.max_latency_ms ({job.max_latency_ms:g} ms)")
     return tuple(over)
 
 
@@ -630,14 +630,6 @@ def render_pack(result: PackResult, out_dir: Path) -> list[Path]:
             written.append(out_dir / placement.job.label)
     write_atomic(out_dir / "pack.json", json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
     return written
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.6g}")
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 __all__ = ["Arrangement", "Group", "Load", "PackJob", "PackResult", "Placement", "bandwidth_slowdowns",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from modak.advise.pack import co_runner_slowdown
-from modak.documents import document
+from modak.documents import document, rounded
 from modak.errors import InputError
 from modak.plan import Plan
 from modak.predict.base import Predictor
@@ -87,15 +87,15 @@ class Outcome:
             "rank": self.rank, "target": self.target, "file": str(self.file), "candidate": choice.candidate.name,
             "device": choice.candidate.device, "threads": choice.candidate.threads,
             "cores": self.plan.ceilings.cores, "co_runners": target.scheduler.co_runners,
-            "sharing_slowdown": _round(self.sharing), "batch_size": self.plan.workload.batch_size,
-            "predictor": choice.prediction.predictor, "step_seconds": _round(self.step_seconds),
-            "step_interval_seconds": [_round(low), _round(high)],
-            "compile_seconds": _round(choice.prediction.compile_seconds),
-            "samples_per_second": _round(self.samples_per_second),
-            "time_seconds": _round(self.time_seconds), "time_interval_seconds": [_round(self.time_low),
-                                                                                 _round(self.time_high)],
-            "cost": None if self.cost is None else _round(self.cost),
-            "cost_interval": None if self.cost_low is None else [_round(self.cost_low), _round(self.cost_high or 0)],
+            "sharing_slowdown": rounded(self.sharing), "batch_size": self.plan.workload.batch_size,
+            "predictor": choice.prediction.predictor, "step_seconds": rounded(self.step_seconds),
+            "step_interval_seconds": [rounded(low), rounded(high)],
+            "compile_seconds": rounded(choice.prediction.compile_seconds),
+            "samples_per_second": rounded(self.samples_per_second),
+            "time_seconds": rounded(self.time_seconds), "time_interval_seconds": [rounded(self.time_low),
+                                                                                 rounded(self.time_high)],
+            "cost": None if self.cost is None else rounded(self.cost),
+            "cost_interval": None if self.cost_low is None else [rounded(self.cost_low), rounded(self.cost_high or 0)],
             "currency": self.currency, "priced": self.cost is not None, "pareto": self.pareto,
         }
 
@@ -225,7 +225,3 @@ def _seconds(value: float) -> str:
     if value < 120:
         return f"{value:.3g} s"
     return f"{value / 60:.3g} min" if value < 7200 else f"{value / 3600:.3g} h"
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.6g}")

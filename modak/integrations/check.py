@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from modak.documents import SCHEMA_VERSION, document
+from modak.documents import SCHEMA_VERSION, document, rounded
 from modak.limits import MAX_JSON_BYTES, read_bounded
 from modak.errors import InputError
 from modak.paths import write_atomic
@@ -92,7 +92,7 @@ class Comparison:
         change = self.change
         return {"metric": self.metric, "baseline": self.baseline, "current": self.current,
                 "change": None if change is None else round(change, 6),
-                "limit": None if self.limit is None else _round(self.limit), "status": self.status}
+                "limit": None if self.limit is None else rounded(self.limit), "status": self.status}
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,3 @@ def _ms(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds * 1e3:.4g} ms" if seconds < 1 else f"{seconds:.4g} s"
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.6g}")

@@ -71,8 +71,9 @@ class TreeEnsemble:
     def predict_trees(self, X: Sequence[Sequence[float]]) -> list[list[float]]:
         """Each tree's prediction for each row of ``X``: ``trees`` lists of ``len(X)`` values."""
         rows = [array("f", row) for row in X]  # scikit-learn compares float32 features
-        if any(len(row) <= max(self.feature) for row in rows):
-            raise ValueError(f"the trees split on {max(self.feature) + 1} features; a row has fewer")
+        needed = max(self.feature) + 1
+        if any(len(row) < needed for row in rows):
+            raise ValueError(f"the trees split on {needed} features; a row has fewer")
         left, right, feature, threshold, value = self.left, self.right, self.feature, self.threshold, self.value
         steps = range(self.depth[0])
         out = []
