@@ -46,6 +46,9 @@ def main() -> int:
     parser.add_argument("--runtimes", nargs="+", help="only these runtimes")
     parser.add_argument("--models", nargs="+", help="only these zoo models")
     parser.add_argument("--resume", action="store_true", help="skip configurations already measured ok")
+    parser.add_argument("--stop-after", type=float, metavar="SECONDS",
+                        help="start no further workload after this many seconds (a workload's rows are stored "
+                             "together at its end, so stopping between workloads loses nothing; --resume goes on)")
     args = parser.parse_args()
 
     config = yaml.safe_load(args.config.read_text())
@@ -66,6 +69,10 @@ def main() -> int:
     with PerfStore(args.store) as store:
         done = {r.key for r in store.rows(machine=target.name, status="ok")} if args.resume else set()
         for model, batch, task, recipes in work:
+            if args.stop_after is not None and time.perf_counter() - started > args.stop_after:
+                print(f"[{time.perf_counter() - started:6.0f} s] --stop-after: stopping before {model} {task} "
+                      f"batch {batch}", flush=True)
+                break
             plan = zoo_plan(model, batch, task, config["precision"], target, target_doc, recipes)
             todo = [r.candidate for r in plan.ranked
                     if measurement_row(plan, r.candidate, {}).key not in done]
