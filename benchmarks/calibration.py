@@ -64,7 +64,7 @@ def measure(workloads: list[tuple[str, str, int]], name: str) -> list[Measuremen
     return rows
 
 
-def errors(held: list[Measurement], predictions: list[tuple[float, float, float, float]]) -> tuple[float, float]:
+def errors(held: list[Measurement], predictions: list[tuple]) -> tuple[float, float]:
     """(MAPE, top-1 regret) of step-time predictions for one workload's measured rows."""
     mape = statistics.mean(abs(p[0] - r.step_median_s) / r.step_median_s for p, r in zip(predictions, held))
     pick = min(range(len(held)), key=lambda i: predictions[i][0])

@@ -1,17 +1,24 @@
-"""Does `modak tune` find the best configuration, and how close is the zero-shot plan? Per workload, side by side in
-one run:
+"""Does `modak tune` find the best configuration, and how close is the zero-shot plan? Per workload:
 
 1. exhaustive: every candidate of the plan measured with the protocol (``--launches`` interleaved rounds): the
-   reference best, and the set of candidates statistically equivalent to it (paired ratio within 5%);
-2. zero-shot: the plan's choice (no measurement on this machine);
+   reference best, and the set of candidates statistically equivalent to it (paired ratio within 5%). With
+   ``--exhaustive-store`` (a campaign's perf store, ``benchmarks/campaign.py``) and ``--config`` (its grid), the
+   campaign's rows are that measurement: every candidate of the same space, measured with the same protocol on
+   this machine, so it is not measured a second time;
+2. zero-shot: the plan's choice (no measurement of this workload on this machine);
 3. `modak tune` with 5 and with 10 trials (each in a fresh store, so no race sees another's rows).
 
-A pick is a hit when it is the best or its paired ratio to the best, from the exhaustive session, is shown within
-5% (``modak.predict.evaluate.verdict``); captured speedup = (stock / pick) / (stock / best) with the exhaustive
-medians. The table prints per workload: pick, ratio to the best with its interval, verdict, trials, wall time.
+The plan's model is fit on the shipped data without the workload's model (``--hold-out``, the default:
+leave-one-model-out, as for a model modak has never measured). Without it, a shipped campaign of this machine
+would hand the zero-shot plan the very times it is judged by.
 
-    python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64 mobilenet_v2:1] [--launches 3]
-        [--min-seconds 0.5] [--budget 300]
+A pick is a hit when it is the best or its ratio to the best, from the exhaustive measurement, is shown within
+5% (``modak.predict.evaluate.verdict``; paired by round when both were measured in one session); captured
+speedup = (stock / pick) / (stock / best) with the exhaustive medians. The table prints per workload: pick,
+ratio to the best with its interval, verdict, trials, wall time.
+
+    python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
+        [--min-seconds 0.5] [--budget 300] [--exhaustive-store S --config benchmarks/campaign.yaml]
 """
 
 from __future__ import annotations
@@ -24,75 +31,124 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
+from campaign import grid_catalog
 from modak.bench.harness import BenchSettings, bench
 from modak.bench.tune import TuneSettings, tune
 from modak.measurements.stats import ratio
-from modak.measurements.store import PerfStore
+from modak.measurements.store import Measurement, PerfStore
+from modak.plan import Plan
+from modak.predict.base import FallbackPredictor, Predictor
 from modak.predict.default import default_predictor
 from modak.predict.evaluate import HIT, captured_speedup, verdict
+from modak.predict.learned import LearnedPredictor, TrainingData, candidate_from_row
+from modak.predict.roofline import RooflinePredictor
+from modak.predict.training import training_data
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
 from zoo_jobs import zoo_plan
+
+
+def held_out_predictor(model: str, store: Path) -> Predictor:
+    """The plan's predictor fit on the shipped rows (and ``store``'s) of every model but ``model``."""
+    rows, weights = training_data(store)
+    kept = [(r, w) for r, w in zip(rows, weights) if r.model != model]
+    learned = LearnedPredictor.cached(TrainingData.of([r for r, _ in kept], [w for _, w in kept]))
+    return FallbackPredictor((learned, RooflinePredictor()))
+
+
+def exhaustive_rows(plan: Plan, store: PerfStore, machine: str, model: str, task: str,
+                    batch: int) -> dict[str, Measurement]:
+    """The plan's candidates' protocol rows in a campaign store, by candidate name (ok rows with launches)."""
+    names = {r.candidate.name for r in plan.ranked}
+    rows = {}
+    for row in store.rows(machine=machine, model=model, task=task, batch_size=batch, status="ok"):
+        name = candidate_from_row(row).name
+        if name in names and row.launch_medians:
+            rows[name] = row
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, default=Path("perfmodels/targets/ci-epyc-2c-b.yaml"))
     parser.add_argument("--workloads", nargs="+", default=["mlp:64", "mnist_cnn:64", "mobilenet_v2:1"],
-                        help="zoo model:batch (inference)")
+                        help="zoo model:batch[:task] (task: inference, the default, or training)")
     parser.add_argument("--launches", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=0.5)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per tune run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exclude", nargs="*", default=["tvm"], help="runtimes left out (TVM tunes for minutes)")
+    parser.add_argument("--config", type=Path, help="a campaign's config: plan with its grid")
+    parser.add_argument("--exhaustive-store", type=Path, help="a campaign's perf store: its rows are the exhaustive "
+                        "measurement (give the campaign's --config too)")
+    parser.add_argument("--no-hold-out", dest="hold_out", action="store_false",
+                        help="fit the plan's model on all shipped data, the workload's model included")
     args = parser.parse_args()
+    if args.exhaustive_store and not args.config:
+        parser.error("--exhaustive-store needs the campaign's --config (the candidate space it measured)")
     target, target_doc = load_spec(args.target, Target)
+    catalog = grid_catalog(yaml.safe_load(args.config.read_text())["grid"], None) if args.config else None
     protocol = BenchSettings(launches=args.launches, min_seconds=args.min_seconds, budget_s=3.0, seed=args.seed)
-    print(f"{'workload':<18} {'method':<10} {'trials':>6} {'seconds':>8} {'pick/best [90%]':>26} {'verdict':>10} "
+    print(f"{'workload':<22} {'method':<10} {'trials':>6} {'seconds':>8} {'pick/best [90%]':>26} {'verdict':>10} "
           f"{'captured':>8}  pick")
-    summary: dict[str, list[tuple[str, float]]] = {}
+    summary: dict[str, list[tuple[str, float, int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="modak-tunequality-") as scratch:
         for spec in args.workloads:
-            model, batch = spec.split(":")
-            predictor = default_predictor(Path(scratch) / "none.sqlite")  # shipped data only: zero-shot here
-            full = zoo_plan(model, int(batch), "inference", ["fp32", "bf16"], target, target_doc, predictor=predictor)
+            model, batch, task = (spec.split(":") + ["inference"])[:3]
+            none = Path(scratch) / "none.sqlite"  # shipped data only
+            predictor = held_out_predictor(model, none) if args.hold_out else default_predictor(none)
+            full = zoo_plan(model, int(batch), task, ["fp32", "bf16"], target, target_doc, catalog, predictor)
             plan = replace(full, ranked=tuple(r for r in full.ranked if r.candidate.runtime not in args.exclude))
             space = [r.candidate for r in plan.ranked]
             started = time.monotonic()
-            with PerfStore(Path(scratch) / f"{model}-{batch}-all.sqlite") as store:
-                rows = bench(plan, space, store, protocol)
-            exhaustive_s = time.monotonic() - started
-            times = {c.name: json.loads(r.launch_medians or "[]") for c, r in zip(space, rows)
-                     if r.status == "ok" and r.launch_medians}
+            if args.exhaustive_store:
+                with PerfStore(args.exhaustive_store) as store:
+                    rows = exhaustive_rows(plan, store, target.name, model, task, int(batch))
+                exhaustive_s = float("nan")
+            else:
+                with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-all.sqlite") as store:
+                    rows = {c.name: r for c, r in zip(space, bench(plan, space, store, protocol))
+                            if r.status == "ok" and r.launch_medians}
+                exhaustive_s = time.monotonic() - started
+            times = {name: json.loads(r.launch_medians) for name, r in rows.items()}
+            sessions = {name: r.session for name, r in rows.items()}
+            if not times:
+                print(f"{spec:<22} no candidate measured ok")
+                continue
             best = min(times, key=lambda n: statistics.median(times[n]))
             stock = plan.stock.candidate.name if plan.stock and plan.stock.candidate.name in times else None
 
             def judge(method: str, pick: str | None, trials: int, seconds: float) -> None:
                 if pick is None or pick not in times:
-                    print(f"{spec:<18} {method:<10} {trials:6d} {seconds:8.0f} {'-':>26} {'no pick':>10}")
-                    summary.setdefault(method, []).append(("miss", float("nan")))
+                    print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {'-':>26} {'no pick':>10}")
+                    summary.setdefault(method, []).append(("miss", float("nan"), trials, seconds))
                     return
-                r = ratio(times[pick], times[best], paired=True)
+                r = ratio(times[pick], times[best], paired=sessions[pick] == sessions[best])
                 outcome = HIT if pick == best else verdict(r)
                 captured = (captured_speedup(*(statistics.median(times[n]) for n in (stock, pick, best)))
                             if stock else float("nan"))
-                summary.setdefault(method, []).append((outcome, captured))
-                print(f"{spec:<18} {method:<10} {trials:6d} {seconds:8.0f} {r.describe():>26} {outcome:>10} "
+                summary.setdefault(method, []).append((outcome, captured, trials, seconds))
+                print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {r.describe():>26} {outcome:>10} "
                       f"{captured:8.3f}  {pick[:70]}", flush=True)
 
-            judge("exhaustive", best, len(space), exhaustive_s)
+            judge("exhaustive", best, len(times), exhaustive_s)
             judge("zero-shot", plan.choice.candidate.name, 0, 0.0)
             for trials in (5, 10):
                 started = time.monotonic()
-                with PerfStore(Path(scratch) / f"{model}-{batch}-tune{trials}.sqlite") as store:
+                with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-tune{trials}.sqlite") as store:
                     result = tune(plan, store, TuneSettings(budget_s=args.budget, trials=trials, protocol=protocol))
                 judge(f"tune-{trials}", result.winner, len(result.shortlist), time.monotonic() - started)
     print()
     for method, outcomes in summary.items():
-        hits = sum(o == HIT for o, _ in outcomes)
-        captured = [c for _, c in outcomes if c == c]
+        hits = sum(o == HIT for o, *_ in outcomes)
+        captured = [c for _, c, *_ in outcomes if c == c]
+        seconds = [s for *_, s in outcomes if s == s]
         print(f"{method:<10} hit rate {hits}/{len(outcomes)} = {hits / len(outcomes):.0%}"
-              + (f", captured speedup median {statistics.median(captured):.3f}" if captured else ""))
+              + (f", captured speedup median {statistics.median(captured):.3f}" if captured else "")
+              + f", trials median {statistics.median(t for _, _, t, _ in outcomes):g}"
+              + (f", wall time median {statistics.median(seconds):.0f} s" if seconds and method != "zero-shot" else ""))
     return 0
 
 

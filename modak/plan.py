@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 from dataclasses import dataclass, replace
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -358,12 +359,25 @@ def _method(candidate: Candidate) -> tuple[str, str]:
 
 
 def _confidently_faster(fastest: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:
-    """Whether the fastest predicted candidate beats stock even at the slow end of its interval (its 90th
-    percentile step time, compile amortized as usual) against stock's predicted objective."""
+    """Whether the fastest predicted candidate beats stock with confidence: its objective's ratio to stock's is
+    below 1 at the 90th percentile of the paired ratios (:func:`paired_ratio_high`), or, for a predictor without
+    ensemble members, at the slow end of its interval (its 90th percentile step time) against stock's point."""
     if fastest is stock:
         return True
-    slow = replace(fastest.prediction, step_seconds=fastest.prediction.high_seconds)
-    return objective_seconds(slow, steps) < stock.objective_seconds
+    return paired_ratio_high(fastest, stock, steps) < 1.0
+
+
+def paired_ratio_high(a: RankedCandidate, b: RankedCandidate, steps: int | None) -> float:
+    """The 90th percentile of ``a``'s objective over ``b``'s: member by member where both predictions come from one
+    ensemble (member i of both is one tree, so what the trees agree on cancels out), else ``a``'s slow end over
+    ``b``'s point."""
+    pa, pb = a.prediction, b.prediction
+    if pa.predictor == pb.predictor and len(pa.members) == len(pb.members) >= 10:
+        ca = pa.compile_seconds / steps if steps else 0.0
+        cb = pb.compile_seconds / steps if steps else 0.0
+        ratios = [(x + ca) / (y + cb) for x, y in zip(pa.members, pb.members)]
+        return statistics.quantiles(ratios, n=10, method="inclusive")[-1]
+    return objective_seconds(replace(pa, step_seconds=pa.high_seconds), steps) / b.objective_seconds
 
 
 def objective_seconds(prediction: Prediction, steps: int | None) -> float:
@@ -416,10 +430,13 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
                f"interval {duration(p.low_seconds)}-{duration(p.high_seconds)} ({p.predictor})"]
     if stock_kept_over is not None:  # ranked[0] is the stock deployment
         fastest = stock_kept_over
+        high = paired_ratio_high(fastest, best, job.objective.steps)
+        how = ("in 9 of 10 of the model's trees, paired" if fastest.prediction.members
+               else f"at the slow end of its interval ({duration(fastest.prediction.high_seconds)} per step)")
         reasons.append(f"kept the stock deployment: the fastest predicted, {fastest.candidate.name} at "
-                       f"{duration(fastest.objective_seconds)}, is not faster than stock's "
-                       f"{duration(best.objective_seconds)} at the slow end of its interval "
-                       f"({duration(fastest.prediction.high_seconds)} per step): `modak bench` measures both")
+                       f"{duration(fastest.objective_seconds)}, is not confidently faster than stock's "
+                       f"{duration(best.objective_seconds)}: its ratio to stock is up to {high:.2f} {how}; "
+                       "`modak tune` measures both")
     other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)
     if other:
         ratio = other.objective_seconds / best.objective_seconds

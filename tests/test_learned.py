@@ -19,8 +19,8 @@ from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
 from modak.predict.training import training_data
-from modak.predict.learned import (Features, LearnedPredictor, ParameterFeature, TrainingData, example_from,
-                                   example_from_row, shrunk_offset)
+from modak.predict.learned import (TREES, Features, LearnedPredictor, ParameterFeature, TrainingData,
+                                   example_from, example_from_row, shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
 from modak.api import load as load_job
 from modak.workload.source import load_analysis
@@ -64,9 +64,10 @@ def test_learned_model_recovers_a_known_utilization(plans) -> None:
         if candidate.runtime not in UTILIZATION:
             continue
         example = example_from(plan.workload, plan.ceilings, candidate)
-        step, low, high, compile_s = model.predict_examples([example])[0]
+        step, low, high, compile_s, members = model.predict_examples([example])[0]
         assert step == pytest.approx(example.bound_seconds / UTILIZATION[candidate.runtime], rel=0.15)
         assert low <= step <= high and compile_s == pytest.approx(1.0, rel=0.2)
+        assert len(members) == TREES and min(members) <= low <= high <= max(members)
 
 
 def test_plan_uses_learned_where_covered_and_roofline_elsewhere(plans) -> None:

@@ -185,6 +185,39 @@ class Scaled:
                        compile_seconds=0.0)
 
 
+class Trees:
+    """Ensemble predictions: stock at 10 ms, everything else at 8 ms, each with 20 members spread 0.6x-1.5x by a
+    factor per member; ``paired``: every candidate's member i has the same factor (the trees agree on the ratio),
+    else the others' factors run in the opposite order."""
+
+    name = "trees"
+    FACTORS = [0.6 + 0.9 * i / 19 for i in range(20)]
+
+    def __init__(self, paired: bool) -> None:
+        self.paired = paired
+
+    def predict(self, workload, ceilings, candidate, recipe):
+        physics = RooflinePredictor().predict(workload, ceilings, candidate, recipe)
+        stock = recipe.is_stock(candidate)
+        step = 0.010 if stock else 0.008
+        factors = self.FACTORS if stock or self.paired else self.FACTORS[::-1]
+        members = tuple(step * f for f in factors)
+        return replace(physics, step_seconds=step, low_seconds=step * 0.7, high_seconds=step * 1.4,
+                       compile_seconds=0.0, predictor=self.name, members=members)
+
+
+def test_stock_guard_compares_paired_ensemble_members() -> None:
+    loaded = load_job(CNN)
+    source, profile = load_analysis(loaded)
+    paired = make_plan(loaded, source, profile, predictor=Trees(paired=True))  # 0.8x stock in every tree
+    assert paired.choice.objective_seconds == pytest.approx(0.008)
+    assert not any(r.startswith("kept the stock") for r in paired.reasons)
+    unpaired = make_plan(loaded, source, profile, predictor=Trees(paired=False))  # the trees disagree
+    assert unpaired.choice is unpaired.stock
+    kept = next(r for r in unpaired.reasons if r.startswith("kept the stock deployment"))
+    assert "in 9 of 10 of the model's trees, paired" in kept
+
+
 def test_stock_is_kept_unless_another_candidate_is_confidently_faster() -> None:
     loaded = load_job(CNN)
     source, profile = load_analysis(loaded)

@@ -22,6 +22,9 @@ class Prediction:
     terms: tuple[tuple[str, float], ...]
     bound: str  # "compute", "memory" or "overhead": the largest term
     predictor: str
+    # The ensemble's members' step times (one per tree of the learned model; empty for a predictor without
+    # members). Member i of two candidates' predictions comes from the same tree, so their ratio is paired.
+    members: tuple[float, ...] = ()
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]

@@ -136,7 +136,7 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
                 model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
                 covered = [(i, r) for i, r in test if (r.runtime, r.device, r.precision) in model.coverage]
                 predictions = model.predict_examples([example_from_row(r) for _, r in covered])
-                for (i, r), (step, low, high, _compile) in zip(covered, predictions):
+                for (i, r), (step, low, high, *_) in zip(covered, predictions):
                     learned[seed][i] = step
                     intervals[seed][i] = (low, high)
             uncovered += len(test) - len(covered)

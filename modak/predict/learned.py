@@ -356,9 +356,9 @@ class LearnedPredictor:
     def covers(self, candidate: Candidate) -> bool:
         return (candidate.runtime, candidate.device, candidate.precision.value) in self.coverage
 
-    def predict_examples(self, examples: list[Example]) -> list[tuple[float, float, float, float]]:
-        """(step, low, high, compile) seconds each: the forest's mean and its trees' 10th/90th percentiles;
-        compile includes the tuning budget's cost.
+    def predict_examples(self, examples: list[Example]) -> list[tuple[float, float, float, float, tuple[float, ...]]]:
+        """(step, low, high, compile, members) seconds each: the forest's mean, its trees' 10th/90th percentiles,
+        compile including the tuning budget's cost, and each tree's step time.
 
         Utilization may exceed 1: the probed GEMM peak is not a hard roof for every kernel (the campaign has
         ONNX Runtime's CNN at 374 GFLOP/s of counted FLOPs against a probed 219.5, as Winograd-style
@@ -378,7 +378,8 @@ class LearnedPredictor:
             low = bound / math.exp(deciles[-1])
             high = bound / math.exp(deciles[0])
             compile_total = compile_s[i] + self._tuning_seconds(example)
-            results.append((step, min(low, step), max(high, step), compile_total))
+            members = tuple(bound / math.exp(tree) for tree in trees)
+            results.append((step, min(low, step), max(high, step), compile_total, members))
         return results
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
@@ -390,10 +391,11 @@ class LearnedPredictor:
         covered = [i for i, (candidate, _) in enumerate(requests) if self.covers(candidate)]
         examples = [example_from(workload, ceilings, requests[i][0]) for i in covered]
         results: list[Prediction | None] = [None] * len(requests)
-        for i, example, (step, low, high, compile_s) in zip(covered, examples, self.predict_examples(examples)):
+        for i, example, (step, low, high, compile_s, members) in zip(covered, examples,
+                                                                     self.predict_examples(examples)):
             candidate, recipe = requests[i]
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
                                      ("utilization", example.bound_seconds / step))
-            results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name)
+            results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name, members)
         return results
