@@ -104,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--store", type=Path, help="local perf store to include (default: $MODAK_STORE or ~/.local/share/modak)")
     sub.add_argument("--seeds", type=int, default=3,
                      help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
+    sub.add_argument("--machine", metavar="TARGET",
+                     help="eval: hold out and score only this target's rows (the others still train)")
 
     sub = command("scale", _cmd_scale, "predict data-parallel training on 1..N workers (step time, throughput, "
                                         "efficiency) and the largest N that keeps the job's min_efficiency")
@@ -251,9 +253,14 @@ def _cmd_model(args: argparse.Namespace) -> int:
     if not usable:
         raise InputError("no measured rows: ship perfmodels/*.csv or run `modak bench` first")
     if args.action == "eval":
-        print(f"{len(usable)} measured rows, {len({r.model for r in usable})} models, "
-              f"{len({r.machine for r in usable})} target(s)")
-        print(format_scores(evaluate(usable, args.seeds)))
+        machines = sorted({r.machine for r in usable})
+        if args.machine is not None and args.machine not in machines:
+            raise InputError(f"--machine {args.machine}: no measured rows of that target (there are: "
+                             f"{', '.join(machines)})")
+        scored = [r for r in usable if args.machine in (None, r.machine)]
+        print(f"{len(usable)} measured rows, {len({r.model for r in usable})} models, {len(machines)} target(s)"
+              + (f"; scoring the {len(scored)} rows of {args.machine}" if args.machine else ""))
+        print(format_scores(evaluate(usable, args.seeds, machine=args.machine)))
         return 0
     start = time.perf_counter()
     model = LearnedPredictor.cached(data, refit=True)

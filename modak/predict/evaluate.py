@@ -110,9 +110,11 @@ def captured_speedup(stock_s: float, pick_s: float, best_s: float) -> float:
     return (stock_s / pick_s) / (stock_s / best_s)
 
 
-def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Recipe] | None = None) -> list[Scores]:
+def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Recipe] | None = None,
+             machine: str | None = None) -> list[Scores]:
     """Leave-one-model-out, family-held-out (and leave-one-target-out with >= 2 machines) scores of the learned
-    model fit with seeds ``0 .. seeds - 1``, and of the baseline."""
+    model fit with seeds ``0 .. seeds - 1``, and of the baseline; ``machine``: only that target's rows are held
+    out and scored (every other row still trains)."""
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
     rows = ok_rows(rows)
@@ -126,9 +128,10 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
         intervals: list[dict[int, tuple[float, float]]] = [{} for _ in range(seeds)]
         baseline: dict[int, float] = {}
         uncovered = 0
-        for group in sorted({group_of(r) for r in rows}):
+        for group in sorted({group_of(r) for r in rows if machine is None or r.machine == machine}):
             train = [r for r in rows if group_of(r) != group]
-            test = [(i, r) for i, r in enumerate(rows) if group_of(r) == group]
+            test = [(i, r) for i, r in enumerate(rows)
+                    if group_of(r) == group and (machine is None or r.machine == machine)]
             if not train:
                 continue
             utilization = _median_utilization(train)

@@ -328,7 +328,8 @@ class LearnedPredictor:
         rows, weights = data.load()
         model = cls.fit(rows, weights, catalog=catalog)
         model.save(path)
-        for old in sorted(folder.glob("*.forest"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
+        stale = sorted(folder.glob("*.forest"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]
+        for old in stale + list(folder.glob("*.npz")):  # *.npz: fits saved by earlier versions, no longer read
             old.unlink(missing_ok=True)
         return model
 
