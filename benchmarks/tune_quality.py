@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from campaign import grid_catalog
-from modak.bench.harness import BenchSettings, bench
+from modak.bench.harness import BenchSettings, bench, measurement_row
 from modak.bench.tune import TuneSettings, tune
 from modak.measurements.stats import ratio
 from modak.measurements.store import Measurement, PerfStore
@@ -42,7 +42,7 @@ from modak.plan import Plan
 from modak.predict.base import FallbackPredictor, Predictor
 from modak.predict.default import default_predictor
 from modak.predict.evaluate import HIT, captured_speedup, verdict
-from modak.predict.learned import LearnedPredictor, TrainingData, candidate_from_row
+from modak.predict.learned import LearnedPredictor, TrainingData
 from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_data
 from modak.spec.loader import load_spec
@@ -61,13 +61,10 @@ def held_out_predictor(model: str, store: Path) -> Predictor:
 def exhaustive_rows(plan: Plan, store: PerfStore, machine: str, model: str, task: str,
                     batch: int) -> dict[str, Measurement]:
     """The plan's candidates' protocol rows in a campaign store, by candidate name (ok rows with launches)."""
-    names = {r.candidate.name for r in plan.ranked}
-    rows = {}
-    for row in store.rows(machine=machine, model=model, task=task, batch_size=batch, status="ok"):
-        name = candidate_from_row(row).name
-        if name in names and row.launch_medians:
-            rows[name] = row
-    return rows
+    names = {measurement_row(plan, r.candidate, {}).key: r.candidate.name for r in plan.ranked}
+    return {names[row.key]: row
+            for row in store.rows(machine=machine, model=model, task=task, batch_size=batch, status="ok")
+            if row.key in names and row.launch_medians}
 
 
 def main() -> int:

@@ -148,7 +148,8 @@ def test_family_held_out_holds_resnets_out_together_with_every_seed(monkeypatch)
 def test_seed_spread_is_reported_as_mean_min_max() -> None:
     assert seed_spread([0.1, 0.3, 0.2]) == pytest.approx((0.2, 0.1, 0.3))
     assert all(math.isnan(v) for v in seed_spread([math.nan]))
-    base = dict(scheme="leave-one-model-out", rows=10, uncovered=0, kendall_tau_median=0.5,
+    base = dict(scheme="leave-one-model-out", rows=10, uncovered=0, mape_calibrated=0.1, kendall_tau_median=0.5,
+                kendall_tau_noise=0.8,
                 interval_coverage=math.nan, workloads=2, hit_rate=0.5, undecided=0.0, one_launch=2,
                 captured_median=0.9, captured_p10=0.8, pick_speedup=2.0, no_stock=0)
     text = format_scores([Scores(predictor="learned", seed=0, mape=0.1, **base),
@@ -158,3 +159,17 @@ def test_seed_spread_is_reported_as_mean_min_max() -> None:
     mape = next(line for line in text.splitlines() if line.strip().startswith("MAPE")).split()
     assert mape == ["MAPE", "20.0%", "[10.0–30.0%]", "50.0%"]
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_calibrated_mape_and_the_launches_own_tau() -> None:
+    """Predictions 2x every measured time: MAPE 100%, but after one stock run the rest is exact. Three
+    configurations whose launches rank them the same way in two rounds and reversed in the third: the launches'
+    own tau is the mean over the three pairs of rounds, (1 - 1 - 1) / 3."""
+    stock = row(4e-3, [4e-3, 4e-3, 1e-3], "s", runtime="pytorch", params=STOCK)
+    others = [row(2e-3, [2e-3, 2e-3, 2e-3], "s"), row(1e-3, [1e-3, 1e-3, 4e-3], "s", params={"threads": "half"})]
+    rows = [stock, *others]
+    result = score("s", "learned", rows, {i: 2 * r.step_median_s for i, r in enumerate(rows)}, 0, {})
+    assert result.mape == pytest.approx(1.0) and result.mape_calibrated == pytest.approx(0.0)
+    assert evaluation.launch_tau(rows) == pytest.approx(-1 / 3)
+    assert result.kendall_tau_noise == pytest.approx(-1 / 3)
+    assert math.isnan(evaluation.launch_tau(rows[:2]))

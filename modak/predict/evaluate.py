@@ -16,6 +16,7 @@ training fold) is scored on the same rows for comparison.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -45,7 +46,9 @@ class Scores:
     rows: int
     uncovered: int
     mape: float
+    mape_calibrated: float  # after scaling each workload's predictions by its stock row's measured/predicted
     kendall_tau_median: float
+    kendall_tau_noise: float  # the data's own: one launch's ranking against another's (the ceiling for tau)
     interval_coverage: float  # share of measured times inside the predicted 80% interval (NaN: no interval)
     workloads: int  # with >= 2 scored rows: the decisions
     hit_rate: float
@@ -169,12 +172,15 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
     workloads: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
-    taus, decisions, captured, speedups = [], [], [], []
+    taus, noise_taus, decisions, captured, speedups, calibrated = [], [], [], [], [], []
     no_stock = 0
     for everyone in workloads.values():
         members = [i for i in everyone if i in predicted]
         if len(members) < 2:
             continue
+        noise = launch_tau([rows[i] for i in members])
+        if not math.isnan(noise):
+            noise_taus.append(noise)
         fastest = min(predicted[i] for i in members)
         # A tie in the prediction does not say which of the tied rows it means: the pick is the slowest of them.
         pick = rows[max((i for i in members if predicted[i] == fastest), key=lambda i: rows[i].step_median_s)]
@@ -186,6 +192,11 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
         else:
             captured.append(captured_speedup(stock.step_median_s, pick.step_median_s, best.step_median_s))
             speedups.append(stock.step_median_s / pick.step_median_s)
+            home = next((i for i in members if rows[i] is stock), None)
+            if home is not None:
+                factor = stock.step_median_s / predicted[home]
+                calibrated += [abs(predicted[i] * factor - rows[i].step_median_s) / rows[i].step_median_s
+                               for i in members if i != home]
         if len(members) >= 3:
             tau = kendalltau([predicted[i] for i in members], [rows[i].step_median_s for i in members]).statistic
             if not math.isnan(tau):
@@ -193,7 +204,9 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
     verdicts = [d.verdict for d in decisions]
     return Scores(scheme, name, seed, len(predicted), uncovered,
                   statistics.mean(errors) if errors else math.nan,
+                  statistics.mean(calibrated) if calibrated else math.nan,
                   statistics.median(taus) if taus else math.nan,
+                  statistics.median(noise_taus) if noise_taus else math.nan,
                   statistics.mean(low <= rows[i].step_median_s <= high for i, (low, high) in intervals.items())
                   if intervals else math.nan,
                   len(decisions),
@@ -205,6 +218,23 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
                   statistics.geometric_mean(speedups) if speedups else math.nan, no_stock)
 
 
+def launch_tau(rows: list[Measurement]) -> float:
+    """Kendall's tau of one workload's configurations ranked by one launch against another launch, averaged over
+    the pairs of launches (launch i of every row, as they ran in round i): how far the measurement agrees with
+    itself. NaN with fewer than 3 rows of >= 2 launches."""
+    from scipy.stats import kendalltau
+
+    times = [launch_times(r) for r in rows]
+    times = [t for t in times if len(t) >= 2]
+    rounds = min((len(t) for t in times), default=0)
+    if len(times) < 3:
+        return math.nan
+    values = [kendalltau([t[a] for t in times], [t[b] for t in times]).statistic
+              for a, b in itertools.combinations(range(rounds), 2)]
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.mean(values) if values else math.nan
+
+
 def seed_spread(values: Iterable[float]) -> tuple[float, float, float]:
     """(mean, min, max) of a metric over seeds (NaN values left out; all NaN: NaN)."""
     finite = [v for v in values if not math.isnan(v)]
@@ -213,7 +243,9 @@ def seed_spread(values: Iterable[float]) -> tuple[float, float, float]:
 
 _METRICS: tuple[tuple[str, str, str], ...] = (  # (field, label, format)
     ("mape", "MAPE", ".1%"),
+    ("mape_calibrated", "MAPE, after one stock run", ".1%"),
     ("kendall_tau_median", "Kendall tau, median", ".2f"),
+    ("kendall_tau_noise", "tau of a launch vs another (noise)", ".2f"),
     ("interval_coverage", "in the 80% interval", ".1%"),
     ("hit_rate", "hit rate (pick within 5% of best)", ".1%"),
     ("undecided", "undecided (data cannot tell)", ".1%"),
