@@ -26,8 +26,9 @@ runtime, threads and wait policy fit it), and the sharing model adds what the jo
 * GPU, ``mig``: each job on a slice of its own (``recipes/hardware/mig.yaml``: compute and memory slices per
   profile); its step is its plan's on a GPU of the slice's share of SMs, bandwidth and memory. Slices isolate: no
   other term. Every set of profiles that fits the GPU is searched.
-* GPU, ``time-slicing``: kernels of different processes take turns: job i waits behind the others' busy share,
-  ``1 + U - u_i``.
+* GPU, ``time-slicing``: without MPS the GPU runs one process's context at a time, in time slices, and does not
+  fill the gaps of the one it runs (its launch overhead) with the others' kernels (what MPS adds): each of n jobs
+  slows by n, so time-slicing gains no throughput (published: 1.05-1.11 n, ``benchmarks/share_published.py``).
 
 Each arrangement is refused when the jobs' memory (parameters and every operator's output, the plan's upper
 bound; training: parameters x 4) exceeds :data:`MEMORY_SHARE` of the capacity they share (the node's memory, the
@@ -140,9 +141,9 @@ def mps_percentages(loads: Sequence[Load]) -> list[int]:
 
 
 def gpu_time_sliced_slowdowns(loads: Sequence[Load]) -> list[float]:
-    """Each GPU load's slowdown when the processes' kernels take turns: it waits behind the others' busy share."""
-    busy = sum(load.gpu_utilization for load in loads)
-    return [1.0 + busy - load.gpu_utilization for load in loads]
+    """Each GPU load's slowdown when the processes take turns on the GPU in time slices (no MPS): a process's gaps
+    are not filled by the others' kernels, so each of n processes that keep work queued gets 1/n of the time."""
+    return [float(len(loads))] * len(loads)
 
 
 def co_runner_slowdown(plan: Plan, co_runners: int) -> float:
