@@ -245,7 +245,7 @@ _METRICS: tuple[tuple[str, str, str], ...] = (  # (field, label, format)
     ("mape", "MAPE", ".1%"),
     ("mape_calibrated", "MAPE, after one stock run", ".1%"),
     ("kendall_tau_median", "Kendall tau, median", ".2f"),
-    ("kendall_tau_noise", "tau of a launch vs another (noise)", ".2f"),
+    ("kendall_tau_noise", "tau, one launch vs another", ".2f"),
     ("interval_coverage", "in the 80% interval", ".1%"),
     ("hit_rate", "hit rate (pick within 5% of best)", ".1%"),
     ("undecided", "undecided (data cannot tell)", ".1%"),
