@@ -15,7 +15,7 @@ would hand the zero-shot plan the very times it is judged by.
 A pick is a hit when it is the best or its ratio to the best, from the exhaustive measurement, is shown within
 5% (``modak.predict.evaluate.verdict``; paired by round when both were measured in one session); captured
 speedup = (stock / pick) / (stock / best) with the exhaustive medians. The table prints per workload: pick,
-ratio to the best with its interval, verdict, trials, wall time.
+ratio to the best with its interval, verdict, trials, wall time; under a race that missed the best, its standings.
 
     python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
         [--min-seconds 0.5] [--budget 300] [--exhaustive-store S --config benchmarks/campaign.yaml]
@@ -35,7 +35,7 @@ import yaml
 
 from campaign import grid_catalog
 from modak.bench.harness import BenchSettings, bench, measurement_row
-from modak.bench.tune import TuneSettings, tune
+from modak.bench.tune import TuneSettings, describe, tune
 from modak.measurements.stats import ratio
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import Plan
@@ -117,11 +117,11 @@ def main() -> int:
             best = min(times, key=lambda n: statistics.median(times[n]))
             stock = plan.stock.candidate.name if plan.stock and plan.stock.candidate.name in times else None
 
-            def judge(method: str, pick: str | None, trials: int, seconds: float) -> None:
+            def judge(method: str, pick: str | None, trials: int, seconds: float) -> str:
                 if pick is None or pick not in times:
                     print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {'-':>26} {'no pick':>10}")
                     summary.setdefault(method, []).append(("miss", float("nan"), trials, seconds))
-                    return
+                    return "miss"
                 r = ratio(times[pick], times[best], paired=sessions[pick] == sessions[best])
                 outcome = HIT if pick == best else verdict(r)
                 captured = (captured_speedup(*(statistics.median(times[n]) for n in (stock, pick, best)))
@@ -129,6 +129,7 @@ def main() -> int:
                 summary.setdefault(method, []).append((outcome, captured, trials, seconds))
                 print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {r.describe():>26} {outcome:>10} "
                       f"{captured:8.3f}  {pick[:70]}", flush=True)
+                return outcome
 
             judge("exhaustive", best, len(times), exhaustive_s)
             judge("zero-shot", plan.choice.candidate.name, 0, 0.0)
@@ -136,7 +137,8 @@ def main() -> int:
                 started = time.monotonic()
                 with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-tune{trials}.sqlite") as store:
                     result = tune(plan, store, TuneSettings(budget_s=args.budget, trials=trials, protocol=protocol))
-                judge(f"tune-{trials}", result.winner, len(result.shortlist), time.monotonic() - started)
+                if judge(f"tune-{trials}", result.winner, len(result.shortlist), time.monotonic() - started) != HIT:
+                    print("\n".join(f"    {line}" for line in describe(result)), flush=True)  # how the race went
     print()
     for method, outcomes in summary.items():
         hits = sum(o == HIT for o, *_ in outcomes)
