@@ -372,12 +372,17 @@ def paired_ratio_high(a: RankedCandidate, b: RankedCandidate, steps: int | None)
     ensemble (member i of both is one tree, so what the trees agree on cancels out), else ``a``'s slow end over
     ``b``'s point."""
     pa, pb = a.prediction, b.prediction
-    if pa.predictor == pb.predictor and len(pa.members) == len(pb.members) >= 10:
+    if _paired(pa, pb):
         ca = pa.compile_seconds / steps if steps else 0.0
         cb = pb.compile_seconds / steps if steps else 0.0
         ratios = [(x + ca) / (y + cb) for x, y in zip(pa.members, pb.members)]
         return statistics.quantiles(ratios, n=10, method="inclusive")[-1]
     return objective_seconds(replace(pa, step_seconds=pa.high_seconds), steps) / b.objective_seconds
+
+
+def _paired(a: Prediction, b: Prediction) -> bool:
+    """Whether two predictions come from one ensemble, member by member (their ratio can be paired)."""
+    return a.predictor == b.predictor and len(a.members) == len(b.members) >= 10
 
 
 def objective_seconds(prediction: Prediction, steps: int | None) -> float:
@@ -431,7 +436,7 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
     if stock_kept_over is not None:  # ranked[0] is the stock deployment
         fastest = stock_kept_over
         high = paired_ratio_high(fastest, best, job.objective.steps)
-        how = ("in 9 of 10 of the model's trees, paired" if fastest.prediction.members
+        how = ("in 9 of 10 of the model's trees, paired" if _paired(fastest.prediction, best.prediction)
                else f"at the slow end of its interval ({duration(fastest.prediction.high_seconds)} per step)")
         reasons.append(f"kept the stock deployment: the fastest predicted, {fastest.candidate.name} at "
                        f"{duration(fastest.objective_seconds)}, is not confidently faster than stock's "
