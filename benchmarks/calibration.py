@@ -27,6 +27,7 @@ import yaml
 from campaign import grid_catalog
 
 from modak.bench.harness import BenchSettings, bench
+from modak.candidates.catalog import load_catalog
 from zoo_jobs import zoo_plan
 from modak.hardware.probe import probe, to_target
 from modak.measurements.store import Measurement, PerfStore, read_csv, write_csv
@@ -83,6 +84,7 @@ def main() -> int:
     if len(args.workloads) < 2:
         parser.error("--workloads needs at least two workloads")
     shipped = ok_rows(shipped_rows())
+    catalog = load_catalog()
     if not shipped:
         raise SystemExit("no shipped rows in perfmodels/: run the campaign first")
     rows = ok_rows(read_csv(args.load)) if args.load else measure(args.workloads, args.name)
@@ -90,7 +92,7 @@ def main() -> int:
         write_csv(args.save, rows)
     by_workload = {w: [r for r in rows if (r.model, r.task, r.batch_size) == w] for w in args.workloads}
     by_workload = {w: held for w, held in by_workload.items() if held}
-    before = {w: errors(held, LearnedPredictor.fit(shipped).predict_examples([example_from_row(r) for r in held]))
+    before = {w: errors(held, LearnedPredictor.fit(shipped).predict_examples([example_from_row(r, catalog) for r in held]))
               for w, held in by_workload.items()}
 
     print(f"\n{'calibrated on':<26} {'held out':<26} {'n':>3} {'MAPE before':>11} {'after':>7} "
@@ -101,7 +103,7 @@ def main() -> int:
         for held_out, held in by_workload.items():
             if held_out == calibration:
                 continue
-            after = errors(held, model.predict_examples([example_from_row(r) for r in held]))
+            after = errors(held, model.predict_examples([example_from_row(r, catalog) for r in held]))
             pairs.append((before[held_out], after))
             print(f"{':'.join(map(str, calibration)):<26} {':'.join(map(str, held_out)):<26} {len(held):3d} "
                   f"{before[held_out][0]:11.1%} {after[0]:7.1%} {before[held_out][1]:13.1%} {after[1]:7.1%}")

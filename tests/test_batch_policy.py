@@ -228,5 +228,5 @@ def test_the_predictors_know_the_wait_policy(tmp_path: Path) -> None:
     features = Features.from_catalog(load_catalog())
     wait = next(p for p in features.parameters if p.name == "wait_policy")
     assert (wait.kind, wait.values) == ("categorical", ("spin", "passive"))
-    rows = {c.param("wait_policy"): features.row(example_from(workload, ceilings, c)) for c in (spin, passive)}
+    rows = {c.param("wait_policy"): features.row(example_from(workload, ceilings, c, recipe)) for c in (spin, passive)}
     assert rows["spin"] != rows["passive"]  # rows measured with either policy train different columns

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
 # The "truth" of the synthetic data: each runtime reaches a fixed fraction of the roofline bound.
 UTILIZATION = {"onnxruntime": 0.5, "openvino": 0.6, "pytorch": 0.1, "torch-compile": 0.3}
+CATALOG = load_catalog()
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +51,7 @@ def synthetic_rows(plans, runtimes=tuple(UTILIZATION), model="mnist_cnn") -> lis
             if candidate.runtime not in runtimes:
                 continue
             row = measurement_row(plan, candidate, {"status": "ok", "repeats": 5, "compile_s": 1.0})
-            bound = example_from_row(row).bound_seconds
-            step = bound / UTILIZATION[candidate.runtime]
+            step = example_from_row(row, CATALOG).anchor_seconds / UTILIZATION[candidate.runtime]
             rows.append(replace(row, model=model, step_median_s=step, step_p10_s=step, step_p90_s=step))
     return rows
 
@@ -63,9 +63,9 @@ def test_learned_model_recovers_a_known_utilization(plans) -> None:
         candidate = ranked.candidate
         if candidate.runtime not in UTILIZATION:
             continue
-        example = example_from(plan.workload, plan.ceilings, candidate)
+        example = example_from(plan.workload, plan.ceilings, candidate, CATALOG[candidate.runtime])
         step, low, high, compile_s, members = model.predict_examples([example])[0]
-        assert step == pytest.approx(example.bound_seconds / UTILIZATION[candidate.runtime], rel=0.15)
+        assert step == pytest.approx(example.anchor_seconds / UTILIZATION[candidate.runtime], rel=0.15)
         assert low <= step <= high and compile_s == pytest.approx(1.0, rel=0.2)
         assert len(members) == TREES and min(members) <= low <= high <= max(members)
 
@@ -166,7 +166,7 @@ def test_calibration_rows_from_a_new_machine_correct_its_predictions(plans) -> N
     held_out = [r for r in machine_b if r.batch_size == 64]
 
     def error(model: LearnedPredictor, rows: list[Measurement]) -> float:
-        predicted = model.predict_examples([example_from_row(r) for r in rows])
+        predicted = model.predict_examples([example_from_row(r, CATALOG) for r in rows])
         return sum(abs(p[0] - r.step_median_s) / r.step_median_s for p, r in zip(predicted, rows)) / len(rows)
 
     before = LearnedPredictor.fit(machine_a)
@@ -190,7 +190,7 @@ def test_one_calibration_workload_moves_no_offset(plans) -> None:
     machine_a = synthetic_rows(plans)
     one_workload = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5, step_median_s=r.step_median_s * 2)
                     for r in synthetic_rows(plans[:1])]
-    assert len({example_from_row(r).workload for r in one_workload}) == 1
+    assert len({example_from_row(r, CATALOG).workload for r in one_workload}) == 1
     assert list(LearnedPredictor.fit(machine_a + one_workload).machine_offsets.values()) == [0.0]
 
 
@@ -206,14 +206,14 @@ def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> N
     for plan in replanned:
         for candidate in (r.candidate for r in plan.ranked if r.candidate.runtime == "onnxruntime"):
             row = measurement_row(plan, candidate, {"status": "ok", "repeats": 5, "compile_s": 1.0})
-            step = example_from_row(row).bound_seconds / (0.5 if candidate.param("arena") == "on" else 0.25)
+            step = example_from_row(row, catalog).anchor_seconds / (0.5 if candidate.param("arena") == "on" else 0.25)
             rows.append(replace(row, step_median_s=step, step_p10_s=step, step_p90_s=step))
     model = LearnedPredictor.fit(rows, catalog=catalog)
     assert ParameterFeature("arena", "categorical", ("on", "off")) in model.features.parameters
     plan = replanned[1]
     on = next(r.candidate for r in plan.ranked if r.candidate.param("arena") == "on")
     off = replace(on, params=tuple((k, "off" if k == "arena" else v) for k, v in on.params))
-    steps = [step for step, *_ in model.predict_examples([example_from(plan.workload, plan.ceilings, c)
+    steps = [step for step, *_ in model.predict_examples([example_from(plan.workload, plan.ceilings, c, catalog[c.runtime])
                                                           for c in (on, off)])]
     assert steps[1] / steps[0] == pytest.approx(2.0, rel=0.15)
 
@@ -290,7 +290,7 @@ def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp
     saved = list(tmp_path.glob("*.forest"))
     assert len(saved) == 1 and not list(tmp_path.glob("*.npz"))
     again = LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path)  # loaded, not refit
-    examples = [example_from_row(r) for r in rows[:20]]
+    examples = [example_from_row(r, CATALOG) for r in rows[:20]]
     assert fresh.predict_examples(examples) == first.predict_examples(examples) == again.predict_examples(examples)
     assert again.coverage == fresh.coverage and again.rows == fresh.rows
     changed = rows[:-1]

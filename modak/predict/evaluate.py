@@ -120,6 +120,7 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
     out and scored (every other row still trains)."""
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
+    catalog = catalog if catalog is not None else load_catalog()
     rows = ok_rows(rows)
     schemes: list[tuple[str, Callable[[Measurement], str]]] = [("leave-one-model-out", lambda r: r.model),
                                                                 ("family-held-out", lambda r: family(r.model))]
@@ -137,27 +138,28 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
                     if group_of(r) == group and (machine is None or r.machine == machine)]
             if not train:
                 continue
-            utilization = _median_utilization(train)
+            utilization = _median_utilization(train, catalog)
             for seed in range(seeds):
                 model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
                 covered = [(i, r) for i, r in test if (r.runtime, r.device, r.precision) in model.coverage]
-                predictions = model.predict_examples([example_from_row(r) for _, r in covered])
+                predictions = model.predict_examples([example_from_row(r, catalog) for _, r in covered])
                 for (i, r), (step, low, high, *_) in zip(covered, predictions):
                     learned[seed][i] = step
                     intervals[seed][i] = (low, high)
             uncovered += len(test) - len(covered)
             for i, r in covered:
-                baseline[i] = example_from_row(r).bound_seconds / utilization[(r.runtime, r.device)]
+                baseline[i] = example_from_row(r, catalog).bound_seconds / utilization[(r.runtime, r.device)]
         results += [score(scheme, "learned", rows, learned[seed], uncovered, intervals[seed], seed, catalog)
                     for seed in range(seeds)]
         results.append(score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}, None, catalog))
     return results
 
 
-def _median_utilization(rows: list[Measurement]) -> dict[tuple[str, str], float]:
+def _median_utilization(rows: list[Measurement], catalog: Mapping[str, Recipe]) -> dict[tuple[str, str], float]:
     by_pair: dict[tuple[str, str], list[float]] = {}
     for r in rows:
-        by_pair.setdefault((r.runtime, r.device), []).append(example_from_row(r).bound_seconds / r.step_median_s)
+        by_pair.setdefault((r.runtime, r.device), []).append(
+            example_from_row(r, catalog).bound_seconds / r.step_median_s)
     return {pair: statistics.median(values) for pair, values in by_pair.items()}
 
 

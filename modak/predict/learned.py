@@ -1,9 +1,10 @@
 """The learned performance model: roofline features + scikit-learn, trained on measured rows.
 
-What it learns is the *utilization* a runtime reaches, ``u = physics bound / measured step time``, where the
-bound is the roofline time of the workload's op classes on the device's measured ceilings (at the candidate's
-threads and precision). Utilization is bounded and transfers across hardware far better than raw latency;
-physics supplies the scale. A random forest predicts log(u); the spread of its trees gives the interval (10th
+What it learns is the *utilization* a runtime reaches, ``u = physics anchor / measured step time``, where the
+anchor is the roofline time of the workload's op classes on the device's measured ceilings (at the candidate's
+threads and precision) plus the runtime's dispatch overhead per graph node (the recipe's priors). Utilization is
+bounded and transfers across hardware far better than raw latency; physics supplies the scale, and the overhead
+term the scale of steps of many small ops, which the roofline alone puts orders of magnitude too fast. A random forest predicts log(u); the spread of its trees gives the interval (10th
 to 90th percentile). A second forest predicts the compile/tune seconds.
 
 It is fit on data (CSV rows shipped in ``perfmodels/`` plus the local perf store); the fit is cached as plain
@@ -29,7 +30,7 @@ from modak.paths import cache_dir, write_atomic
 from modak.predict.base import Prediction, PredictionRequest
 from modak.predict import forest
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
-from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares, tuning_seconds
+from modak.predict.roofline import RooflinePredictor, op_seconds, overhead_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
 from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
@@ -64,6 +65,7 @@ class Example:
     class_flops: dict[str, float]
     class_bytes: dict[str, float]
     machine: tuple  # the device's measured description: (device, cores, fp32 GFLOP/s, GB/s)
+    overhead_seconds: float  # the runtime's dispatch overhead per step (roofline.overhead_seconds)
 
     @cached_property
     def bound_seconds(self) -> float:
@@ -76,6 +78,11 @@ class Example:
                                    self.candidate.precision, peak, bandwidth))
                     for c in sorted(set(self.class_flops) | set(self.class_bytes)))  # fixed order: same sum
         return max(total * step_ratio, 1e-9)
+
+    @property
+    def anchor_seconds(self) -> float:
+        """The physics the model scales: roofline bound plus dispatch overhead."""
+        return self.bound_seconds + self.overhead_seconds
 
     @property
     def workload(self) -> tuple:
@@ -132,10 +139,11 @@ class Features:
         """The feature vector of ``example``."""
         candidate = example.candidate
         total_flops = max(sum(example.class_flops.values()), 1.0)
-        values = [math.log(example.bound_seconds), math.log(max(example.nodes, 1)), math.log(example.batch_size),
+        values = [math.log(example.anchor_seconds), math.log(max(example.nodes, 1)), math.log(example.batch_size),
                   float(example.task == "training"), math.log(max(example.flops, 1.0) / max(example.bytes, 1.0)),
                   float(candidate.device == "gpu"), example.class_flops.get("conv", 0.0) / total_flops,
-                  example.class_flops.get("matmul", 0.0) / total_flops]
+                  example.class_flops.get("matmul", 0.0) / total_flops,
+                  math.log(max(example.overhead_seconds, 1e-9) / example.bound_seconds)]
         values += [float(candidate.runtime == r) for r in self.runtimes]
         values += [float(candidate.precision is p) for p in Precision]
         for parameter in self.parameters:
@@ -154,15 +162,20 @@ def candidate_from_row(row: Measurement) -> Candidate:
                      row.threads)
 
 
-def example_from_row(row: Measurement) -> Example:
+def example_from_row(row: Measurement, catalog: Mapping[str, Recipe]) -> Example:
+    """The example of a stored row (its runtime's recipe from ``catalog``)."""
     peak = row.peak_bf16_gflops if row.precision in ("bf16", "fp16") and row.peak_bf16_gflops else row.peak_fp32_gflops
-    return Example(candidate_from_row(row), row.cores, peak,
+    candidate = candidate_from_row(row)
+    return Example(candidate, row.cores, peak,
                    row.bandwidth_gbs, row.task, row.batch_size, row.flops, row.bytes, row.forward_flops,
                    row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes),
-                   machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs))
+                   machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs),
+                   overhead_seconds(catalog[row.runtime], candidate, row.nodes, row.task == "training"))
 
 
-def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate) -> Example:
+def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
+                 recipe: Recipe) -> Example:
+    """The example of ``candidate`` (of ``recipe``) for ``workload`` on ``ceilings``."""
     device = ceilings.gpu if candidate.device == "gpu" and ceilings.gpu else ceilings.cpu
     by_class = workload.by_op_class()
     return Example(candidate, ceilings.cores, device.peak_gflops[candidate.precision], device.bandwidth_gbs,
@@ -170,7 +183,8 @@ def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate:
                    float(workload.forward_flops), workload.parameters, len(workload.ops),
                    {c: float(g.flops) for c, g in by_class.items()}, {c: float(g.bytes) for c, g in by_class.items()},
                    machine_signature(candidate.device, ceilings.cores, device.peak_gflops[Precision.fp32],
-                                     device.bandwidth_gbs))
+                                     device.bandwidth_gbs),
+                   overhead_seconds(recipe, candidate, len(workload.ops), workload.task.value == "training"))
 
 
 def shrunk_offset(workload_medians: list[float]) -> float:
@@ -291,9 +305,9 @@ class LearnedPredictor:
         sample_weight = np.array([w for _, w in pairs], dtype=float)
         catalog = catalog if catalog is not None else load_catalog()
         features = Features.from_catalog(catalog)
-        examples = [example_from_row(r) for r in rows_ok]
+        examples = [example_from_row(r, catalog) for r in rows_ok]
         X = np.array([features.row(e) for e in examples])
-        log_utilization = np.log([e.bound_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
+        log_utilization = np.log([e.anchor_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
         settings = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
         machine_offsets = _machine_offsets(examples, X, log_utilization, sample_weight, settings)
         # The forest learns utilization on the reference machine's scale: each machine's offset is taken out.
@@ -374,12 +388,12 @@ class LearnedPredictor:
             offset = self.machine_offsets.get(example.machine, 0.0)
             trees = [tree[i] + offset for tree in per_tree]
             deciles = statistics.quantiles(trees, n=10, method="inclusive")  # as numpy.percentile (linear)
-            bound = example.bound_seconds
-            step = bound / math.exp(statistics.fmean(trees))
-            low = bound / math.exp(deciles[-1])
-            high = bound / math.exp(deciles[0])
+            anchor = example.anchor_seconds
+            step = anchor / math.exp(statistics.fmean(trees))
+            low = anchor / math.exp(deciles[-1])
+            high = anchor / math.exp(deciles[0])
             compile_total = compile_s[i] + self._tuning_seconds(example)
-            members = tuple(bound / math.exp(tree) for tree in trees)
+            members = tuple(anchor / math.exp(tree) for tree in trees)
             results.append((step, min(low, step), max(high, step), compile_total, members))
         return results
 
@@ -390,13 +404,13 @@ class LearnedPredictor:
     def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
                      requests: list[PredictionRequest]) -> list[Prediction | None]:
         covered = [i for i, (candidate, _) in enumerate(requests) if self.covers(candidate)]
-        examples = [example_from(workload, ceilings, requests[i][0]) for i in covered]
+        examples = [example_from(workload, ceilings, *requests[i]) for i in covered]
         results: list[Prediction | None] = [None] * len(requests)
         for i, example, (step, low, high, compile_s, members) in zip(covered, examples,
                                                                      self.predict_examples(examples)):
             candidate, recipe = requests[i]
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
-                                     ("utilization", example.bound_seconds / step))
+                                     ("utilization", example.anchor_seconds / step))
             results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name, members)
         return results

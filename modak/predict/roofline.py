@@ -58,9 +58,7 @@ class RooflinePredictor:
                 compute_s += op_compute
             else:
                 memory_s += op_memory
-        passes = 3 if workload.task.value == "training" else 1  # forward, backward, update launch their own ops
-        overhead_s = ((len(workload.ops) * passes * perf.node_overhead_us + perf.call_overhead_us) * 1e-6
-                      * effects.get("overhead", 1.0))
+        overhead_s = overhead_seconds(recipe, candidate, len(workload.ops), workload.task.value == "training")
         step = compute_s + memory_s + overhead_s
         compile_s = ((perf.compile_seconds + perf.compile_seconds_per_node * len(workload.ops))
                      * effects.get("compile", 1.0) + tuning_seconds(recipe, candidate))
@@ -78,6 +76,15 @@ def thread_shares(candidate: Candidate, cores: int) -> tuple[float, float]:
     if candidate.device != "cpu" or not candidate.threads:
         return 1.0, 1.0
     return candidate.threads / cores, bandwidth_share(candidate.threads, cores)
+
+
+def overhead_seconds(recipe: Recipe, candidate: Candidate, nodes: int, training: bool) -> float:
+    """The runtime's dispatch overhead per step (its priors per graph node and per call, times the candidate's
+    parameter effects): what bounds a step of many small ops, where the roofline says next to nothing."""
+    perf = recipe.performance[candidate.device]
+    passes = 3 if training else 1  # forward, backward, update launch their own ops
+    return ((nodes * passes * perf.node_overhead_us + perf.call_overhead_us) * 1e-6
+            * parameter_effects(recipe, candidate).get("overhead", 1.0))
 
 
 def op_seconds(flops: float, fp32_bytes: float, precision: Precision, peak: float,
