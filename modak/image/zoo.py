@@ -70,6 +70,10 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
              {"input": (784,)}, {"input": "float32"}, _BOTH, "mlp"),
     ZooEntry("resnet18", "ResNet-18 image classifier, 1000 classes (11.7 M params, 1.8 GMAC at 224x224)",
              {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "resnet18"),
+    ZooEntry("mlp_large", "3-layer perceptron 784-4096-4096-10: weights beyond the caches (20 M params)",
+             {"input": (784,)}, {"input": "float32"}, _BOTH, "mlp_large"),
+    ZooEntry("resnet34", "ResNet-34 image classifier, 1000 classes (21.8 M params, 3.7 GMAC at 224x224)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "resnet34"),
     ZooEntry("resnet50", "ResNet-50 v1.5 image classifier, 1000 classes (25.6 M params, 4.1 GMAC at 224x224)",
              {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "resnet50"),
     ZooEntry("mobilenet_v2", "MobileNetV2 (width 1.0) image classifier, 1000 classes (3.5 M params, 0.3 GMAC)",
@@ -77,11 +81,20 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("bert_base", "BERT-base encoder (12 layers, hidden 768) with a 2-class head; input: token ids "
              "(110 M params, 11.2 GMAC at sequence length 128)",
              {"input_ids": (128,)}, {"input_ids": "int64"}, _BOTH, "bert_base", {"input_ids": 30522}),
+    ZooEntry("bert_small", "BERT-small encoder (4 layers, hidden 512, 8 heads) with a 2-class head; input: token "
+             "ids (29 M params, 1.7 GMAC at sequence length 128)",
+             {"input_ids": (128,)}, {"input_ids": "int64"}, _BOTH, "bert_small", {"input_ids": 30522}),
+    ZooEntry("vit_tiny", "ViT-Tiny/16 image classifier: 12 pre-norm encoder layers, hidden 192, 3 heads, 1000 "
+             "classes (5.7 M params, 1.3 GMAC at 224x224)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "vit_tiny"),
     ZooEntry("yolo_small", "Small YOLO-style detector: CSP backbone, SPPF, PAN neck, 3-scale head, 80 classes "
              "(1.9 M params)", {"input": (3, 320, 320)}, {"input": "float32"}, _BOTH, "yolo_small"),
     ZooEntry("dlrm_small", "Small DLRM recommender: 13 dense features, 26 embedding tables of 10k x 64, dot "
              "interaction, 1 logit (17 M params)", {"dense": (13,), "sparse": (26,)},
              {"dense": "float32", "sparse": "int64"}, _BOTH, "dlrm_small", {"sparse": 10_000}),
+    ZooEntry("ncf", "NCF (NeuMF) recommender: GMF and MLP towers over user and item embeddings, 100k users x "
+             "20k items (11.5 M params)", {"user": (1,), "item": (1,)}, {"user": "int64", "item": "int64"}, _BOTH,
+             "ncf", {"user": 100_000, "item": 20_000}),
 )}
 
 

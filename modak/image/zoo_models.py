@@ -241,6 +241,53 @@ class BertClassifier(nn.Module):
         return self.classifier(torch.tanh(self.pooler(x[:, 0])))
 
 
+# --- ViT-Tiny: 16x16 patches, a class token, 12 pre-norm encoder layers (hidden 192, 3 heads) -----------------
+
+class VitLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, ffn: int, tokens: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.tokens = heads, hidden // heads, tokens
+        self.attention_norm = nn.LayerNorm(hidden, eps=1e-6)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.projection = nn.Linear(hidden, hidden)
+        self.mlp_norm = nn.LayerNorm(hidden, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(self.attention_norm(x)).reshape(-1, self.tokens, 3, self.heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        context = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2)
+        x = x + self.projection(context.reshape(-1, self.tokens, self.heads * self.head_dim))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class VisionTransformer(nn.Module):
+    """ViT (Dosovitskiy et al.): a patch-embedding convolution, a class token, learned positions, encoder layers,
+    the class token's head."""
+
+    def __init__(self, channels: int, height: int, width: int, patch: int = 16, hidden: int = 192, layers: int = 12,
+                 heads: int = 3, ffn: int = 768, classes: int = 1000) -> None:
+        super().__init__()
+        self.patch_embedding = nn.Conv2d(channels, hidden, patch, patch)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, hidden))
+        tokens = (height // patch) * (width // patch) + 1
+        self.positions = nn.Parameter(torch.randn(1, tokens, hidden) * 0.02)
+        self.layers = nn.Sequential(*(VitLayer(hidden, heads, ffn, tokens) for _ in range(layers)))
+        self.norm = nn.LayerNorm(hidden, eps=1e-6)
+        self.head = nn.Linear(hidden, classes)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embedding(x).flatten(2).transpose(1, 2)
+        # The class token is broadcast by an add, not an Expand, whose batch-dependent shape ONNX cannot infer.
+        x = torch.cat((torch.zeros_like(x[:, :1]) + self.class_token, x), 1) + self.positions
+        return self.head(self.norm(self.layers(x))[:, 0])
+
+
 # --- A small YOLO-style detector (YOLOv5n-sized: CSP backbone, SPPF, PAN neck, 3-scale head) --------------
 
 class ConvBnSiLU(nn.Module):
@@ -362,6 +409,25 @@ class DLRM(nn.Module):
         return self.top(torch.cat((x, interactions.index_select(1, self.pairs)), 1))
 
 
+# --- NCF (NeuMF, He et al. 2017): a GMF and an MLP tower over user and item embeddings ------------------------
+
+class NeuMF(nn.Module):
+    def __init__(self, users: int, items: int, dim: int = 32, layers: tuple[int, ...] = (128, 64, 32)) -> None:
+        super().__init__()
+        self.gmf_user, self.gmf_item = nn.Embedding(users, dim), nn.Embedding(items, dim)
+        self.mlp_user, self.mlp_item = nn.Embedding(users, layers[0] // 2), nn.Embedding(items, layers[0] // 2)
+        self.tower = _mlp(list(layers), last_relu=True)
+        self.predict = nn.Linear(dim + layers[-1], 1)
+        for table in (self.gmf_user, self.gmf_item, self.mlp_user, self.mlp_item):
+            nn.init.normal_(table.weight, 0, 0.01)
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+        user, item = user[:, 0], item[:, 0]
+        gmf = self.gmf_user(user) * self.gmf_item(item)
+        mlp = self.tower(torch.cat((self.mlp_user(user), self.mlp_item(item)), 1))
+        return torch.sigmoid(self.predict(torch.cat((gmf, mlp), 1)))
+
+
 # --- Factories: per-sample input shapes in, module out -----------------------------------------------------
 
 def build(factory: str, shapes: Shapes) -> nn.Module:
@@ -395,6 +461,14 @@ def resnet18(shapes: Shapes) -> nn.Module:
     return ResNet(BasicBlock, [2, 2, 2, 2], channels=shapes["input"][0])
 
 
+def mlp_large(shapes: Shapes) -> nn.Module:
+    return MLP(shapes["input"][0], hidden=4096)
+
+
+def resnet34(shapes: Shapes) -> nn.Module:
+    return ResNet(BasicBlock, [3, 4, 6, 3], channels=shapes["input"][0])
+
+
 def resnet50(shapes: Shapes) -> nn.Module:
     return ResNet(Bottleneck, [3, 4, 6, 3], channels=shapes["input"][0])
 
@@ -407,6 +481,17 @@ def bert_base(shapes: Shapes) -> nn.Module:
     return BertClassifier(seq=shapes["input_ids"][0])
 
 
+def bert_small(shapes: Shapes) -> nn.Module:
+    return BertClassifier(seq=shapes["input_ids"][0], hidden=512, layers=4, heads=8, ffn=2048)
+
+
+def vit_tiny(shapes: Shapes) -> nn.Module:
+    channels, height, width = shapes["input"]
+    if height % 16 or width % 16:
+        raise ValueError(f"height and width must be multiples of 16 (the patch size), got {height}x{width}")
+    return VisionTransformer(channels, height, width)
+
+
 def yolo_small(shapes: Shapes) -> nn.Module:
     channels, height, width = shapes["input"]
     if height % 32 or width % 32:
@@ -416,3 +501,7 @@ def yolo_small(shapes: Shapes) -> nn.Module:
 
 def dlrm_small(shapes: Shapes) -> nn.Module:
     return DLRM(dense=shapes["dense"][0], tables=shapes["sparse"][0])
+
+
+def ncf(shapes: Shapes) -> nn.Module:
+    return NeuMF(users=100_000, items=20_000)
