@@ -6,7 +6,7 @@
    campaign's rows are that measurement: every candidate of the same space, measured with the same protocol on
    this machine, so it is not measured a second time;
 2. zero-shot: the plan's choice (no measurement of this workload on this machine);
-3. `modak tune` with 5 and with 10 trials (each in a fresh store, so no race sees another's rows).
+3. `modak tune` with 5 and with 10 trials (``--trials``; each in a fresh store, so no race sees another's rows).
 
 The plan's model is fit on the shipped data without the workload's model (``--hold-out``, the default:
 leave-one-model-out, as for a model modak has never measured). Without it, a shipped campaign of this machine
@@ -18,7 +18,7 @@ speedup = (stock / pick) / (stock / best) with the exhaustive medians. The table
 ratio to the best with its interval, verdict, trials, wall time; under a race that missed the best, its standings.
 
     python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
-        [--min-seconds 0.5] [--budget 300] [--exhaustive-store S --config benchmarks/campaign.yaml]
+        [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--exhaustive-store S --config benchmarks/campaign.yaml]
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ def main() -> int:
     parser.add_argument("--min-seconds", type=float, default=0.5)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per tune run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trials", nargs="*", type=int, default=[5, 10],
+                        help="a tune run per number of trials (none: exhaustive and zero-shot only)")
     parser.add_argument("--exclude", nargs="*", default=["tvm"], help="runtimes left out (TVM tunes for minutes)")
     parser.add_argument("--config", type=Path, help="a campaign's config: plan with its grid")
     parser.add_argument("--exhaustive-store", type=Path, help="a campaign's perf store: its rows are the exhaustive "
@@ -133,7 +135,7 @@ def main() -> int:
 
             judge("exhaustive", best, len(times), exhaustive_s)
             judge("zero-shot", plan.choice.candidate.name, 0, 0.0)
-            for trials in (5, 10):
+            for trials in args.trials:
                 started = time.monotonic()
                 with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-tune{trials}.sqlite") as store:
                     result = tune(plan, store, TuneSettings(budget_s=args.budget, trials=trials, protocol=protocol))

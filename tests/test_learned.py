@@ -20,7 +20,7 @@ from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
 from modak.predict.training import training_data
 from modak.predict.learned import (TREES, Features, LearnedPredictor, ParameterFeature, TrainingData,
-                                   example_from, example_from_row, shrunk_offset)
+                                   example_from, example_from_row, fit_key, shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
 from modak.api import load as load_job
 from modak.workload.source import load_analysis
@@ -298,3 +298,14 @@ def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp
     assert len(list(tmp_path.glob("*.forest"))) == 2  # other data, another fit
     saved[0].write_bytes(b"not a model")  # a damaged cache file is refit, not trusted
     assert LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path).predict_examples(examples) == fresh.predict_examples(examples)
+
+
+def test_a_changed_overhead_prior_is_another_fit() -> None:
+    """The anchor adds the recipes' dispatch overheads, so a cached fit is keyed by them, not only by the columns."""
+    catalog = dict(load_catalog())
+    ort = catalog["onnxruntime"]
+    cpu = ort.performance["cpu"]
+    changed = dict(catalog, onnxruntime=ort.model_copy(update={"performance": {
+        **ort.performance, "cpu": cpu.model_copy(update={"node_overhead_us": cpu.node_overhead_us * 2})}}))
+    assert Features.from_catalog(changed) == Features.from_catalog(catalog)
+    assert fit_key("rows", changed) != fit_key("rows", catalog) == fit_key("rows", dict(load_catalog()))

@@ -4,8 +4,8 @@ What it learns is the *utilization* a runtime reaches, ``u = physics anchor / me
 anchor is the roofline time of the workload's op classes on the device's measured ceilings (at the candidate's
 threads and precision) plus the runtime's dispatch overhead per graph node (the recipe's priors). Utilization is
 bounded and transfers across hardware far better than raw latency; physics supplies the scale, and the overhead
-term the scale of steps of many small ops, which the roofline alone puts orders of magnitude too fast. A random forest predicts log(u); the spread of its trees gives the interval (10th
-to 90th percentile). A second forest predicts the compile/tune seconds.
+term the scale of steps of many small ops, which the roofline alone puts orders of magnitude too fast. A random
+forest predicts log(u); the spread of its trees gives the interval (10th to 90th percentile). A second forest predicts the compile/tune seconds.
 
 It is fit on data (CSV rows shipped in ``perfmodels/`` plus the local perf store); the fit is cached as plain
 arrays keyed by that data, so a new row refits it, and no pickled model is ever loaded. Its columns come from the runtime catalog: one per runtime and precision, and each
@@ -28,7 +28,7 @@ from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_ke
 from modak.candidates.enumerate import Candidate
 from modak.paths import cache_dir, write_atomic
 from modak.predict.base import Prediction, PredictionRequest
-from modak.predict import forest
+from modak.predict import forest, roofline
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.roofline import RooflinePredictor, op_seconds, overhead_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
@@ -255,11 +255,12 @@ class TrainingData:
 
 
 def fit_key(data_key: str, catalog: Mapping[str, Recipe]) -> str:
-    """What a fit depends on, hashed: the training data's key, the catalog's columns and this model's code."""
+    """What a fit depends on, hashed: the training data's key, the catalog (its columns, and the overhead priors of
+    the anchor) and this model's code."""
     digest = hashlib.sha256()
-    for source in (__file__, forest.__file__):
+    for source in (__file__, forest.__file__, roofline.__file__):
         digest.update(Path(source).read_bytes())
-    digest.update(repr(Features.from_catalog(catalog)).encode())
+    digest.update(repr(sorted(catalog.items())).encode())
     digest.update(data_key.encode())
     return digest.hexdigest()[:32]
 
