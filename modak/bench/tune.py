@@ -6,8 +6,9 @@ whose predicted interval overlaps the leader's, and stock) race in measurement r
 slower than the current leader (the lower end of the paired per-round ratio's interval above 1). The race
 stops when one candidate is left (the winner is confidently the fastest), when the budget would be exceeded by
 another round (the leader wins, not confidently, and its statistical ties are named), or after ``max_rounds``.
-The stock guard is measured too: a leader that is not confidently faster than stock (paired ratio interval below
-1) does not replace it.
+The stock guard is measured too: only a candidate confidently faster than stock (paired ratio interval below 1)
+replaces it. When the leader is not, the fastest of those that are wins (a steady candidate tied with an erratic
+leader); when none is, stock is kept.
 Every launch is stored as it is measured; the winner is recorded for the job's workload on the target, and
 ``modak plan``/``modak build`` choose it from then on and say so. Compile and tuning time (TVM MetaSchedule
 trials included) happen inside the launches, so they count against the same budget.
@@ -143,16 +144,19 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
     winner = min(measured, key=lambda c: _center(session, c)) if measured else None
     confident = winner is not None and len(alive) == 1 and session.rounds >= 2
     stock = plan.stock.candidate if plan.stock and session.launches.get(plan.stock.candidate.name) else None
-    over_stock = None  # the stock guard, measured: the leader must be confidently faster than stock
+    over_stock = None  # the stock guard, measured: the fastest, when it is not confidently faster than stock
     if winner is not None and stock is not None and winner != stock and not _versus(session, winner, stock).faster():
-        over_stock, winner, confident = winner, stock, False
+        beating = [c for c in measured if c != stock and _versus(session, c, stock).faster()]
+        over_stock, confident = winner, False
+        winner = min(beating, key=lambda c: _center(session, c)) if beating else stock
     standings = []
     for candidate in finalists:
         launches = session.launches.get(candidate.name, [])
         row = rows.get(candidate.name)
         versus = _versus(session, candidate, winner) if launches and winner and candidate is not winner else None
         if candidate is winner:
-            status = "winner" + (" (stock kept)" if over_stock else "")
+            status = "winner" + ((" (stock kept)" if winner is stock else " (confidently faster than stock)")
+                                 if over_stock else "")
         elif candidate is over_stock:
             status = "fastest, not confidently faster than stock"
         elif candidate.name in dropped:
@@ -170,21 +174,24 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
     recorded = None
     winner_row = rows.get(winner.name) if winner else None
     if winner is not None and winner_row is not None and winner_row.status == "ok":
+        guard = _versus(session, over_stock, stock) if over_stock and stock else None
         recorded = _record(plan, store, session, winner, winner_row, confident, len(finalists), standings,
-                           over_stock)
+                           over_stock, guard)
     return TuneResult(tuple(c.name for c in finalists), plan.choice.candidate.name,
                       winner.name if winner else None, confident, stopped, session.rounds, seconds,
                       tuple(standings), recorded)
 
 
 def _record(plan: Plan, store: PerfStore, session: Session, winner: Candidate, row: Measurement, confident: bool,
-            trials: int, standings: list[Standing], over_stock: Candidate | None) -> TunedChoice:
+            trials: int, standings: list[Standing], over_stock: Candidate | None,
+            over_stock_ratio: Ratio | None) -> TunedChoice:
     others = [s for s in standings if s.versus_winner is not None]
     stock = next((s for s in others if plan.stock and s.name == plan.stock.candidate.name), None)
-    if over_stock is not None:
-        leader = next(s for s in standings if s.name == over_stock.name)
-        guard = (f"kept the stock deployment: the fastest measured, {over_stock.name}, ran at "
-                 f"{leader.versus_winner.describe()} of stock's step time, not confidently faster; ")
+    if over_stock is not None and over_stock_ratio is not None:
+        fastest = (f"the fastest measured, {over_stock.name}, ran at {over_stock_ratio.describe()} of stock's step "
+                   "time, not confidently faster")
+        kept = plan.stock is not None and winner == plan.stock.candidate
+        guard = f"kept the stock deployment: {fastest}; " if kept else f"{fastest}; this one is: "
     else:
         guard = ""
     summary = guard + (f"measured {row.step_median_s * 1e3:.3g} ms per step [{row.ci_low_s * 1e3:.3g}, "
