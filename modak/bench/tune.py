@@ -145,7 +145,9 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
     confident = winner is not None and len(alive) == 1 and session.rounds >= 2
     stock = plan.stock.candidate if plan.stock and session.launches.get(plan.stock.candidate.name) else None
     over_stock = None  # the stock guard, measured: the fastest, when it is not confidently faster than stock
-    if winner is not None and stock is not None and winner != stock and not _versus(session, winner, stock).faster():
+    contested = winner is not None and stock is not None and winner != stock
+    over_stock_ratio = _versus(session, winner, stock) if contested else None  # the fastest's step / stock's
+    if over_stock_ratio is not None and not over_stock_ratio.faster():
         beating = [c for c in measured if c != stock and _versus(session, c, stock).faster()]
         over_stock, confident = winner, False
         winner = min(beating, key=lambda c: _center(session, c)) if beating else stock
@@ -174,9 +176,8 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
     recorded = None
     winner_row = rows.get(winner.name) if winner else None
     if winner is not None and winner_row is not None and winner_row.status == "ok":
-        guard = _versus(session, over_stock, stock) if over_stock and stock else None
         recorded = _record(plan, store, session, winner, winner_row, confident, len(finalists), standings,
-                           over_stock, guard)
+                           over_stock, over_stock_ratio)
     return TuneResult(tuple(c.name for c in finalists), plan.choice.candidate.name,
                       winner.name if winner else None, confident, stopped, session.rounds, seconds,
                       tuple(standings), recorded)
