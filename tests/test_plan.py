@@ -16,7 +16,7 @@ from modak.image.deployment import resolve_threads
 from modak.errors import InputError
 from modak.plan import make_plan, objective_seconds
 from modak.predict.base import FallbackPredictor, Prediction
-from modak.predict.roofline import RooflinePredictor, tuning_factor
+from modak.predict.roofline import RooflinePredictor, overhead_seconds, tuning_factor
 from modak.hardware.ceilings import target_ceilings
 from modak.api import load as load_job
 from modak.spec.models import Precision
@@ -113,6 +113,22 @@ def test_threads_resolve_on_cores() -> None:
 def _one_gemm_profile(flops: int, nbytes: int) -> WorkloadProfile:
     op = OpStats("gemm", "Gemm", "matmul", flops // 2, flops, nbytes - 100, 50, 50)
     return WorkloadProfile("toy", load_job(CNN).job.task, 1, {"x": (4,)}, (op,), 10, 40, flops, nbytes, flops, nbytes)
+
+
+def test_training_overhead_uses_the_training_priors_or_three_passes() -> None:
+    catalog = load_catalog()
+    torch_cpu = Candidate("pytorch", "cpu", Precision.fp32, (("threads", "all"),), 2)
+    perf = catalog["pytorch"].performance["cpu"]
+    assert perf.training_node_overhead_us is not None and perf.training_call_overhead_us is not None
+    assert overhead_seconds(catalog["pytorch"], torch_cpu, 10, training=True) == pytest.approx(
+        (10 * perf.training_node_overhead_us + perf.training_call_overhead_us) * 1e-6)
+    assert overhead_seconds(catalog["pytorch"], torch_cpu, 10, training=False) == pytest.approx(
+        (10 * perf.node_overhead_us + perf.call_overhead_us) * 1e-6)
+    gpu = catalog["pytorch"].performance["gpu"]
+    assert gpu.training_node_overhead_us is None  # unmeasured: forward, backward and update at the forward rate
+    torch_gpu = Candidate("pytorch", "gpu", Precision.fp32, (), None)
+    assert overhead_seconds(catalog["pytorch"], torch_gpu, 10, training=True) == pytest.approx(
+        (30 * gpu.node_overhead_us + gpu.call_overhead_us) * 1e-6)
 
 
 def test_roofline_arithmetic_by_hand() -> None:

@@ -101,8 +101,14 @@ class DevicePerformance(_Recipe):
     memory_efficiency: Fraction
     fusion: Annotated[float, Field(ge=0, le=1)] = Field(
         0.0, description="Fraction of elementwise/normalization traffic removed by operator fusion.")
-    node_overhead_us: Annotated[float, Field(ge=0)]
-    call_overhead_us: Annotated[float, Field(ge=0)]
+    node_overhead_us: Annotated[float, Field(ge=0)] = Field(description="Dispatch cost per graph node of a forward "
+                                                                          "pass (µs).")
+    call_overhead_us: Annotated[float, Field(ge=0)] = Field(description="Dispatch cost per inference call (µs).")
+    training_node_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="Per forward graph node of a training step: forward, backward and update (µs); "
+                          "default 3 x node_overhead_us.")
+    training_call_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="Per training step (µs); default call_overhead_us.")
     compile_seconds: Annotated[float, Field(ge=0)] = 0.0
     compile_seconds_per_node: Annotated[float, Field(ge=0)] = 0.0
 

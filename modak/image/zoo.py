@@ -95,6 +95,10 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("ncf", "NCF (NeuMF) recommender: GMF and MLP towers over user and item embeddings, 100k users x "
              "20k items (11.5 M params)", {"user": (1,), "item": (1,)}, {"user": "int64", "item": "int64"}, _BOTH,
              "ncf", {"user": 100_000, "item": 20_000}),
+    ZooEntry("chain4", "Dispatch-overhead probe: 4 fully connected layers 16-16 with tanh (8 graph nodes, 1 k "
+             "params)", {"input": (16,)}, {"input": "float32"}, _BOTH, "chain4"),
+    ZooEntry("chain64", "Dispatch-overhead probe: 64 fully connected layers 16-16 with tanh (128 graph nodes, "
+             "17 k params)", {"input": (16,)}, {"input": "float32"}, _BOTH, "chain64"),
 )}
 
 

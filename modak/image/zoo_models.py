@@ -58,6 +58,19 @@ class MLP(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
+class LayerChain(nn.Module):
+    """``layers`` tiny fully connected layers with tanh (two graph nodes each): a step that is all dispatch
+    overhead, the probe of the recipes' overhead priors (``benchmarks/overhead.py``)."""
+
+    def __init__(self, features: int, layers: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(module for _ in range(layers) for module in (nn.Linear(features, features),
+                                                                                     nn.Tanh())))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 # --- ResNet (torchvision layout; ResNet-50 is v1.5: the stride sits on the 3x3 convolution) ---------------
 
 class BasicBlock(nn.Module):
@@ -505,3 +518,11 @@ def dlrm_small(shapes: Shapes) -> nn.Module:
 
 def ncf(shapes: Shapes) -> nn.Module:
     return NeuMF(users=100_000, items=20_000)
+
+
+def chain4(shapes: Shapes) -> nn.Module:
+    return LayerChain(shapes["input"][0], layers=4)
+
+
+def chain64(shapes: Shapes) -> nn.Module:
+    return LayerChain(shapes["input"][0], layers=64)

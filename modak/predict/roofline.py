@@ -82,9 +82,14 @@ def overhead_seconds(recipe: Recipe, candidate: Candidate, nodes: int, training:
     """The runtime's dispatch overhead per step (its priors per graph node and per call, times the candidate's
     parameter effects): what bounds a step of many small ops, where the roofline says next to nothing."""
     perf = recipe.performance[candidate.device]
-    passes = 3 if training else 1  # forward, backward, update launch their own ops
-    return ((nodes * passes * perf.node_overhead_us + perf.call_overhead_us) * 1e-6
-            * parameter_effects(recipe, candidate).get("overhead", 1.0))
+    if training:  # forward, backward and update launch their own ops
+        node_us = perf.training_node_overhead_us if perf.training_node_overhead_us is not None \
+            else 3 * perf.node_overhead_us
+        call_us = perf.training_call_overhead_us if perf.training_call_overhead_us is not None \
+            else perf.call_overhead_us
+    else:
+        node_us, call_us = perf.node_overhead_us, perf.call_overhead_us
+    return (nodes * node_us + call_us) * 1e-6 * parameter_effects(recipe, candidate).get("overhead", 1.0)
 
 
 def op_seconds(flops: float, fp32_bytes: float, precision: Precision, peak: float,
