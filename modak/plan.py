@@ -239,10 +239,11 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     else:
         tuned = None
         kept_over = fastest if stock is not None and not _confidently_faster(fastest, stock, job.objective.steps) else None
-        if kept_over is not None:
-            ranked = [stock] + [r for r in ranked if r is not stock]
+        if kept_over is not None:  # the fastest predicted candidate that is confidently faster than stock, else stock
+            chosen = next((r for r in ranked if _confidently_faster(r, stock, job.objective.steps)), stock)
+            ranked = [chosen] + [r for r in ranked if r is not chosen]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
-    reasons = _reasons(loaded, ranked, pruned, kept_over)
+    reasons = _reasons(loaded, ranked, pruned, stock, kept_over)
     reasons = (reasons[0], *gate_reasons, *reasons[1:])
     if tuned is not None:
         reasons = (f"chose {tuned.candidate}: tuned on {loaded.target.name} — {tuned.summary}",
@@ -424,7 +425,7 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
 
 
 def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned],
-             stock_kept_over: RankedCandidate | None) -> tuple[str, ...]:
+             stock: RankedCandidate | None, passed_over: RankedCandidate | None) -> tuple[str, ...]:
     job = loaded.job
     best = ranked[0]
     p = best.prediction
@@ -433,15 +434,19 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
     reasons = [f"chose {best.candidate.name}: predicted {duration(p.step_seconds)} per step of batch "
                f"{job.model.batch_size} ({p.bound}-bound: {share:.0%} of the roofline step), "
                f"interval {duration(p.low_seconds)}-{duration(p.high_seconds)} ({p.predictor})"]
-    if stock_kept_over is not None:  # ranked[0] is the stock deployment
-        fastest = stock_kept_over
-        high = paired_ratio_high(fastest, best, job.objective.steps)
-        how = ("in 9 of 10 of the model's trees, paired" if _paired(fastest.prediction, best.prediction)
-               else f"at the slow end of its interval ({duration(fastest.prediction.high_seconds)} per step)")
-        reasons.append(f"kept the stock deployment: the fastest predicted, {fastest.candidate.name} at "
-                       f"{duration(fastest.objective_seconds)}, is not confidently faster than stock's "
-                       f"{duration(best.objective_seconds)}: its ratio to stock is up to {high:.2f} {how}; "
-                       "`modak tune` measures both")
+    if passed_over is not None and stock is not None:  # the fastest predicted is not confidently faster than stock
+        high = paired_ratio_high(passed_over, stock, job.objective.steps)
+        how = ("in 9 of 10 of the model's trees, paired" if _paired(passed_over.prediction, stock.prediction)
+               else f"at the slow end of its interval ({duration(passed_over.prediction.high_seconds)} per step)")
+        doubt = (f"the fastest predicted, {passed_over.candidate.name} at {duration(passed_over.objective_seconds)}, "
+                 f"is not confidently faster than stock's {duration(stock.objective_seconds)}: its ratio to stock "
+                 f"is up to {high:.2f} {how}")
+        if best is stock:
+            reasons.append(f"kept the stock deployment: {doubt}; `modak tune` measures both")
+        else:
+            reasons.append(f"{doubt}; the chosen one is the fastest predicted that is (its ratio to stock is up "
+                           f"to {paired_ratio_high(best, stock, job.objective.steps):.2f}); `modak tune` measures "
+                           "them")
     other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)
     if other:
         ratio = other.objective_seconds / best.objective_seconds

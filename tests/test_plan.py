@@ -235,6 +235,29 @@ def test_stock_guard_compares_paired_ensemble_members() -> None:
     assert "in 9 of 10 of the model's trees, paired" in kept
 
 
+class UnsureLeader(Trees):
+    """As paired :class:`Trees`, but ONNX Runtime's candidates lead at 7 ms with their trees in the opposite
+    order: the fastest predicted, yet not confidently faster than stock."""
+
+    def predict(self, workload, ceilings, candidate, recipe):
+        prediction = Trees(paired=True).predict(workload, ceilings, candidate, recipe)
+        if candidate.runtime != "onnxruntime":
+            return prediction
+        return replace(prediction, step_seconds=0.007, members=tuple(0.007 * f for f in self.FACTORS[::-1]))
+
+
+def test_an_unsure_leader_gives_way_to_the_fastest_candidate_confidently_faster_than_stock() -> None:
+    loaded = load_job(CNN)
+    source, profile = load_analysis(loaded)
+    plan = make_plan(loaded, source, profile, predictor=UnsureLeader(paired=True))
+    assert plan.ranked[1].candidate.runtime == "onnxruntime" and plan.ranked[1].objective_seconds == 0.007
+    assert plan.choice is not plan.stock and plan.choice.candidate.runtime != "onnxruntime"
+    assert plan.choice.objective_seconds == pytest.approx(0.008)
+    why = next(r for r in plan.reasons if "is not confidently faster than stock" in r)
+    assert why.startswith("the fastest predicted, onnxruntime") and "the chosen one is the fastest predicted that " \
+        "is (its ratio to stock is up to 0.80)" in why
+
+
 def test_stock_is_kept_unless_another_candidate_is_confidently_faster() -> None:
     loaded = load_job(CNN)
     source, profile = load_analysis(loaded)
