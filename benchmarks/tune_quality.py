@@ -17,8 +17,15 @@ A pick is a hit when it is the best or its ratio to the best, from the exhaustiv
 speedup = (stock / pick) / (stock / best) with the exhaustive medians. The table prints per workload: pick,
 ratio to the best with its interval, verdict, trials, wall time; under a race that missed the best, its standings.
 
+Three launches cannot resolve a near-tie at 5% (about 26 would be needed for a 3% difference under 5% launch
+noise). With ``--resolve N`` (exhaustive measured in this session, not from a store), an undecided pick and the
+best are measured again, side by side in further interleaved rounds of this session, 4 at a time, until the
+paired ratio over all their rounds is shown within 5% or shown slower, or N rounds were added: the verdict
+against the same session's exhaustive measurement, with the launches it took.
+
     python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
-        [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--exhaustive-store S --config benchmarks/campaign.yaml]
+        [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--resolve 24]
+        [--exhaustive-store S --config benchmarks/campaign.yaml]
 """
 
 from __future__ import annotations
@@ -36,12 +43,12 @@ import yaml
 from campaign import grid_catalog
 from modak.bench.harness import BenchSettings, bench, measurement_row
 from modak.bench.tune import TuneSettings, describe, tune
-from modak.measurements.stats import ratio
+from modak.measurements.stats import Ratio, ratio
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import Plan
 from modak.predict.base import FallbackPredictor, Predictor
 from modak.predict.default import default_predictor
-from modak.predict.evaluate import HIT, captured_speedup, verdict
+from modak.predict.evaluate import HIT, UNDECIDED, captured_speedup, verdict
 from modak.predict.learned import LearnedPredictor, TrainingData
 from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_data
@@ -58,10 +65,15 @@ def held_out_predictor(model: str, store: Path) -> Predictor:
     return FallbackPredictor((learned, RooflinePredictor()))
 
 
+def candidate_names(plan: Plan) -> dict[str, str]:
+    """The plan's candidates' names by the key of their measurement rows."""
+    return {measurement_row(plan, r.candidate, {}).key: r.candidate.name for r in plan.ranked}
+
+
 def exhaustive_rows(plan: Plan, store: PerfStore, machine: str, model: str, task: str,
                     batch: int) -> dict[str, Measurement]:
     """The plan's candidates' protocol rows in a campaign store, by candidate name (ok rows with launches)."""
-    names = {measurement_row(plan, r.candidate, {}).key: r.candidate.name for r in plan.ranked}
+    names = candidate_names(plan)
     return {names[row.key]: row
             for row in store.rows(machine=machine, model=model, task=task, batch_size=batch, status="ok")
             if row.key in names and row.launch_medians}
@@ -82,16 +94,21 @@ def main() -> int:
     parser.add_argument("--config", type=Path, help="a campaign's config: plan with its grid")
     parser.add_argument("--exhaustive-store", type=Path, help="a campaign's perf store: its rows are the exhaustive "
                         "measurement (give the campaign's --config too)")
+    parser.add_argument("--resolve", type=int, default=0, metavar="N",
+                        help="measure an undecided pick and the best again, side by side, for up to N more rounds "
+                        "(exhaustive measured in this session only)")
     parser.add_argument("--no-hold-out", dest="hold_out", action="store_false",
                         help="fit the plan's model on all shipped data, the workload's model included")
     args = parser.parse_args()
     if args.exhaustive_store and not args.config:
         parser.error("--exhaustive-store needs the campaign's --config (the candidate space it measured)")
+    if args.exhaustive_store and args.resolve:
+        parser.error("--resolve adds rounds to a session measured here: not with --exhaustive-store")
     target, target_doc = load_spec(args.target, Target)
     catalog = grid_catalog(yaml.safe_load(args.config.read_text())["grid"], None) if args.config else None
     protocol = BenchSettings(launches=args.launches, min_seconds=args.min_seconds, budget_s=3.0, seed=args.seed)
-    print(f"{'workload':<22} {'method':<10} {'trials':>6} {'seconds':>8} {'pick/best [90%]':>26} {'verdict':>10} "
-          f"{'captured':>8}  pick")
+    print(f"{'workload':<22} {'method':<10} {'trials':>6} {'seconds':>8} {'pick/best [90%]':>26} {'rounds':>6} "
+          f"{'verdict':>10} {'captured':>8}  pick")
     summary: dict[str, list[tuple[str, float, int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="modak-tunequality-") as scratch:
         for spec in args.workloads:
@@ -101,6 +118,7 @@ def main() -> int:
             full = zoo_plan(model, int(batch), task, ["fp32", "bf16"], target, target_doc, catalog, predictor)
             plan = replace(full, ranked=tuple(r for r in full.ranked if r.candidate.runtime not in args.exclude))
             space = [r.candidate for r in plan.ranked]
+            names = candidate_names(plan)
             started = time.monotonic()
             if args.exhaustive_store:
                 with PerfStore(args.exhaustive_store) as store:
@@ -108,7 +126,7 @@ def main() -> int:
                 exhaustive_s = float("nan")
             else:
                 with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-all.sqlite") as store:
-                    rows = {c.name: r for c, r in zip(space, bench(plan, space, store, protocol))
+                    rows = {names[r.key]: r for r in bench(plan, space, store, protocol)
                             if r.status == "ok" and r.launch_medians}
                 exhaustive_s = time.monotonic() - started
             times = {name: json.loads(r.launch_medians) for name, r in rows.items()}
@@ -119,18 +137,44 @@ def main() -> int:
             best = min(times, key=lambda n: statistics.median(times[n]))
             stock = plan.stock.candidate.name if plan.stock and plan.stock.candidate.name in times else None
 
+            resolved: dict[str, Ratio] = {}
+
+            def resolve(pick: str) -> Ratio:
+                """The pick over the best on their exhaustive rounds plus up to ``--resolve`` more, added 4 at a
+                time until the verdict is not undecided."""
+                pair = [next(c for c in space if c.name == n) for n in (pick, best)]
+                a, b = list(times[pick]), list(times[best])
+                added = 0
+                with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-resolve.sqlite") as store:
+                    while added < args.resolve:
+                        more = min(4, args.resolve - added)
+                        measured = {names[row.key]: json.loads(row.launch_medians) for row in
+                                    bench(plan, pair, store, replace(protocol, launches=more, seed=None))
+                                    if row.status == "ok" and row.launch_medians}
+                        if len(measured) < 2:
+                            break
+                        a, b = a + measured[pick][-more:], b + measured[best][-more:]
+                        added += more
+                        if verdict(ratio(a, b)) != UNDECIDED:
+                            break
+                return ratio(a, b)
+
             def judge(method: str, pick: str | None, trials: int, seconds: float) -> str:
                 if pick is None or pick not in times:
-                    print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {'-':>26} {'no pick':>10}")
+                    print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {'-':>26} {'':>6} {'no pick':>10}")
                     summary.setdefault(method, []).append(("miss", float("nan"), trials, seconds))
                     return "miss"
                 r = ratio(times[pick], times[best], paired=sessions[pick] == sessions[best])
                 outcome = HIT if pick == best else verdict(r)
+                if outcome == UNDECIDED and args.resolve:
+                    r = resolved[pick] if pick in resolved else resolve(pick)
+                    resolved[pick] = r
+                    outcome = verdict(r)
                 captured = (captured_speedup(*(statistics.median(times[n]) for n in (stock, pick, best)))
                             if stock else float("nan"))
                 summary.setdefault(method, []).append((outcome, captured, trials, seconds))
-                print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {r.describe():>26} {outcome:>10} "
-                      f"{captured:8.3f}  {pick[:70]}", flush=True)
+                print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {r.describe():>26} {r.rounds:6d} "
+                      f"{outcome:>10} {captured:8.3f}  {pick[:70]}", flush=True)
                 return outcome
 
             judge("exhaustive", best, len(times), exhaustive_s)
