@@ -5,8 +5,11 @@ For each pair, `modak pack` plans both jobs alone on this machine (`cpu: local`,
 arrangements: disjoint cores (one core each, each job re-planned for one core) and time-slicing (both on both
 cores, re-planned for shared cores). Each job is then measured alone (on cores {0, 1}), and in each arrangement
 beside the other job (which runs its own plan continuously on its cores, started before the measured launch), in
-interleaved rounds of random order. Printed per job and arrangement: predicted and measured slowdown and the
-error (target: within 15%), and each arrangement's aggregate throughput (sum of alone / shared step).
+interleaved rounds of random order. For disjoint cores each job is also measured on its own core with the other
+core idle, which splits the error in two: the plan's step on one core (``1 core`` against alone) and what the
+neighbour on the other core takes (``neighbour``: beside it against on its core idle; the model predicts 1.00
+unless memory bandwidth binds). Printed per job and arrangement: predicted and measured slowdown and the error
+(target: within 15%), and each arrangement's aggregate throughput (sum of alone / shared step).
 Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
 
     flock -x /tmp/modak-quiet.lock python benchmarks/pack.py [--rounds 3] [--pairs mnist-cnn:mlp mnist-cnn:mnist-cnn]
@@ -47,8 +50,8 @@ def main() -> int:
         for pair, result in packs.items():
             for option in (o for g in result.groups for o in g.options):
                 arrangements[(pair, option.mode)] = option
-        cases = [(pair, mode, i) for pair in packs for mode in ("alone", "cores", "time-slicing") for i in (0, 1)
-                 if mode == "alone" or (pair, mode) in arrangements]
+        cases = [(pair, mode, i) for pair in packs for mode in ("alone", "cores", "cores idle", "time-slicing")
+                 for i in (0, 1) if mode == "alone" or (pair, mode.split()[0]) in arrangements]
         times: dict[tuple[str, str, int], list[float]] = {case: [] for case in cases}
         shuffle = random.Random(args.seed).shuffle
         with PerfStore(folder / "pack.sqlite") as store:
@@ -59,6 +62,10 @@ def main() -> int:
                     if mode == "alone":
                         plan = result.jobs[i].alone
                         step = measure(plan, plan.choice.candidate, store, CORES)
+                    elif mode == "cores idle":
+                        plan = arrangements[(pair, "cores")].placements[i].plan
+                        assert plan is not None
+                        step = measure(plan, plan.choice.candidate, store, {i})
                     else:
                         placements = arrangements[(pair, mode)].placements
                         mine, other = placements[i], placements[1 - i]
@@ -90,8 +97,17 @@ def main() -> int:
                 error = placement.slowdown / measured - 1
                 errors.append(error)
                 gains.append(1 / measured)
+                split = ""
+                idle = times.get((pair, "cores idle", i))
+                if mode == "cores" and idle and placement.plan is not None:
+                    one_core = statistics.median(idle) / alone[i]
+                    predicted_one = placement.plan.choice.prediction.step_seconds / placement.job.alone_step
+                    split = (f"   1 core: pred {predicted_one:.2f} meas {one_core:.2f}; "
+                             f"neighbour: pred {placement.slowdown / predicted_one:.2f} "
+                             f"meas {measured / one_core:.2f}")
                 print(f"{pair:<26} {mode:<13} {placement.job.label:<15} {alone[i] * 1e3:9.3f} "
-                      f"{statistics.median(shared) * 1e3:9.3f} {placement.slowdown:6.2f} {measured:6.2f} {error:+7.1%}")
+                      f"{statistics.median(shared) * 1e3:9.3f} {placement.slowdown:6.2f} {measured:6.2f} {error:+7.1%}"
+                      + split)
             print(f"{pair:<26} {mode:<13} {'(aggregate)':<15} throughput predicted {arrangement.gain:.2f}x, "
                   f"measured {sum(gains):.2f}x running them one after another", flush=True)
         chosen = next((g.chosen for g in result.groups if g.chosen), None)
