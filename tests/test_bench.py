@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import yaml
 
 from modak.measurements.store import PerfStore, read_csv
@@ -92,21 +93,26 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     import time
 
     store = tmp_path / "perf.sqlite"
-    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "all", "--launches", "2", "--min-seconds", "0.1",
-                                "--budget", "0.3", "--store", str(store)],
+    # The ONNX Runtime candidates only: a round of them takes seconds (all candidates include TVM tuning, minutes).
+    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "onnxruntime", "--launches", "3",
+                                "--min-seconds", "0.1", "--budget", "0.3", "--store", str(store)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    measured = 0
-    while time.monotonic() < deadline and process.poll() is None:
-        if store.exists():
-            with PerfStore(store) as perf:
-                measured = len(perf.rows())
-            if measured >= 1:
-                break
-        time.sleep(0.5)
-    assert measured >= 1 and process.poll() is None, "bench finished or measured nothing before the interrupt"
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 240
+        measured = 0
+        while time.monotonic() < deadline and process.poll() is None:
+            if store.exists():
+                with PerfStore(store) as perf:
+                    measured = len(perf.rows())
+                if measured >= 1:
+                    break
+            time.sleep(0.5)
+        assert measured >= 1 and process.poll() is None, "bench finished or measured nothing before the interrupt"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:  # never leave a bench running into the next tests
+        process.kill()
+        process.wait()
     assert process.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
     with PerfStore(store) as perf:
@@ -148,3 +154,34 @@ def test_intervals_and_paired_ratios() -> None:
     assert abs(paired.estimate - 1.2) < 1e-9 and paired.slower() and not paired.equivalent()
     unpaired = ratio(b, a, paired=False)
     assert unpaired.low < 1.0 < unpaired.high  # the drift hides the difference without pairing
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("ending", ["returns", "times out"])
+def test_a_launch_ends_with_everything_it_started(tmp_path: Path, ending: str) -> None:
+    """A launch's worker processes (a compiler's pool) do not outlive it to run beside the next launch."""
+    import time
+
+    from modak.bench.dispatch import LaunchTask, run_task
+
+    pid_file = tmp_path / "worker.pid"
+    code = ("import json, subprocess, sys, time\n"
+            "worker = subprocess.Popen([sys.executable, '-c', 'while True: pass'], stdout=subprocess.DEVNULL,"
+            " stderr=subprocess.DEVNULL)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(worker.pid))\n"
+            + ("print(json.dumps({'status': 'ok'}))\n" if ending == "returns" else "time.sleep(60)\n"))
+    result = run_task(LaunchTask("spawns", {}, (sys.executable, "-c", code), 3, tmp_path))
+    assert result["status"] == ("ok" if ending == "returns" else "error"), result
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(worker), f"the launch's worker {worker} is still running"

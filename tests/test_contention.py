@@ -49,6 +49,8 @@ def test_a_cpu_hog_during_bench_is_detected_every_time_and_not_learned_from(tmp_
     finally:
         hog.kill()
         hog.wait()
+        bench.kill()  # a no-op once it ended; never left running into the next tests
+        bench.wait()
     assert bench.returncode == 0, stderr[-3000:]
     assert "CONTENDED" in stderr and "stored as 'contended'" in stderr
     with PerfStore(store) as perf:

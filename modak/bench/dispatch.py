@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,13 +39,30 @@ class Dispatcher(Protocol):
 
 
 def run_task(task: LaunchTask) -> dict:
-    """Run one launch here and parse its report (the last line of its standard output)."""
+    """Run one launch here and parse its report (the last line of its standard output). The launch runs in a
+    process group of its own, ended when it returns, times out or is interrupted: nothing it started (a compiler's
+    worker processes) keeps running beside the next launch."""
+    process = subprocess.Popen(task.command, env={**os.environ, **task.env}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        process = subprocess.run(task.command, env={**os.environ, **task.env}, capture_output=True, text=True,
-                                 timeout=task.timeout_s)
+        stdout, stderr = process.communicate(timeout=task.timeout_s)
     except subprocess.TimeoutExpired:
+        _end_group(process)
         return {"status": "error", "error": f"timed out after {task.timeout_s:.0f} s"}
-    return parse_report(process.stdout, process.stderr, process.returncode)
+    except BaseException:
+        _end_group(process)
+        raise
+    _end_group(process)
+    return parse_report(stdout, stderr, process.returncode)
+
+
+def _end_group(process: subprocess.Popen) -> None:
+    """Kill what is left of ``process``'s group (``process`` leads it) and reap ``process``."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.communicate()
 
 
 def parse_report(stdout: str, stderr: str, returncode: int | None) -> dict:
