@@ -47,12 +47,9 @@ def run_task(task: LaunchTask) -> dict:
     try:
         stdout, stderr = process.communicate(timeout=task.timeout_s)
     except subprocess.TimeoutExpired:
-        _end_group(process)
         return {"status": "error", "error": f"timed out after {task.timeout_s:.0f} s"}
-    except BaseException:
+    finally:
         _end_group(process)
-        raise
-    _end_group(process)
     return parse_report(stdout, stderr, process.returncode)
 
 
