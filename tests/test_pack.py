@@ -52,6 +52,27 @@ def test_time_slicing_slows_by_the_oversubscription() -> None:
     assert spin[0] > spin[1] > 1.5
 
 
+def test_a_barrier_synchronised_pool_goes_at_its_slowest_threads_pace() -> None:
+    busy = cpu("busy loop", 1.0)
+    pool = Load("intra-op pool", 0.01, 2.0, 0.0, 0.0, 0.0, threads=2, synchronized=1.0)
+    streams = Load("streams", 0.01, 2.0, 0.0, 0.0, 0.0, threads=2, synchronized=0.0)
+    # One busy loop on one of two cores: the pool's thread beside it gets half a core, and the other thread waits
+    # for it at every barrier (K = 2); streams get the average share (D = 1.5). Both pay the switching cost.
+    assert time_sliced_slowdowns([pool, busy], 2)[0] == pytest.approx(2.0 * 1.05)
+    assert time_sliced_slowdowns([streams, busy], 2)[0] == pytest.approx(1.5 * 1.05)
+    half = Load("half synchronised", 0.01, 2.0, 0.0, 0.0, 0.0, threads=2, synchronized=0.5)
+    assert time_sliced_slowdowns([half, busy], 2)[0] == pytest.approx((0.5 * 2.0 + 0.5 * 1.5) * 1.05)
+    # A co-runner busy 40% of the time: the pool waits for the thread it shares a core with whenever it runs
+    # (K = 1.4 against the average share's D = 1.2); on three cores the free one takes it.
+    light = cpu("light", 0.4)
+    assert time_sliced_slowdowns([pool, light], 2)[0] == pytest.approx(1.4 * 1.02)
+    assert time_sliced_slowdowns([streams, light], 2)[0] == pytest.approx(1.2 * 1.02)
+    assert time_sliced_slowdowns([pool, light], 3) == [1.0, 1.0]
+    # One thread beside one busy loop on one core: both the straggler and the average share are 2.
+    single = Load("one thread", 0.01, 1.0, 0.0, 0.0, 0.0, threads=1, synchronized=0.0)
+    assert time_sliced_slowdowns([single, busy], 1)[0] == pytest.approx(2.0 * 1.1)
+
+
 def test_memory_bandwidth_stretches_the_memory_bound_share() -> None:
     loads = [cpu("a", 1, bandwidth=30.0, memory=0.5), cpu("b", 1, bandwidth=30.0, memory=0.0)]
     assert bandwidth_slowdowns(loads, 60.0) == [1.0, 1.0]

@@ -15,7 +15,13 @@ runtime, threads and wait policy fit it), and the sharing model adds what the jo
   step: the roofline's compute and memory terms, against its serial per-operator overhead); a co-runner keeps
   one. With demand D = sum d / C above 1, the operating system's fair share slows every job by
   ``D (1 + OVERSUBSCRIPTION_COST (D - 1))`` (time slices, context switches and cache refills), and a job whose
-  pools spin (``wait_policy=spin``) wastes its slices waiting: ``SPIN_PENALTY``.
+  pools spin (``wait_policy=spin``) wastes its slices waiting: ``SPIN_PENALTY``. A job whose parallel regions
+  span its T threads and end at a barrier (intra-op parallelism: the share s_i of its step the recipe's
+  ``barrier_share`` gives; not OpenVINO's throughput streams, each of which runs a request on one thread) goes at
+  the pace of its slowest thread, not at the average share: the others' load beyond the cores it leaves free,
+  E = sum_{j != i} d_j + T_i - C, sits on its cores, and the most crowded of them runs its thread at
+  1 / K, K = 1 + max(E / T_i, min(E, 1)) (one busy co-runner on one of two cores: K = 2, where the average share
+  gives D = 1.5). That share of its step slows by max(K, D) instead of D.
 * Memory bandwidth (``cores`` and ``time-slicing``): job i draws b_i = B_i / step_i GB/s, with B_i the bytes of its
   memory-bound operators (the roofline's memory term times the bandwidth it assumed). Beyond the node's bandwidth
   (sum b / bandwidth = P > 1), the memory-bound share m_i of each step stretches: ``1 + m_i (P - 1)``.
@@ -53,6 +59,7 @@ from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.plan import MEMORY_SHARE, Plan, step_memory_gb
 from modak.predict.base import Predictor
+from modak.predict.roofline import barrier_share
 from modak.render.ir import Sharing, cpuset
 from modak.spec.loader import LoadedJob, read_catalog
 from modak.spec.models import GpuPeaks, Target, Task
@@ -80,6 +87,14 @@ class Load:
     memory_fraction: float  # share of its step bound by memory bandwidth
     bandwidth_gbs: float  # memory bandwidth it draws on average
     spins: bool = False  # its idle pool threads busy-wait (wait_policy=spin)
+    threads: int = 1  # CPU threads it runs on
+    synchronized: float = 0.0  # share of its step in regions across its threads that end at a barrier
+
+    def straggler(self, others: float, cores: int) -> float:
+        """K: the slowdown of this load's slowest thread beside ``others`` cores of load on ``cores`` cores (see
+        the module docstring)."""
+        excess = max(0.0, others + self.threads - cores)
+        return 1.0 + max(excess / self.threads, min(excess, 1.0))
 
 
 def co_runner(index: int = 0) -> Load:
@@ -101,8 +116,10 @@ def load_of(plan: Plan, name: str | None = None) -> Load:
     demand = 0.0 if gpu else (float(threads) if spins else parallel * threads + (1.0 - parallel))
     assumed = terms.get("bandwidth_gbs", 0.0)
     bandwidth = min(memory * assumed / step, assumed) if step > 0 else 0.0
+    synchronized = 0.0 if gpu or threads < 2 else parallel * barrier_share(plan.recipes[choice.candidate.runtime],
+                                                                         choice.candidate)
     return Load(name or plan.loaded.job.name, step, demand, parallel if gpu else 0.0,
-                memory / total if total else 0.0, bandwidth, spins)
+                memory / total if total else 0.0, bandwidth, spins, threads, synchronized)
 
 
 def oversubscription(loads: Sequence[Load], cores: int) -> float:
@@ -113,8 +130,14 @@ def oversubscription(loads: Sequence[Load], cores: int) -> float:
 def time_sliced_slowdowns(loads: Sequence[Load], cores: int) -> list[float]:
     """Each load's slowdown when all of them are time-sliced on ``cores`` cores (memory bandwidth aside)."""
     demand = max(1.0, oversubscription(loads, cores))
-    base = demand * (1.0 + OVERSUBSCRIPTION_COST * (demand - 1.0))
-    return [base * (SPIN_PENALTY if load.spins and demand > 1.0 else 1.0) for load in loads]
+    contention = 1.0 + OVERSUBSCRIPTION_COST * (demand - 1.0)
+    total = sum(load.cpu_demand for load in loads)
+    slowdowns = []
+    for load in loads:
+        pace = max(demand, load.straggler(total - load.cpu_demand, cores))
+        slowdowns.append((load.synchronized * pace + (1.0 - load.synchronized) * demand) * contention
+                         * (SPIN_PENALTY if load.spins and demand > 1.0 else 1.0))
+    return slowdowns
 
 
 def bandwidth_slowdowns(loads: Sequence[Load], bandwidth_gbs: float, paces: Sequence[float] | None = None) -> list[float]:
