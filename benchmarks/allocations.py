@@ -17,6 +17,7 @@ import yaml
 
 from modak.bench.harness import BenchSettings, bench, launch_command, launch_environment
 from modak.candidates.enumerate import Candidate
+from modak.measurements.stats import Ratio, ratio
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
 
@@ -104,6 +105,41 @@ def measure(plan: Plan, candidate: Candidate, store: PerfStore, cores: set[int],
         rows = bench(plan, [candidate], store, replace(settings, launches=1))
     medians = json.loads(rows[0].launch_medians or "[]") if rows else []
     return medians[0] if medians else None
+
+
+def round_ratio(a: dict[int, float], b: dict[int, float]) -> Ratio:
+    """``a / b`` of two cases' steps by round (``{round: step}``; the rounds both measured), with its t interval."""
+    rounds = sorted(set(a) & set(b))
+    return ratio([a[r] for r in rounds], [b[r] for r in rounds], paired=True)
+
+
+def decided_tau(predicted: list[float], measured: list[dict[int, float]]) -> tuple[float, int, int, int]:
+    """Kendall's tau over the pairs the measurement orders: a pair counts when its paired ratio's interval
+    excludes 1 (concordant when the prediction orders it the same way); pairs it cannot order (near-ties within
+    the noise) are left out. Returns (tau, concordant, discordant, undecided); tau is NaN when no pair is decided."""
+    concordant = discordant = undecided = 0
+    for i in range(len(predicted)):
+        for j in range(i + 1, len(predicted)):
+            r = round_ratio(measured[i], measured[j])
+            if not (r.faster() or r.slower()):
+                undecided += 1
+            elif (predicted[i] < predicted[j]) == r.faster():
+                concordant += 1
+            else:
+                discordant += 1
+    decided = concordant + discordant
+    return ((concordant - discordant) / decided if decided else float("nan")), concordant, discordant, undecided
+
+
+def within_verdict(predicted: float, measured: Ratio, tolerance: float = 0.15) -> str:
+    """Whether ``predicted`` is shown within ``tolerance`` of the measured ratio (predicted / measured within
+    1 +- tolerance over the measurement's whole interval: "within"), shown outside it ("outside"), or neither."""
+    low, high = predicted / measured.high, predicted / measured.low  # predicted / measured, as an interval
+    if 1 - tolerance <= low and high <= 1 + tolerance:
+        return "within"
+    if high < 1 - tolerance or low > 1 + tolerance:
+        return "outside"
+    return "undecided"
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:

@@ -9,7 +9,8 @@ interleaved rounds of random order. For disjoint cores each job is also measured
 core idle, which splits the error in two: the plan's step on one core (``1 core`` against alone) and what the
 neighbour on the other core takes (``neighbour``: beside it against on its core idle; the model predicts 1.00
 unless memory bandwidth binds). Printed per job and arrangement: predicted and measured slowdown and the error
-(target: within 15%), and each arrangement's aggregate throughput (sum of alone / shared step).
+(target: within 15%), also judged over the measured slowdown's interval (paired by round: within 15% over all of
+it, outside, or undecided), and each arrangement's aggregate throughput (sum of alone / shared step).
 Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
 
     flock -x /tmp/modak-quiet.lock python benchmarks/pack.py [--rounds 3] [--pairs mnist-cnn:mlp mnist-cnn:mnist-cnn]
@@ -24,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from allocations import WARM_UP_S, beside, job_runner, measure, write_jobs, write_target
+from allocations import WARM_UP_S, beside, job_runner, measure, round_ratio, within_verdict, write_jobs, write_target
 from modak import api
 from modak.advise.pack import Arrangement, pack
 from modak.measurements.store import PerfStore
@@ -52,7 +53,7 @@ def main() -> int:
                 arrangements[(pair, option.mode)] = option
         cases = [(pair, mode, i) for pair in packs for mode in ("alone", "cores", "cores idle", "time-slicing")
                  for i in (0, 1) if mode == "alone" or (pair, mode.split()[0]) in arrangements]
-        times: dict[tuple[str, str, int], list[float]] = {case: [] for case in cases}
+        times: dict[tuple[str, str, int], dict[int, float]] = {case: {} for case in cases}
         shuffle = random.Random(args.seed).shuffle
         with PerfStore(folder / "pack.sqlite") as store:
             for round_ in range(args.rounds):
@@ -76,13 +77,13 @@ def main() -> int:
                         with beside(command, other_cores, env, WARM_UP_S):
                             step = measure(mine.plan, mine.plan.choice.candidate, store, my_cores)
                     if step is not None:
-                        times[(pair, mode, i)].append(step)
+                        times[(pair, mode, i)][round_] = step
                 print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     print(f"{'pair':<26} {'arrangement':<13} {'job':<15} {'alone ms':>9} {'shared ms':>9} {'pred':>6} {'meas':>6} "
           f"{'error':>7}")
-    errors = []
+    errors, verdicts = [], []
     for pair, result in packs.items():
-        alone = {i: statistics.median(times[(pair, "alone", i)]) for i in (0, 1) if times[(pair, "alone", i)]}
+        alone = {i: statistics.median(times[(pair, "alone", i)].values()) for i in (0, 1) if times[(pair, "alone", i)]}
         for mode in ("cores", "time-slicing"):
             if (pair, mode) not in arrangements:
                 continue
@@ -93,21 +94,24 @@ def main() -> int:
                 if i not in alone or not shared or placement.slowdown is None:
                     print(f"{pair:<26} {mode:<13} {placement.job.label:<15} not measured")
                     continue
-                measured = statistics.median(shared) / alone[i]
+                measured = statistics.median(shared.values()) / alone[i]
                 error = placement.slowdown / measured - 1
                 errors.append(error)
+                paired = round_ratio(shared, times[(pair, "alone", i)])
+                verdict = within_verdict(placement.slowdown, paired)
+                verdicts.append(verdict)
                 gains.append(1 / measured)
                 split = ""
                 idle = times.get((pair, "cores idle", i))
                 if mode == "cores" and idle and placement.plan is not None:
-                    one_core = statistics.median(idle) / alone[i]
+                    one_core = statistics.median(idle.values()) / alone[i]
                     predicted_one = placement.plan.choice.prediction.step_seconds / placement.job.alone_step
                     split = (f"   1 core: pred {predicted_one:.2f} meas {one_core:.2f}; "
                              f"neighbour: pred {placement.slowdown / predicted_one:.2f} "
                              f"meas {measured / one_core:.2f}")
                 print(f"{pair:<26} {mode:<13} {placement.job.label:<15} {alone[i] * 1e3:9.3f} "
-                      f"{statistics.median(shared) * 1e3:9.3f} {placement.slowdown:6.2f} {measured:6.2f} {error:+7.1%}"
-                      + split)
+                      f"{statistics.median(shared.values()) * 1e3:9.3f} {placement.slowdown:6.2f} {measured:6.2f} "
+                      f"{error:+7.1%}   paired {paired.describe()}: {verdict}" + split)
             print(f"{pair:<26} {mode:<13} {'(aggregate)':<15} throughput predicted {arrangement.gain:.2f}x, "
                   f"measured {sum(gains):.2f}x running them one after another", flush=True)
         chosen = next((g.chosen for g in result.groups if g.chosen), None)
@@ -117,6 +121,8 @@ def main() -> int:
         within = sum(abs(e) <= 0.15 for e in errors)
         print(f"slowdown error: median |error| {statistics.median(abs(e) for e in errors):.1%}, "
               f"max {max(abs(e) for e in errors):.1%}; {within}/{len(errors)} within 15%")
+        print(f"over the rounds' paired intervals: {verdicts.count('within')} within 15%, "
+              f"{verdicts.count('outside')} outside, {verdicts.count('undecided')} undecided of {len(verdicts)}")
     return 0
 
 

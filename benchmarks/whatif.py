@@ -6,7 +6,10 @@ three small inference jobs (the MNIST CNN, the zoo MLP, MobileNetV2 from an ONNX
 `modak whatif` predicts each target's step for the plan's choice there; each (job, target) is then measured with
 the harness (one launch per round, `taskset`-style affinity on cores {0} or {0, 1}, the co-runner on the same
 cores), in interleaved rounds of random order. Printed per job: predicted and measured step and rank, and Kendall's
-tau of the two rankings (target: tau >= 0.8). Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
+tau of the two rankings (target: tau >= 0.8), also over the pairs of targets the rounds order (the paired ratio's
+90% interval excludes 1; near-ties the measurement cannot order are left out and counted); per co-runner target
+the measured slowdown with its interval against the predicted one (within 15% over the whole interval, outside it,
+or undecided). Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
 
     flock -x /tmp/modak-quiet.lock python benchmarks/whatif.py [--rounds 3] [--jobs mnist-cnn mlp]
 """
@@ -20,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from allocations import BUSY_LOOP, beside, kendall_tau, measure, write_jobs, write_target
+from allocations import (BUSY_LOOP, beside, decided_tau, kendall_tau, measure, round_ratio, within_verdict,
+                         write_jobs, write_target)
 from modak import api
 from modak.advise.whatif import whatif
 from modak.measurements.store import PerfStore
@@ -39,7 +43,7 @@ def main() -> int:
         jobs = [j for j in write_jobs(folder / "jobs") if not args.jobs or j.stem in args.jobs]
         results = {job: whatif(job, targets, predictor) for job in jobs}
         cases = [(job, outcome) for job, result in results.items() for outcome in result.outcomes]
-        times: dict[tuple[Path, str], list[float]] = {(job, o.target): [] for job, o in cases}
+        times: dict[tuple[Path, str], dict[int, float]] = {(job, o.target): {} for job, o in cases}
         order = list(range(len(cases)))
         shuffle = random.Random(args.seed).shuffle
         with PerfStore(folder / "whatif.sqlite") as store:
@@ -52,13 +56,13 @@ def main() -> int:
                     with beside(BUSY_LOOP if busy else None, cores):
                         step = measure(o.plan, o.plan.choice.candidate, store, cores)
                     if step is not None:
-                        times[(job, o.target)].append(step)
+                        times[(job, o.target)][round_] = step
                 print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    taus = []
+    taus, decided_taus = [], []
     print(f"{'job':<16} {'target':<14} {'candidate':<34} {'pred ms':>8} {'meas ms':>8} {'err':>6} "
           f"{'pred rank':>9} {'meas rank':>9}")
     for job, result in results.items():
-        measured = {o.target: statistics.median(times[(job, o.target)]) for o in result.outcomes
+        measured = {o.target: statistics.median(times[(job, o.target)].values()) for o in result.outcomes
                     if times[(job, o.target)]}
         outcomes = [o for o in result.outcomes if o.target in measured]
         # Ranked by samples per second, as whatif ranks throughput jobs (the batch is the same on every target).
@@ -72,15 +76,22 @@ def main() -> int:
                   f"{measured_rank[o.target]:>9}")
         tau = kendall_tau(predicted_rate, measured_rate)
         taus.append(tau)
-        ratios = {o.target: measured[o.target] for o in outcomes}
-        quiet = {t: ratios[t] for t in ratios if "busy" not in t}
-        print(f"{result.job:<16} Kendall tau {tau:+.2f} (target >= 0.8); measured co-runner slowdowns: "
-              + ", ".join(f"{t}: {ratios[t] / quiet[t.replace('-1busy', '')]:.2f}x (predicted "
-                          f"{next(o.sharing for o in outcomes if o.target == t):.2f}x)"
-                          for t in ratios if "busy" in t and t.replace("-1busy", "") in quiet), flush=True)
+        decided = decided_tau([o.step_seconds for o in outcomes], [times[(job, o.target)] for o in outcomes])
+        decided_taus.append(decided[0])
+        by_target = {o.target: o for o in outcomes}
+        print(f"{result.job:<16} Kendall tau {tau:+.2f} (target >= 0.8); over the pairs the rounds order: "
+              f"{decided[0]:+.2f} ({decided[1]} concordant, {decided[2]} discordant, {decided[3]} undecided)")
+        for t, o in by_target.items():
+            quiet = t.replace("-1busy", "")
+            if t != quiet and quiet in by_target:
+                r = round_ratio(times[(job, t)], times[(job, quiet)])
+                print(f"{'':<16} co-runner slowdown on {quiet}: measured {r.describe()}, predicted {o.sharing:.2f}x "
+                      f"({within_verdict(o.sharing, r)} 15%)", flush=True)
     if taus:
         print(f"mean Kendall tau {statistics.mean(taus):+.2f} over {len(taus)} jobs; "
               f"{sum(t >= 0.8 for t in taus)}/{len(taus)} at or above 0.8")
+        print(f"over the pairs the rounds order: {sum(t >= 0.8 for t in decided_taus)}/{len(decided_taus)} jobs at or "
+              f"above 0.8 ({', '.join(f'{t:+.2f}' for t in decided_taus)})")
     return 0
 
 
