@@ -55,9 +55,10 @@ def test_time_slicing_slows_by_the_oversubscription() -> None:
 def test_a_barrier_synchronised_pool_goes_at_its_slowest_threads_pace() -> None:
     busy = cpu("busy loop", 1.0)
     pool = Load("intra-op pool", 0.01, 2.0, 0.0, 0.0, 0.0, threads=2, synchronized=1.0)
-    streams = Load("streams", 0.01, 2.0, 0.0, 0.0, 0.0, threads=2, synchronized=0.0)
+    streams = Load("independent threads", 0.01, 2.0, 0.0, 0.0, 0.0, threads=2, synchronized=0.0)
     # One busy loop on one of two cores: the pool's thread beside it gets half a core, and the other thread waits
-    # for it at every barrier (K = 2); streams get the average share (D = 1.5). Both pay the switching cost.
+    # for it at every barrier (K = 2); threads that never wait for each other get the average share (D = 1.5).
+    # Both pay the switching cost.
     assert time_sliced_slowdowns([pool, busy], 2)[0] == pytest.approx(2.0 * 1.05)
     assert time_sliced_slowdowns([streams, busy], 2)[0] == pytest.approx(1.5 * 1.05)
     half = Load("half synchronised", 0.01, 2.0, 0.0, 0.0, 0.0, threads=2, synchronized=0.5)

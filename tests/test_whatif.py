@@ -13,7 +13,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from modak import api
-from modak.advise.pack import co_runner_slowdown
+from modak.advise.pack import co_runner_slowdown, load_of
 from modak.advise.whatif import cost, pareto_front, whatif
 from modak.cli import main
 from modak.errors import InputError
@@ -146,6 +146,9 @@ def test_co_runners_use_the_sharing_model(tmp_path: Path) -> None:
     by_name = {o.target: o for o in result.outcomes}
     factor = co_runner_slowdown(by_name["busy"].plan, 1)
     assert factor > 1.0 and by_name["busy"].sharing == factor
+    load = load_of(by_name["busy"].plan)  # two threads: their parallel share waits for the one beside the co-runner
+    assert load.threads == 2 and load.synchronized == pytest.approx((load.cpu_demand - 1.0) / (load.threads - 1.0))
+    assert factor > (load.cpu_demand + 1.0) / 2  # above the average share
     assert by_name["busy"].step_seconds == pytest.approx(by_name["busy"].plan.choice.prediction.step_seconds * factor)
     assert [o.target for o in result.outcomes] == ["quiet", "busy"]
     assert by_name["busy"].plan.choice.candidate.param("wait_policy") == "passive"  # shared cores: passive pools

@@ -15,13 +15,12 @@ runtime, threads and wait policy fit it), and the sharing model adds what the jo
   step: the roofline's compute and memory terms, against its serial per-operator overhead); a co-runner keeps
   one. With demand D = sum d / C above 1, the operating system's fair share slows every job by
   ``D (1 + OVERSUBSCRIPTION_COST (D - 1))`` (time slices, context switches and cache refills), and a job whose
-  pools spin (``wait_policy=spin``) wastes its slices waiting: ``SPIN_PENALTY``. A job whose parallel regions
-  span its T threads and end at a barrier (intra-op parallelism: the share s_i of its step the recipe's
-  ``barrier_share`` gives; not OpenVINO's throughput streams, each of which runs a request on one thread) goes at
-  the pace of its slowest thread, not at the average share: the others' load beyond the cores it leaves free,
-  E = sum_{j != i} d_j + T_i - C, sits on its cores, and the most crowded of them runs its thread at
-  1 / K, K = 1 + max(E / T_i, min(E, 1)) (one busy co-runner on one of two cores: K = 2, where the average share
-  gives D = 1.5). That share of its step slows by max(K, D) instead of D.
+  pools spin (``wait_policy=spin``) wastes its slices waiting: ``SPIN_PENALTY``. The parallel share of a step
+  on T >= 2 threads ends at a barrier (an intra-op pool's regions; OpenVINO's throughput streams, whose step is a
+  wave of requests all waited for), so it goes at the pace of the slowest thread, not at the average share: the
+  others' load beyond the cores the job leaves free, E = sum_{j != i} d_j + T_i - C, sits on its cores, and the
+  most crowded of them runs its thread at 1 / K, K = 1 + max(E / T_i, min(E, 1)) (one busy co-runner on one of
+  two cores: K = 2, where the average share gives D = 1.5). That share slows by max(K, D) instead of D.
 * Memory bandwidth (``cores`` and ``time-slicing``): job i draws b_i = B_i / step_i GB/s, with B_i the bytes of its
   memory-bound operators (the roofline's memory term times the bandwidth it assumed). Beyond the node's bandwidth
   (sum b / bandwidth = P > 1), the memory-bound share m_i of each step stretches: ``1 + m_i (P - 1)``.
@@ -59,7 +58,6 @@ from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.plan import MEMORY_SHARE, Plan, step_memory_gb
 from modak.predict.base import Predictor
-from modak.predict.roofline import barrier_share
 from modak.render.ir import Sharing, cpuset
 from modak.spec.loader import LoadedJob, read_catalog
 from modak.spec.models import GpuPeaks, Target, Task
@@ -116,10 +114,9 @@ def load_of(plan: Plan, name: str | None = None) -> Load:
     demand = 0.0 if gpu else (float(threads) if spins else parallel * threads + (1.0 - parallel))
     assumed = terms.get("bandwidth_gbs", 0.0)
     bandwidth = min(memory * assumed / step, assumed) if step > 0 else 0.0
-    synchronized = 0.0 if gpu or threads < 2 else parallel * barrier_share(plan.recipes[choice.candidate.runtime],
-                                                                         choice.candidate)
     return Load(name or plan.loaded.job.name, step, demand, parallel if gpu else 0.0,
-                memory / total if total else 0.0, bandwidth, spins, threads, synchronized)
+                memory / total if total else 0.0, bandwidth, spins, threads,
+                0.0 if gpu or threads < 2 else parallel)
 
 
 def oversubscription(loads: Sequence[Load], cores: int) -> float:

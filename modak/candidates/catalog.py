@@ -49,8 +49,7 @@ class Parameter(_Recipe):
     needs_op_class: str | None = Field(None, description="Only enumerate when the workload has ops of this class.")
     effects: dict[str, dict[str, float]] = Field(
         default_factory=dict,
-        description="value -> {term: factor}; terms: compute.<op_class>, compute, memory, overhead, compile, "
-                    "barrier.")
+        description="value -> {term: factor}; terms: compute.<op_class>, compute, memory, overhead, compile.")
     env: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="value -> environment variables the entrypoint exports.")
     apt: dict[str, tuple[AptPackage, ...]] = Field(default_factory=dict, description="value -> extra apt packages.")
@@ -112,10 +111,6 @@ class DevicePerformance(_Recipe):
         None, description="Per training step (µs); default call_overhead_us.")
     compile_seconds: Annotated[float, Field(ge=0)] = 0.0
     compile_seconds_per_node: Annotated[float, Field(ge=0)] = 0.0
-    barrier_share: Annotated[float, Field(ge=0, le=1)] = Field(
-        1.0, description="Share of a step's parallel work in regions that span all its threads and end at a "
-                         "barrier (intra-op parallelism): on shared cores its slowest thread sets their pace. "
-                         "A parameter's 'barrier' effect scales it (0: each thread runs whole requests).")
 
 
 class Recipe(_Recipe):

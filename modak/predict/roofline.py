@@ -111,13 +111,6 @@ def parameter_effects(recipe: Recipe, candidate: Candidate) -> dict[str, float]:
     return factors
 
 
-def barrier_share(recipe: Recipe, candidate: Candidate) -> float:
-    """The share of the candidate's parallel work in regions across all its threads that end at a barrier (the
-    recipe's ``barrier_share`` times its parameters' ``barrier`` effects, at most 1)."""
-    return min(1.0, recipe.performance[candidate.device].barrier_share
-               * parameter_effects(recipe, candidate).get("barrier", 1.0))
-
-
 def tuning_factor(recipe: Recipe, candidate: Candidate) -> float:
     """Compute-efficiency factor a tuning budget buys, interpolated in log(trials) between catalog points."""
     if recipe.tuning is None:
