@@ -27,7 +27,7 @@ from pathlib import Path
 
 from allocations import WARM_UP_S, beside, job_runner, measure, round_ratio, within_verdict, write_jobs, write_target
 from modak import api
-from modak.advise.pack import Arrangement, pack
+from modak.advise.pack import Arrangement, Planner, evaluate, pack
 from modak.measurements.store import PerfStore
 
 CORES = {0, 1}
@@ -49,7 +49,10 @@ def main() -> int:
         # What is measured: (pair, arrangement mode or "alone", job index); each is one launch per round.
         arrangements: dict[tuple[str, str], Arrangement] = {}
         for pair, result in packs.items():
-            for option in (o for g in result.groups for o in g.options):
+            options = [o for g in result.groups for o in g.options]
+            if not options:  # the pair runs apart: measure the arrangements pack weighed all the same
+                options = evaluate(result.jobs, result.jobs[0].loaded.target, Planner(predictor, None))[1]
+            for option in options:
                 arrangements[(pair, option.mode)] = option
         cases = [(pair, mode, i) for pair in packs for mode in ("alone", "cores", "cores idle", "time-slicing")
                  for i in (0, 1) if mode == "alone" or (pair, mode.split()[0]) in arrangements]

@@ -382,8 +382,8 @@ class PackResult:
 # Packing
 
 
-class _Planner:
-    """Plans jobs on share targets, each (job, share) once."""
+class Planner:
+    """Plans jobs on share targets, each (job, share) once (what :func:`evaluate` plans with)."""
 
     def __init__(self, predictor: Predictor, store: Path | None) -> None:
         self.predictor, self.store = predictor, store
@@ -469,7 +469,7 @@ def _placement(job: PackJob, share: str, sharing: Sharing, plan: Plan | str, fac
     return Placement(job, share, sharing, plan, step, _limits(job, step))
 
 
-def cpu_arrangements(jobs: Sequence[PackJob], target: Target, planner: _Planner) -> list[Arrangement]:
+def cpu_arrangements(jobs: Sequence[PackJob], target: Target, planner: Planner) -> list[Arrangement]:
     """Disjoint core splits and time-slicing of CPU jobs on one node (or allocation) of ``target``."""
     first = jobs[0].alone
     cores, bandwidth = first.ceilings.cores, first.ceilings.cpu.bandwidth_gbs
@@ -503,7 +503,7 @@ def cpu_arrangements(jobs: Sequence[PackJob], target: Target, planner: _Planner)
     return result
 
 
-def gpu_arrangements(jobs: Sequence[PackJob], target: Target, planner: _Planner) -> list[Arrangement]:
+def gpu_arrangements(jobs: Sequence[PackJob], target: Target, planner: Planner) -> list[Arrangement]:
     """MPS, MIG slices and time-slicing of GPU jobs on one GPU of ``target``."""
     first = jobs[0].alone
     gpu = first.ceilings.gpu
@@ -553,7 +553,7 @@ def _better(a: Arrangement, b: Arrangement) -> bool:
     return (a.feasible, a.gain) > (b.feasible, b.gain)
 
 
-def evaluate(jobs: Sequence[PackJob], target: Target, planner: _Planner,
+def evaluate(jobs: Sequence[PackJob], target: Target, planner: Planner,
              modes: Sequence[str] = MODES) -> tuple[Arrangement | None, list[Arrangement], str]:
     """The best arrangement of ``jobs`` sharing one node or GPU among ``modes`` (None: none within the limits gains
     :data:`MIN_GAIN`), every arrangement evaluated, and why."""
@@ -602,7 +602,7 @@ def pack(job_files: Sequence[str | Path], target_file: str | Path, predictor: Pr
     jobs = [PackJob(label, Path(path), loaded, api.plan_loaded(loaded, predictor, store))
             for label, path, loaded in zip(labels, job_files, loaded_jobs)]
     target = loaded_jobs[0].target
-    planner = _Planner(predictor, store)
+    planner = Planner(predictor, store)
     groups: list[tuple[list[PackJob], Arrangement | None, list[Arrangement], str]] = []
     refusals: dict[str, list[str]] = {}
     for job in jobs:
@@ -653,7 +653,7 @@ def render_pack(result: PackResult, out_dir: Path) -> list[Path]:
     return written
 
 
-__all__ = ["Arrangement", "Group", "Load", "PackJob", "PackResult", "Placement", "bandwidth_slowdowns",
+__all__ = ["Arrangement", "Group", "Load", "PackJob", "PackResult", "Placement", "Planner", "bandwidth_slowdowns",
            "co_runner_slowdown", "core_splits", "evaluate", "gpu_time_sliced_slowdowns", "load_of", "memory_need_gb",
            "mig_profiles", "mps_percentages", "mps_slowdowns", "pack", "render_pack", "slices_fit",
            "time_sliced_slowdowns"]
