@@ -56,6 +56,8 @@ def assert_ok(result: dict, precision: str = "fp32") -> None:
     assert result["max_abs_error"] <= TOLERANCE[precision]
     assert result["step_median_s"] > 0 and result["repeats"] >= 3
     assert result["throughput_per_s"] > 0 and result["compile_s"] >= 0
+    # The mean per batch over the timed window sits among the samples (a step of N streams is N batches).
+    assert 0.5 * result["step_p10_s"] <= result["step_mean_s"] <= 1.5 * result["step_p90_s"]
 
 
 @pytest.mark.parametrize("runtime, zoo, params", [

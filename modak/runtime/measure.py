@@ -70,6 +70,9 @@ def measure(request: RunRequest, min_seconds: float = 1.0, budget_s: float = 10.
     result.update(
         status="ok", step_median_s=median, step_p10_s=_quantile(times, 0.1), step_p90_s=_quantile(times, 0.9),
         repeats=timing.steps, samples=len(times), timed_seconds=timing.seconds,
+        # The time per batch over the whole timed window (throughput's view): where time slices with another
+        # process split the samples into fast and stalled ones, the median follows whichever half is larger.
+        step_mean_s=timing.seconds / timing.steps / per_run,
         throughput_per_s=request.batch_size / median,
         compile_s=model.prepare_seconds + max(0.0, first_s - median), peak_rss_mb=_peak_rss_mb(),
         contention={**watch.report(), "canary_s": canary},
