@@ -223,10 +223,12 @@ def test_the_predictors_know_the_wait_policy(tmp_path: Path) -> None:
     passive = next(c for c in space.candidates if c.runtime == "onnxruntime")
     spin = replace(passive, params=tuple((k, "spin" if k == "wait_policy" else v) for k, v in passive.params))
     roofline = RooflinePredictor()
-    slow, fast = (roofline.predict(workload, ceilings, c, recipe) for c in (passive, spin))
-    assert slow.term("overhead_s") == pytest.approx(3 * fast.term("overhead_s"))  # the recipe's wake-up effect
+    quiet_passive, quiet_spin = (roofline.predict(workload, ceilings, c, recipe) for c in (passive, spin))
+    # Measured equal on quiet cores (the overhead probe, perfmodels/overhead/): no overhead effect.
+    assert quiet_passive.term("overhead_s") == quiet_spin.term("overhead_s")
     features = Features.from_catalog(load_catalog())
     wait = next(p for p in features.parameters if p.name == "wait_policy")
     assert (wait.kind, wait.values) == ("categorical", ("spin", "passive"))
     rows = {c.param("wait_policy"): features.row(example_from(workload, ceilings, c, recipe)) for c in (spin, passive)}
-    assert rows["spin"] != rows["passive"]  # rows measured with either policy train different columns
+    differ = [i for i, (a, b) in enumerate(zip(rows["spin"], rows["passive"])) if a != b]
+    assert len(differ) == 2  # only the policy's own columns: rows measured with either policy train them
