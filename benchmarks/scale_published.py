@@ -6,7 +6,8 @@ For every published point (``perfmodels/published/``, each row with its source a
 predicts the efficiency from the row's setup alone: per-GPU compute time (from the source's single-GPU
 throughput, or derived as the row says), the architecture's parameter count (fp32 gradients), GPUs per node,
 the intra-node link, the network's kind and bandwidth, the gradient bucket (Horovod's fusion buffer, DDP's
-bucket) and the all-reduce algorithms of the time; latencies are the defaults of
+bucket) and the all-reduce algorithms of the time; latencies and the share of the line rate a network's
+transport reaches (TCP sockets 0.54, from NCCL users' measurements elsewhere) are the defaults of
 ``recipes/hardware/interconnects.yaml``. Nothing is fitted to the published efficiencies in this first table.
 
 A second table shows what ``modak scale --measured`` does with one measurement: per setup (same source,
@@ -23,7 +24,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from modak.scaling import MIB, Link, ScalingModel, default_overlap, fit, interconnects
+from modak.scaling import MIB, Link, ScalingModel, default_overlap, fit, interconnects, network_link
 from modak.paths import data_dir
 
 DATA = data_dir("perfmodels") / "published" / "data_parallel_scaling.csv"
@@ -70,9 +71,7 @@ def load(path: Path) -> list[Published]:
             intra_spec = table["intra_node"][kind]
             bandwidth = float(row["intra_gbs"] or intra_spec.get("bandwidth_gbs", 0))
             intra = Link(kind, bandwidth, float(intra_spec["latency_us"]), "the row's intra-node link")
-            net = table["network"][row["interconnect"]]
-            network = Link(row["interconnect"], float(row["network_gbps"]) / 8, float(net["latency_us"]),
-                           "the row's network, NCCL's latency")
+            network = network_link(row["interconnect"], float(row["network_gbps"]), given="the row's")
             size = float(row["parameters"]) * 4  # fp32 gradients
             bucket = float(row["bucket_mb"]) * MIB
             compute = float(row["compute_seconds"])

@@ -397,16 +397,9 @@ def scaling_model(plan: Plan, gradient_dtype: str = "fp32", single_node: bool = 
                          f"{name}: {kind} x16 in recipes/hardware/" + ("gpus.yaml" if entry.get("link") else
                                                                       "interconnects.yaml (the default: not in "
                                                                       "gpus.yaml)"))
-    network = None
     kind = target.network.interconnect
-    if kind != "none":
-        spec = table["network"][kind]
-        given_bw, given_lat = target.network.bandwidth_gbps, target.network.latency_us
-        parts = [f"{kind}: bandwidth " + ("the target's" if given_bw else f"the default for {kind} "
-                                          f"({spec['bandwidth_gbps']} Gbit/s)"),
-                 "latency " + ("the target's" if given_lat else "NCCL's per-step constant")]
-        network = Link(kind, float(given_bw or spec["bandwidth_gbps"]) / 8, float(given_lat or spec["latency_us"]),
-                       ", ".join(parts))
+    network = None if kind == "none" else network_link(
+        kind, target.network.bandwidth_gbps, target.network.latency_us, target.network.efficiency, "the target's")
     nodes = 1 if (network is None or single_node) else target.nodes
     size = workload.parameters * GRADIENT_BYTES[gradient_dtype]
     bucket = float(table["bucket_mb"]) * MIB
@@ -415,6 +408,23 @@ def scaling_model(plan: Plan, gradient_dtype: str = "fp32", single_node: bool = 
         compute_s=plan.choice.prediction.step_seconds, backward_share=backward, gradient_bytes=float(size),
         overlap=default_overlap(size, bucket), workers_per_node=per_node, max_nodes=nodes, intra=intra,
         network=network, bucket_bytes=bucket, base_latency_us=float(table["base_latency_us"]))
+
+
+def network_link(kind: str, bandwidth_gbps: float | None = None, latency_us: float | None = None,
+                 efficiency: float | None = None, given: str = "the given") -> Link:
+    """The link between nodes of network ``kind``: the line rate (``bandwidth_gbps``, Gbit/s per direction) times
+    the share of it a collective moves data at (``efficiency``), and the latency per step; each value not given
+    is the interconnect table's default for ``kind``, and the link's source says which came from where."""
+    spec = interconnects()["network"][kind]
+    gbps = float(bandwidth_gbps or spec["bandwidth_gbps"])
+    share = float(efficiency or spec["efficiency"])
+    parts = [f"{kind}: bandwidth " + (f"{given} {gbps:g} Gbit/s" if bandwidth_gbps
+                                       else f"the default for {kind} ({gbps:g} Gbit/s)"),
+             f"x {share:g} " + (f"({given} efficiency)" if efficiency else
+                                "(what TCP sockets reach, recipes/hardware/interconnects.yaml)" if share < 1
+                                else "(RDMA: the line rate)"),
+             "latency " + (given if latency_us else "NCCL's per-step constant")]
+    return Link(kind, gbps * share / 8, float(latency_us or spec["latency_us"]), ", ".join(parts))
 
 
 def default_overlap(gradient_bytes: float, bucket_bytes: float) -> float:

@@ -19,7 +19,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 import modak
-from modak.scaling import Link, ScalingModel, default_overlap, fit
+from modak.scaling import Link, ScalingModel, default_overlap, fit, network_link
 from modak.cli import main
 from modak.render.ir import build_description
 from modak.render.render import render
@@ -170,6 +170,17 @@ def test_bad_measured_points_are_input_errors(points: dict[int, float], message:
         fit(model(), points)
 
 
+def test_tcp_sockets_move_data_below_the_line_rate() -> None:
+    """Ethernet (TCP sockets) moves a collective's data at 0.54 of the line rate by default, RDMA networks at the
+    line rate; a target's measured efficiency replaces the default, and the link's source says which it used."""
+    tcp = network_link("ethernet", 40)
+    assert tcp.bandwidth_gbs == pytest.approx(40 * 0.54 / 8) and "x 0.54" in tcp.source
+    assert network_link("infiniband", 200).bandwidth_gbs == pytest.approx(25.0)
+    measured = network_link("ethernet", 100, efficiency=0.8, given="the target's")
+    assert measured.bandwidth_gbs == pytest.approx(10.0) and "the target's efficiency" in measured.source
+    assert network_link("ethernet").bandwidth_gbs == pytest.approx(25 * 0.54 / 8)  # the default line rate too
+
+
 # ---- the command line and the spec -------------------------------------------------------------------------------
 
 
@@ -244,16 +255,25 @@ def test_bad_options_are_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     ("inference", "scaling: data-parallel scaling is for training jobs"),
     ("no-command", "scaling: scaling runs the job's own training script"),
     ("efficiency", "scaling.min_efficiency"),
+    ("network-efficiency", "target.yaml:11: network.efficiency: Input should be less than or equal to 1"),
     ("measured", "scaling.measured: measured point 3=0.2: 3 workers are neither part of one node nor whole nodes"),
 ])
 def test_spec_checks_of_scaling(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str) -> None:
     job = {"inference": lambda: write_job(tmp_path, task="inference", scaling={}),
            "no-command": lambda: write_job(tmp_path, scaling={}, command=False),
            "efficiency": lambda: write_job(tmp_path, scaling={"min_efficiency": 1.5}),
+           "network-efficiency": lambda: write_network_efficiency(write_job(tmp_path, scaling={}), 1.5),
            # GPU nodes of 2: 3 workers are not a layout (a located error when render fits to them)
            "measured": lambda: write_job(tmp_path, scaling={"measured": {1: 0.1, 3: 0.2}}, gpus=2)}[case]()
     code, _, err = run(capsys, "scale" if case == "measured" else "plan", job, "--predictor", "roofline")
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def write_network_efficiency(job: Path, efficiency: float) -> Path:
+    target = yaml.safe_load((job.parent / "target.yaml").read_text())
+    target["network"]["efficiency"] = efficiency
+    (job.parent / "target.yaml").write_text(yaml.safe_dump(target))
+    return job
 
 
 def test_schema_command_describes_scaling(capsys: pytest.CaptureFixture[str]) -> None:

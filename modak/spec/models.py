@@ -254,6 +254,9 @@ class Network(Strict):
     latency_us: PositiveFloat | None = Field(
         None, description="Latency of one step of a collective across the network, microseconds (default: "
                           "NCCL's tuning constant, 14).")
+    efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="The share of bandwidth_gbps a collective's data moves at (nccl-tests' all_reduce busbw "
+                          "/ line rate; default: 0.54 for ethernet, TCP sockets; 1 for the RDMA networks).")
 
 
 class Scheduler(Strict):
