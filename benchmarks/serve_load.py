@@ -3,7 +3,8 @@
 Three servers run side by side from the same code, each started as the image starts it (the launcher, then
 ``modak serve``): ``tuned`` (the plan's choice, or ``--tuned NAME``), ``stock`` (ONNX Runtime with its default
 options and all threads; ``--stock plan``: the plan's stock candidate, PyTorch eager) and ``unbatched`` (the tuned
-deployment with ``--max-queue-delay-ms 0``). At each concurrency, closed-loop clients (one thread and one
+deployment with ``--max-batch 1``); ``--compare-delay-ms MS`` adds ``delayed``, the tuned deployment whose batcher
+waits up to MS for a fuller batch, beside the default that waits for nothing. At each concurrency, closed-loop clients (one thread and one
 ``tritonclient.http`` client each, binary tensors, ``--samples`` samples per request) load one server for
 ``--duration`` seconds, the servers taking turns round after round (tuned, stock, unbatched, tuned, ...) so that
 machine noise hits all alike. The table gives requests/s, samples/s and p50/p99 latency over all rounds, then
@@ -172,7 +173,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per server per round (10)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--delay-ms", type=float, default=5.0, help="--max-queue-delay-ms of the batching servers")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="--max-queue-delay-ms of the batching servers")
+    parser.add_argument("--compare-delay-ms", type=float,
+                        help="add a fourth server: the tuned deployment with this --max-queue-delay-ms")
     args = parser.parse_args()
 
     plan = api.plan_job(args.job, args.target)
@@ -198,10 +201,13 @@ def main() -> int:
     servers: list[Server] = []
     with tempfile.TemporaryDirectory(prefix="modak-serve-load-") as scratch:
         try:
-            for label, deployment, delay in [("tuned", tuned, args.delay_ms), ("stock", stock, args.delay_ms),
-                                             ("unbatched", tuned, 0.0)]:
-                servers.append(start(label, deployment, plan.source.onnx_path, Path(scratch) / label,
-                                     "--max-queue-delay-ms", str(delay), "--max-queue", queue_size))
+            batching = ["--max-queue-delay-ms", str(args.delay_ms)]
+            setups = [("tuned", tuned, batching), ("stock", stock, batching), ("unbatched", tuned, ["--max-batch", "1"])]
+            if args.compare_delay_ms is not None:
+                setups.append(("delayed", tuned, ["--max-queue-delay-ms", str(args.compare_delay_ms)]))
+            for label, deployment, options in setups:
+                servers.append(start(label, deployment, plan.source.onnx_path, Path(scratch) / label, *options,
+                                     "--max-queue", queue_size))
             import tritonclient.http as triton
 
             probe = triton.InferenceServerClient(servers[0].url)
@@ -245,8 +251,9 @@ def report(tallies: dict[tuple[str, int], Tally], concurrencies: list[int], samp
 
     print(f"\n{'concurrency':>11} {'server':<10} {'req/s':>9} {'samples/s':>10} {'p50 ms':>9} {'p99 ms':>9} "
           f"{'errors':>7}")
+    labels = list(dict.fromkeys(label for label, _ in tallies))
     for concurrency in concurrencies:
-        for label in ("tuned", "stock", "unbatched"):
+        for label in labels:
             tally = tallies[label, concurrency]
             rate, p50, p99 = stats(tally)
             print(f"{concurrency:>11} {label:<10} {rate:9.1f} {rate * samples:10.1f} {p50:9.2f} {p99:9.2f} "
@@ -258,6 +265,13 @@ def report(tallies: dict[tuple[str, int], Tally], concurrencies: list[int], samp
             stats(tallies[label, concurrency]) for label in ("tuned", "stock", "unbatched"))
         print(f"{concurrency:>11} {tuned / stock if stock else float('nan'):17.2f}x {s50 / t50:15.2f}x "
               f"{tuned / unbatched if unbatched else float('nan'):21.2f}x {u99 / t99:10.2f}x")
+    if "delayed" in labels:
+        print(f"\n{'concurrency':>11} {'not waiting/waiting req/s':>26} {'waiting/not p50':>16} {'waiting/not p99':>16}")
+        for concurrency in concurrencies:
+            (tuned, t50, t99), (delayed, d50, d99) = (stats(tallies[label, concurrency])
+                                                      for label in ("tuned", "delayed"))
+            print(f"{concurrency:>11} {tuned / delayed if delayed else float('nan'):25.2f}x {d50 / t50:15.2f}x "
+                  f"{d99 / t99:15.2f}x")
 
 
 if __name__ == "__main__":

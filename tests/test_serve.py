@@ -357,11 +357,13 @@ class FakeSession:
     def __init__(self, noise: bool = False, seconds: float = 0.0) -> None:
         self.noise, self.seconds = noise, seconds
         self.steps: list[int] = []
+        self.running = threading.Event()  # set when a step starts
 
     def run(self, feeds):
         x, ids = feeds["x"], feeds["ids"]
         if np.isnan(x).any():
             raise RuntimeError("NaN in x")
+        self.running.set()
         time.sleep(self.seconds)
         self.steps.append(len(x))
         y = 2 * x + ids.sum(axis=1, keepdims=True)
@@ -445,22 +447,46 @@ def test_a_failing_request_in_a_batch_fails_alone_and_the_server_goes_on():
             assert status == 400 and message in answer["error"], answer
 
 
-def test_no_queue_delay_runs_one_request_per_step():
+def _batch_requests(url: str) -> tuple[float, float]:
+    """(steps, requests) the server's batch-requests histogram counted."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with in_thread(fake_model(FakeSession(seconds=0.05)), serve.Settings(max_queue_delay_ms=0)) as url:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        samples = {s.name: s.value for f in text_string_to_metric_families(response.read().decode())
+                   for s in f.samples if f.name == "modak_batch_requests"}
+    return samples["modak_batch_requests_count"], samples["modak_batch_requests_sum"]
+
+
+def _post_all(url: str, values: list[int], answers: list[tuple[int, dict]]) -> list[threading.Thread]:
+    threads = [threading.Thread(target=lambda i=i: answers.append(_post(url, _fake_inputs([[i, 0, 0]], [[0, 0]]))))
+               for i in values]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_max_batch_one_runs_one_request_per_step():
+    with in_thread(fake_model(FakeSession(seconds=0.05)), serve.Settings(max_batch=1)) as url:
         answers: list[tuple[int, dict]] = []
-        threads = [threading.Thread(target=lambda i=i: answers.append(_post(url, _fake_inputs([[i, 0, 0]], [[0, 0]]))))
-                   for i in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
+        for thread in _post_all(url, list(range(6)), answers):
             thread.join(timeout=30)
         assert sorted(a[1]["outputs"][0]["data"][0] for a in answers) == [0, 2, 4, 6, 8, 10]
-        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-            samples = {(s.name, s.labels.get("le")): s.value
-                       for f in text_string_to_metric_families(response.read().decode()) for s in f.samples}
-    assert samples["modak_batch_requests_count", None] == samples["modak_batch_requests_bucket", "1.0"] == 6
+        assert _batch_requests(url) == (6, 6)
+
+
+def test_without_a_delay_the_requests_that_arrive_during_a_step_are_the_next_batch():
+    """The default batcher (no queue delay) still batches: the first request is a step of its own, and the three
+    that arrive while it runs are the next step, together (not three steps, as a delay of 0 once meant)."""
+    session = FakeSession(seconds=0.5)
+    assert serve.Settings().max_queue_delay_ms == 0
+    with in_thread(fake_model(session), serve.Settings(max_queue_delay_ms=0)) as url:
+        answers: list[tuple[int, dict]] = []
+        first = _post_all(url, [1], answers)
+        assert session.running.wait(timeout=30)
+        for thread in first + _post_all(url, [2, 3, 4], answers):
+            thread.join(timeout=30)
+        assert sorted(a[1]["outputs"][0]["data"][0] for a in answers) == [2, 4, 6, 8]
+        assert _batch_requests(url) == (2, 4)
 
 
 def test_settings_out_of_range_are_refused():

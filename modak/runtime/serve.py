@@ -16,9 +16,11 @@ little-endian bytes after the JSON header (``Inference-Header-Content-Length`` a
 ``parameters.binary_data_output`` sets the default); ``id`` is echoed. The datatype must be the model's own
 (no silent conversions); BYTES tensors, classification and compressed bodies are not supported.
 
-Dynamic batching: requests wait in a bounded queue; a batcher on the event loop takes the oldest one and the
-following ones while their samples fit in ``--max-batch``, waiting at most ``--max-queue-delay-ms`` after the
-oldest arrived for more to come (0: batching off, one request per step). The batch runs as ONE
+Dynamic batching: requests wait in a bounded queue; whenever the worker is free, a batcher on the event loop
+takes the oldest one and the following ones while their samples fit in ``--max-batch``. By default it waits for
+nothing (Triton's and Ray Serve's default): a lone request runs at once, and requests that arrive while a step
+runs form the next batch. ``--max-queue-delay-ms`` waits at most that long after the oldest arrived for a fuller
+batch; ``--max-batch 1`` turns batching off (one request per step). The batch runs as ONE
 :meth:`Model.run` in a single worker thread (a session is not assumed thread-safe; the runtime's own threads do
 the parallel work) and its outputs are split back. A request larger than ``--max-batch`` runs alone (:meth:`Model.run` cuts it into steps).
 When a batch of several requests fails, each is run again alone, so that only the faulty one gets the error.
@@ -98,7 +100,7 @@ class Settings:
 
     model_name: str = "model"
     max_batch: int = 0
-    max_queue_delay_ms: float = 5.0
+    max_queue_delay_ms: float = 0.0
     max_queue: int = 64
     max_body_mb: float = 64.0
     max_request_samples: int = 0
@@ -368,8 +370,6 @@ class Batcher:
 
     def _fits(self) -> tuple[int, bool]:
         """How many queued requests (from the oldest) the next batch takes, and whether it is full."""
-        if self.limits.delay_s == 0:  # batching off: one request per step
-            return 1, True
         taken, samples = 0, 0
         for pending in self._pending:
             if taken and samples + pending.samples > self.limits.max_batch:
@@ -607,9 +607,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default=os.environ.get("MODAK_MODEL_NAME"),
                         help="the model's name in URLs (default $MODAK_MODEL_NAME, else the plan's job, else 'model')")
     parser.add_argument("--max-batch", type=int, default=0,
-                        help="most samples per dynamic batch (default: the model's capacity, its most)")
-    parser.add_argument("--max-queue-delay-ms", type=float, default=5.0,
-                        help="wait at most this long after a request for others to batch with (default 5; 0: off)")
+                        help="most samples per dynamic batch (default: the model's capacity, its most; 1: batching "
+                             "off)")
+    parser.add_argument("--max-queue-delay-ms", type=float, default=0.0,
+                        help="wait at most this long after a request for others to batch with (default 0: a batch "
+                             "takes what is queued when the worker is free)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests waiting at most; more get 503 (64)")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB (64)")
     parser.add_argument("--max-request-samples", type=int, default=0,
@@ -706,7 +708,7 @@ def self_check(model: Model, timeout_s: float = 60.0) -> dict[str, Any]:
         expected = model.run(feeds)
         sock = bind("127.0.0.1", 0)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/v2"
-        config = uvicorn.Config(build_app(model, Settings(max_queue_delay_ms=0)), http="h11", loop="asyncio",
+        config = uvicorn.Config(build_app(model, Settings()), http="h11", loop="asyncio",
                                 lifespan="on", log_config=None, log_level="warning", access_log=False)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="modak-self-check",
