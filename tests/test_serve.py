@@ -506,3 +506,48 @@ def test_self_check(onnx_path, tmp_path):
     assert result["outputs"] == {"output": [serve.SELF_CHECK_SAMPLES, 10]} and result["latency_s"] > 0
     broken = serve.self_check(fake_model(FakeSession(noise=True)))  # answers that differ from Model.run's
     assert broken["status"] == "error" and "differs" in broken["error"]
+
+
+def _graph(tmp_path: Path, batch: int | str, reshape_to: int | None = None) -> str:
+    """y = x + 1 for x [batch, 6] (``batch``: a number fixes it, a name leaves it open), optionally through a
+    Reshape to a fixed [reshape_to, 6]: a graph that fixes its batch inside."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Add", ["x", "one"], ["y" if reshape_to is None else "z"])]
+    inits = [helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])]
+    if reshape_to is not None:
+        nodes.append(helper.make_node("Reshape", ["z", "shape"], ["y"]))
+        inits.append(helper.make_tensor("shape", TensorProto.INT64, [2], [reshape_to, 6]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 6])], inits)
+    path = tmp_path / f"g-{batch}-{reshape_to}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("batch, reshape_to, expected", [("N", None, True), (4, None, False), ("N", 4, False)])
+def test_a_partial_batch_runs_unpadded_only_where_the_graph_allows_it(tmp_path: Path, batch: int | str,
+                                                                       reshape_to: int | None, expected: bool) -> None:
+    """ONNX Runtime on a graph whose batch is open runs a partial batch as it is; a graph with a fixed batch, in
+    its inputs or in a Reshape inside, gets its partial batches padded (the answers are the same either way)."""
+    from dataclasses import replace
+
+    from modak.image.runtimes.base import FunctionSession
+    from modak.runtime import runs_partial_batches
+
+    request = RunRequest(runtime="onnxruntime", device="cpu", precision="fp32", params={}, threads=1,
+                         task="inference", onnx_path=_graph(tmp_path, batch, reshape_to), zoo=None, batch_size=4,
+                         input_shapes={"x": [6]}, workdir=str(tmp_path))
+    model = open_model(request)
+    assert runs_partial_batches(model) is expected
+    steps: list[int] = []
+
+    def recording(feeds):
+        steps.append(len(feeds["x"]))
+        return model.session.run(feeds)
+
+    recorded = replace(model, session=FunctionSession(recording), any_batch=runs_partial_batches(model))
+    x = np.arange(30, dtype=np.float32).reshape(5, 6)
+    assert np.array_equal(recorded.run({"x": x})["y"], x + 1)
+    assert steps == ([4, 1] if expected else [4, 4])

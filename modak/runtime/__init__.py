@@ -10,7 +10,9 @@
 timed and the build's smoke test ran (:func:`modak.image.runtimes.base.load_runtime`), with the threads of the real
 allocation (set by the image's entrypoint, :mod:`modak.image.launch`). A session runs batches of exactly the
 plan's batch size (times the runtime's ``batches_per_step``): :meth:`Model.run` cuts larger inputs into such
-batches and pads the last one, so any number of samples runs at the shape that was measured.
+batches and pads the last one, so any number of samples runs at the shape that was measured; a partial batch runs
+as it is where :func:`load` found that it can (``any_batch``: a session whose graph leaves the batch open, as ONNX
+Runtime's may, and whose one-sample step gives the full batch's first answer).
 
 The image's commands (``modak serve``, ``modak run``, ``modak self-test``, ``modak measure``) are
 :mod:`modak.runtime.cli`; the training helper for a user's own PyTorch loop is :mod:`modak.runtime.torch`.
@@ -22,14 +24,15 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from modak.image.deployment import (MODEL_VARIABLE, PLAN_VARIABLE, PRELOAD, WORKDIR_VARIABLE, Deployment,
                                     environment, location, read_deployment)
-from modak.image.runtimes.base import RunRequest, Session, load_runtime, make_inputs
+from modak.image.runtimes.base import (TOLERANCE, RunRequest, Session, load_runtime, make_inputs,
+                                      relative_error)
 
 __all__ = ["InputError", "Model", "TensorSpec", "load", "request_from_environment"]
 
@@ -59,6 +62,7 @@ class Model:
     outputs: tuple[TensorSpec, ...]
     sample_batch: Mapping[str, np.ndarray]  # the deterministic batch it was prepared with (one batch_size)
     prepare_seconds: float = 0.0
+    any_batch: bool = False  # a partial batch runs unpadded (:func:`runs_partial_batches`)
 
     @property
     def batch_size(self) -> int:
@@ -101,7 +105,8 @@ class Model:
         return arrays
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Outputs by name for any number of samples (one step per ``capacity`` samples; the last batch padded)."""
+        """Outputs by name for any number of samples (one step per ``capacity`` samples; the last batch padded
+        unless :attr:`any_batch`)."""
         arrays = self.check(feeds)
         samples = len(next(iter(arrays.values())))
         parts: list[list[np.ndarray]] = []
@@ -109,7 +114,7 @@ class Model:
             chunk = {name: a[start:start + self.capacity] for name, a in arrays.items()}
             taken = len(next(iter(chunk.values())))
             padded = -(-taken // self.batch_size) * self.batch_size
-            if padded != taken:
+            if padded != taken and not self.any_batch:
                 chunk = {name: _pad(a, padded) for name, a in chunk.items()}
             parts.append([np.asarray(o)[:taken] for o in self.session.run(chunk)])
         columns = [np.concatenate(outs) if len(parts) > 1 else outs[0] for outs in zip(*parts)]
@@ -142,7 +147,23 @@ def load(plan: str | Path | None = None, model: str | Path | None = None) -> Mod
             deployment, environ)
         os.environ.update(applied)
         environ.update(applied)
-    return open_model(request_from_environment(environ), deployment)
+    model = open_model(request_from_environment(environ), deployment)
+    return replace(model, any_batch=runs_partial_batches(model))
+
+
+def runs_partial_batches(model: Model) -> bool:
+    """Whether ``model`` can run fewer samples than a batch unpadded: an inference session whose graph leaves the
+    batch dimension open (``open_batch``) and whose step on one sample runs and gives the full batch's first answer
+    (a graph can still fix the batch inside, in a Reshape, or mix samples)."""
+    if model.request.task != "inference" or not getattr(model.session, "open_batch", False) or model.batch_size < 2:
+        return False
+    full = model.step(model.sample_batch)
+    try:
+        one = model.step({name: a[:1] for name, a in model.sample_batch.items()})
+    except Exception:  # the runtime's own error: the graph wants its whole batch
+        return False
+    return (all(np.shape(o)[:1] == (1,) for o in one)
+            and relative_error(one, [np.asarray(f)[:1] for f in full]) <= TOLERANCE[model.request.precision])
 
 
 def open_model(request: RunRequest, deployment: Deployment | None = None) -> Model:

@@ -4,7 +4,8 @@ A module ``modak.image.runtimes.<name>`` (the recipe name with ``-`` as ``_``) e
 inputs) -> Session``. ``prepare`` does everything that is paid once (load, compile, tune) for inputs shaped like
 ``inputs`` (one batch of the request's size); ``Session.run(feeds)`` is one steady-state step on ``feeds``: input
 name -> array of ``batch_size * batches_per_step`` samples (``batches_per_step`` is 1 unless a session says
-otherwise, as OpenVINO's throughput streams do). :mod:`modak.runtime` puts a user's batches in that shape. Parameters and container requirements live in the runtime's recipe
+otherwise, as OpenVINO's throughput streams do). :mod:`modak.runtime` puts a user's batches in that shape, padding
+a partial batch unless the session says ``open_batch`` and one sample gives the full batch's answer for it. Parameters and container requirements live in the runtime's recipe
 (``recipes/runtimes/<name>.yaml``), which the host reads; this package never does.
 
 A module whose runs leave something a later run reuses (TVM's tuning databases) also exposes
@@ -129,9 +130,11 @@ def _index_bounds(zoo: str | None) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class FunctionSession:
-    """A session whose step is a plain function (most runtimes need nothing more)."""
+    """A session whose step is a plain function (most runtimes need nothing more); ``open_batch``: the graph it
+    runs leaves the batch dimension open, so a step may take fewer samples (:func:`modak.runtime.load` checks)."""
 
     step: Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]
+    open_batch: bool = False
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         return self.step(feeds)

@@ -23,7 +23,8 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     session = ort.InferenceSession(request.onnx_path, session_options(request), providers=providers)
     if request.device == "gpu" and "CUDAExecutionProvider" not in session.get_providers():
         raise RuntimeError("ONNX Runtime has no CUDA execution provider here (install onnxruntime-gpu)")
-    return FunctionSession(lambda feeds: session.run(None, dict(feeds)))
+    open_batch = all(not isinstance(i.shape[0], int) for i in session.get_inputs() if i.shape)
+    return FunctionSession(lambda feeds: session.run(None, dict(feeds)), open_batch)
 
 
 def session_options(request: RunRequest) -> Any:
