@@ -57,7 +57,7 @@ class ZooEntry:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
             try:
-                model = zoo_models.build(self.factory, shapes)
+                model = zoo_models.build(self.factory, shapes, self.index_bounds or {})
             except ValueError as exc:
                 raise InputError(f"zoo model '{self.name}': {exc}") from None
         return model.eval()

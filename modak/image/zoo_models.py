@@ -1,7 +1,8 @@
 """PyTorch definitions of the zoo architectures, written out by hand (no torchvision or transformers).
 
 Imported only when a zoo model is built or exported: importing this module imports torch. Every factory at
-the bottom takes the per-sample input shapes (``{input name: shape}``) and returns a freshly initialized
+the bottom takes the per-sample input shapes (``{input name: shape}``) and the index bounds of its integer
+inputs (``{input name: table size}``, the zoo entry's) and returns a freshly initialized
 module; :mod:`modak.image.zoo` seeds the random generator around the call.
 """
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 Shapes = Mapping[str, tuple[int, ...]]
+Bounds = Mapping[str, int]  # integer input name -> the size of the table it indexes (the zoo entry's index_bounds)
 
 
 def _init_vision(module: nn.Module) -> None:
@@ -224,7 +226,7 @@ class BertLayer(nn.Module):
 class BertClassifier(nn.Module):
     """BERT-base: embeddings, 12 encoder layers, the [CLS] pooler and a 2-class head (no attention mask)."""
 
-    def __init__(self, seq: int, vocab: int = 30522, hidden: int = 768, layers: int = 12, heads: int = 12,
+    def __init__(self, seq: int, vocab: int, hidden: int = 768, layers: int = 12, heads: int = 12,
                  ffn: int = 3072, max_positions: int = 512, classes: int = 2) -> None:
         super().__init__()
         if seq > max_positions:
@@ -404,7 +406,7 @@ def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
 
 
 class DLRM(nn.Module):
-    def __init__(self, dense: int = 13, tables: int = 26, rows: int = 10_000, dim: int = 64) -> None:
+    def __init__(self, dense: int, tables: int, rows: int, dim: int = 64) -> None:
         super().__init__()
         self.bottom = _mlp([dense, 512, 256, dim], last_relu=True)
         self.embeddings = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables))
@@ -443,15 +445,16 @@ class NeuMF(nn.Module):
 
 # --- Factories: per-sample input shapes in, module out -----------------------------------------------------
 
-def build(factory: str, shapes: Shapes) -> nn.Module:
-    """The module made by the factory function ``factory``, its constant tensors made distinct.
+def build(factory: str, shapes: Shapes, bounds: Bounds) -> nn.Module:
+    """The module made by the factory function ``factory`` for per-sample input ``shapes`` and the zoo entry's
+    index ``bounds`` (the sizes of the tables its integer inputs index), its constant tensors made distinct.
 
     Floating-point parameters and buffers whose elements are all equal (norm scales and shifts, zero biases,
     running statistics) get small positive noise, |N(0, 0.02)|, positive to keep variances valid: the exporter
     merges equal initializers into one, which would hide parameters, and identity normalizations would let an
     ONNX Runtime comparison miss them.
     """
-    model = globals()[factory](shapes)
+    model = globals()[factory](shapes, bounds)
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
             if tensor.is_floating_point() and tensor.numel() > 1 and bool((tensor == tensor.flatten()[0]).all()):
@@ -459,70 +462,71 @@ def build(factory: str, shapes: Shapes) -> nn.Module:
     return model
 
 
-def mnist_cnn(shapes: Shapes) -> nn.Module:
+def mnist_cnn(shapes: Shapes, bounds: Bounds) -> nn.Module:
     channels, height, width = shapes["input"]
     if height < 4 or width < 4:
         raise ValueError(f"height and width must be at least 4 (two 2x2 poolings), got {height}x{width}")
     return MnistCNN(channels, height, width)
 
 
-def mlp(shapes: Shapes) -> nn.Module:
+def mlp(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return MLP(shapes["input"][0])
 
 
-def resnet18(shapes: Shapes) -> nn.Module:
+def resnet18(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return ResNet(BasicBlock, [2, 2, 2, 2], channels=shapes["input"][0])
 
 
-def mlp_large(shapes: Shapes) -> nn.Module:
+def mlp_large(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return MLP(shapes["input"][0], hidden=4096)
 
 
-def resnet34(shapes: Shapes) -> nn.Module:
+def resnet34(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return ResNet(BasicBlock, [3, 4, 6, 3], channels=shapes["input"][0])
 
 
-def resnet50(shapes: Shapes) -> nn.Module:
+def resnet50(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return ResNet(Bottleneck, [3, 4, 6, 3], channels=shapes["input"][0])
 
 
-def mobilenet_v2(shapes: Shapes) -> nn.Module:
+def mobilenet_v2(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return MobileNetV2(channels=shapes["input"][0])
 
 
-def bert_base(shapes: Shapes) -> nn.Module:
-    return BertClassifier(seq=shapes["input_ids"][0])
+def bert_base(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return BertClassifier(seq=shapes["input_ids"][0], vocab=bounds["input_ids"])
 
 
-def bert_small(shapes: Shapes) -> nn.Module:
-    return BertClassifier(seq=shapes["input_ids"][0], hidden=512, layers=4, heads=8, ffn=2048)
+def bert_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return BertClassifier(seq=shapes["input_ids"][0], vocab=bounds["input_ids"], hidden=512, layers=4,
+                          heads=8, ffn=2048)
 
 
-def vit_tiny(shapes: Shapes) -> nn.Module:
+def vit_tiny(shapes: Shapes, bounds: Bounds) -> nn.Module:
     channels, height, width = shapes["input"]
     if height % 16 or width % 16:
         raise ValueError(f"height and width must be multiples of 16 (the patch size), got {height}x{width}")
     return VisionTransformer(channels, height, width)
 
 
-def yolo_small(shapes: Shapes) -> nn.Module:
+def yolo_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
     channels, height, width = shapes["input"]
     if height % 32 or width % 32:
         raise ValueError(f"height and width must be multiples of 32 (the coarsest stride), got {height}x{width}")
     return YoloSmall(channels)
 
 
-def dlrm_small(shapes: Shapes) -> nn.Module:
-    return DLRM(dense=shapes["dense"][0], tables=shapes["sparse"][0])
+def dlrm_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return DLRM(dense=shapes["dense"][0], tables=shapes["sparse"][0], rows=bounds["sparse"])
 
 
-def ncf(shapes: Shapes) -> nn.Module:
-    return NeuMF(users=100_000, items=20_000)
+def ncf(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return NeuMF(users=bounds["user"], items=bounds["item"])
 
 
-def chain4(shapes: Shapes) -> nn.Module:
+def chain4(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return LayerChain(shapes["input"][0], layers=4)
 
 
-def chain64(shapes: Shapes) -> nn.Module:
+def chain64(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return LayerChain(shapes["input"][0], layers=64)
