@@ -14,8 +14,9 @@ would hand the zero-shot plan the very times it is judged by.
 
 A pick is a hit when it is the best or its ratio to the best, from the exhaustive measurement, is shown within
 5% (``modak.predict.evaluate.verdict``; paired by round when both were measured in one session); captured
-speedup = (stock / pick) / (stock / best) with the exhaustive medians. The table prints per workload: pick,
-ratio to the best with its interval, verdict, trials, wall time; under a race that missed the best, its standings.
+speedup = (stock / pick) / (stock / best) = best / pick, from the same ratio (and rounds) as the verdict. The
+table prints per workload: pick, ratio to the best with its interval, verdict, trials, wall time; under a race
+that missed the best, its standings.
 
 Three launches cannot resolve a near-tie at 5% (about 26 would be needed for a 3% difference under 5% launch
 noise). With ``--resolve N`` (exhaustive measured in this session, not from a store), an undecided pick and the
@@ -48,7 +49,7 @@ from modak.measurements.store import Measurement, PerfStore
 from modak.plan import Plan
 from modak.predict.base import FallbackPredictor, Predictor
 from modak.predict.default import default_predictor
-from modak.predict.evaluate import HIT, UNDECIDED, captured_speedup, verdict
+from modak.predict.evaluate import HIT, UNDECIDED, verdict
 from modak.predict.learned import LearnedPredictor, TrainingData
 from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_data
@@ -135,7 +136,6 @@ def main() -> int:
                 print(f"{spec:<22} no candidate measured ok")
                 continue
             best = min(times, key=lambda n: statistics.median(times[n]))
-            stock = plan.stock.candidate.name if plan.stock and plan.stock.candidate.name in times else None
 
             resolved: dict[str, Ratio] = {}
 
@@ -170,8 +170,7 @@ def main() -> int:
                     r = resolved[pick] if pick in resolved else resolve(pick)
                     resolved[pick] = r
                     outcome = verdict(r)
-                captured = (captured_speedup(*(statistics.median(times[n]) for n in (stock, pick, best)))
-                            if stock else float("nan"))
+                captured = 1.0 / r.estimate  # (stock / pick) / (stock / best), from the rounds the verdict judged
                 summary.setdefault(method, []).append((outcome, captured, trials, seconds))
                 print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {r.describe():>26} {r.rounds:6d} "
                       f"{outcome:>10} {captured:8.3f}  {pick[:70]}", flush=True)
