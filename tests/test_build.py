@@ -748,6 +748,34 @@ def test_slurm_job_runs_the_built_image(cnn: Built, engine: DockerEngine, tmp_pa
     assert parse_self_test(Path(second["output"]).read_text())["runtime"] == runtime
 
 
+def test_the_job_script_runs_batch_inference_into_its_results_folder(cnn: Built, tmp_path: Path) -> None:
+    """A job with a data set and a results folder: its job script, run as root here (the engine's user), runs
+    ``modak run`` over the data in the image as the image's own user, which it gives the folder it creates; the
+    results are the model's answers."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from modak.workload.zoo import export_onnx
+
+    inputs = tmp_path / "digits"
+    inputs.mkdir()
+    x = np.random.default_rng(0).random((5, 1, 28, 28), dtype=np.float32)
+    np.save(inputs / "five.npy", x)
+    write_target(tmp_path, "local-cpu")
+    results = tmp_path / "results"
+    job = write_job(tmp_path, name="mnist-batch", data={"location": str(inputs), "output": str(results)})
+    out = tmp_path / "out"
+    build(job, "-o", out)  # the example's layers are cached: a build of labels and the smoke test
+    run = subprocess.run(["bash", str(out / "job.sh")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert results.stat().st_uid == 1000  # the image's user, not root
+    with np.load(results / "five.npz") as answers:
+        outputs = dict(answers)
+    session = ort.InferenceSession(str(export_onnx("mnist_cnn")), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"input": x})[0]
+    assert len(outputs) == 1 and np.allclose(next(iter(outputs.values())), expected, rtol=1e-3, atol=1e-4)
+
+
 # --- pieces without an engine --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scheduler, stdout, expected", [

@@ -96,7 +96,7 @@ def slurm_case(folder: Path) -> tuple[Plan, ModelSource]:
            "model": {"onnx": "model.onnx", "batch_size": 8}, "constraints": {"runtimes": ["onnxruntime"]},
            "entrypoint": {"command": ["python3", "serve.py", "--port", "8080"],
                           "requirements": ["fastapi==0.115.0", "uvicorn >= 0.30"], "files": ["serve.py", "conf"]},
-           "data": {"location": "/scratch/datasets/imagenet", "mount": "/data"}}
+           "data": {"location": "/scratch/datasets/imagenet", "mount": "/data", "output": "/scratch/results/resnet"}}
     target = {"name": "hpc-cpu", "cpu": {"microarchitecture": "icelake", "sockets": 2, "cores_per_socket": 16},
               "memory": {"size_gb": 256},
               "scheduler": {"kind": "slurm", "partition": "cpu", "account": "ml-team", "qos": "normal",
@@ -112,11 +112,13 @@ def slurm_case(folder: Path) -> tuple[Plan, ModelSource]:
 
 
 def pbs_case(folder: Path) -> tuple[Plan, ModelSource]:
-    """GPU, Docker, PBS, the default CUDA base image."""
+    """GPU, Docker, PBS, the default CUDA base image; batch inference from a data set into a results folder."""
     write_onnx(folder / "model.onnx")
     job = {"name": "bert-gpu", "target": "target.yaml", "task": "inference", "device": "gpu",
            "precision": ["fp16", "fp32"], "model": {"onnx": "model.onnx", "batch_size": 32},
-           "constraints": {"runtimes": ["onnxruntime"]}}
+           "constraints": {"runtimes": ["onnxruntime"]},
+           "data": {"location": "/lustre/tokens", "mount": "/in", "output": "/lustre/results/bert",
+                    "output_mount": "/out"}}
     target = {"name": "gpu-node", "cpu": {"microarchitecture": "zen3", "cores_per_socket": 32},
               "memory": {"size_gb": 512}, "gpus": {"model": "H100", "count": 4},
               "scheduler": {"kind": "pbs", "partition": "gpuq", "account": "proj42", "time_limit": "1-12:00:00"},
@@ -129,7 +131,8 @@ def bash_case(folder: Path) -> tuple[Plan, ModelSource]:
     """A zoo model for a torch-format runtime, training, Apptainer, no scheduler."""
     write_onnx(folder / "model.onnx")
     job = {"name": "mlp-train", "target": "target.yaml", "task": "training", "model": {"zoo": "mlp", "batch_size": 64},
-           "constraints": {"runtimes": ["pytorch"]}, "data": {"location": "/home/user/data", "mount": "/data"}}
+           "constraints": {"runtimes": ["pytorch"]},
+           "data": {"location": "/home/user/data", "mount": "/data", "output": "/home/user/checkpoints"}}
     target = {"name": "workstation", "cpu": {"microarchitecture": "skylake_avx512", "cores_per_socket": 8},
               "memory": {"size_gb": 64}, "container": {"engine": "apptainer"}}
     prefer = Preferred("pytorch", "cpu", "fp32", (("threads", "all"), ("allocator", "default")))
@@ -276,11 +279,43 @@ def _fake_engine(folder: Path, name: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("sif", [None, "/images/custom.sif"])
 def test_apptainer_job_script(rendered: dict[str, Rendered], tmp_path: Path, sif: str | None) -> None:
-    env = _fake_engine(tmp_path, "apptainer") | ({"MODAK_SIF": sif} if sif else {})
+    output = tmp_path / "my results"
+    env = _fake_engine(tmp_path, "apptainer") | {"MODAK_OUTPUT": str(output)} | ({"MODAK_SIF": sif} if sif else {})
     result = subprocess.run([str(rendered["bash"].out / "job.sh"), "python3", "x.py"], env=env, cwd=tmp_path,
                             capture_output=True, check=True)
     assert result.stdout.decode().split("\0")[:-1] == ["run", "--bind", "/home/user/data:/data:ro",
-                                                       sif or "mlp-train.sif", "python3", "x.py"]
+                                                       "--bind", f"{output}:/output", sif or "mlp-train.sif",
+                                                       "python3", "x.py"]
+    assert output.is_dir()  # created for the results
+
+
+@pytest.mark.parametrize("who", ["root", "root, existing folder", "user"])
+def test_a_docker_job_script_gives_the_results_folder_to_the_container_user(
+        rendered: dict[str, Rendered], tmp_path: Path, who: str) -> None:
+    """Docker, batch inference by default: the data read-only, the results folder read-write. Started by root, the
+    image keeps its own user, which gets a folder the script creates (never one that was there); started by a
+    user, the container runs as that user."""
+    output = tmp_path / "results"
+    if who == "root, existing folder":
+        output.mkdir()
+    env = _fake_engine(tmp_path, "docker") | {"MODAK_OUTPUT": str(output)}
+    fake_id = tmp_path / "bin" / "id"
+    fake_id.write_text("#!/bin/sh\ncase \"$1\" in -u) echo %d;; -g) echo 100;; esac\n" % (4242 if who == "user" else 0))
+    fake_id.chmod(0o755)
+    chown = tmp_path / "bin" / "chown"  # records what the script gives the image's user
+    chown.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'chowned'}\n")
+    chown.chmod(0o755)
+    result = subprocess.run(["bash", str(rendered["pbs"].out / "job.sh")], env=env, cwd=tmp_path,
+                            capture_output=True, check=True)
+    argv = result.stdout.decode().split("\0")[:-1]
+    ir = rendered["pbs"].ir
+    user = ["--user", "4242:100"] if who == "user" else []
+    tail = ["-v", "/lustre/tokens:/in:ro", *user, "-v", f"{output}:/out", ir.image.ref,
+            "modak", "run", "--input", "/in", "--output", "/out"]
+    assert argv[-len(tail):] == tail, argv
+    assert output.is_dir()
+    chowned = (tmp_path / "chowned").read_text().split() if (tmp_path / "chowned").exists() else None
+    assert chowned == ([str(ir.uid), "--", str(output)] if who == "root" else None)
 
 
 def _docker_env(text: str) -> dict[str, str]:
@@ -572,6 +607,20 @@ def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:
     with pytest.raises(InputError) as error:
         resolve_files(job, loaded.target, loaded.job_doc, loaded.target_doc)
     assert error.value.field == "data.location"
+    job = loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a", output="/scratch/b:c")})
+    with pytest.raises(InputError) as error:
+        resolve_files(job, loaded.target, loaded.job_doc, loaded.target_doc)
+    assert error.value.field == "data.output"
+
+
+def test_a_relative_results_folder_is_the_job_files_and_needs_its_own_mount(tmp_path: Path) -> None:
+    plan, _ = slurm_case(tmp_path)
+    loaded = plan.loaded
+    job = loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a", output="results")})
+    data = resolve_files(job, loaded.target, loaded.job_doc, loaded.target_doc).data
+    assert data is not None and data.output == str(tmp_path / "results") and data.output_mount == "/output"
+    with pytest.raises(ValueError, match="output_mount /data/ is the data set's mount"):
+        DataSpec(location="/scratch/a", output="/scratch/b", output_mount="/data/")
 
 
 def test_failed_render_leaves_no_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

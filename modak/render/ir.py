@@ -188,9 +188,9 @@ class JobScript:
     data: DataBind | None
     log_file: str
     # what the script runs when given no arguments, instead of the image's default command: a batch job cannot
-    # run a server that never ends, so an inference image's job runs its self-test (``modak run ...`` as
-    # arguments runs batch inference); a job of several workers hands the job's command to torchrun; empty: the
-    # image's default command
+    # run a server that never ends, so an inference image's job runs batch inference into the job's results
+    # folder (data.output), else its self-test (``modak run ...`` as arguments runs batch inference); a job of
+    # several workers hands the job's command to torchrun; empty: the image's default command
     default_command: tuple[str, ...] = ()
     # data-parallel training (the job's ``scaling``, :mod:`modak.scaling`): processes in all and per node,
     # each started by torchrun (one torchrun per node); 1: one process, as the plan measured it
@@ -398,7 +398,7 @@ def _job_script(plan: Plan, image: Image, command: tuple[str, ...], sharing: Sha
         cpus_per_task=plan.ceilings.cores,
         gpus=(1 if sharing and sharing.gpu else plan.ceilings.gpu_count) if gpu else 0,
         engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data, log_file=log,
-        default_command=SELF_TEST_COMMAND if _serves(job) else (), sharing=sharing)
+        default_command=_job_command(job, loaded.files.data), sharing=sharing)
     if job.scaling is None or sharing is not None:  # a job sharing a node or GPU (modak pack) runs one process
         return script
     # A job script without a scheduler runs on the node it is started on: one node at most.
@@ -411,6 +411,17 @@ def _job_script(plan: Plan, image: Image, command: tuple[str, ...], sharing: Sha
         return replace(script, scaling_summary=summary)
     return replace(script, nodes=chosen.nodes, gpus=chosen.per_node if gpu else 0, workers=chosen.workers,
                    workers_per_node=chosen.per_node, default_command=command, scaling_summary=summary)
+
+
+def _job_command(job: Any, data: DataBind | None) -> tuple[str, ...]:
+    """What the job script runs given no arguments. A batch job cannot run a server that never ends: an inference
+    image's job runs batch inference from the data set into the results folder when the job gives both, else its
+    self-test. Other images: their default command (empty)."""
+    if not _serves(job):
+        return ()
+    if data is not None and data.output is not None:
+        return ("modak", "run", "--input", data.mount, "--output", data.output_mount)
+    return SELF_TEST_COMMAND
 
 
 def _serves(job: Any) -> bool:

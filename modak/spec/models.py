@@ -151,9 +151,23 @@ class UserCode(Strict):
     files: list[Text] = Field(default_factory=list, description="Files or folders (relative to the job file) copied to /opt/app.")
 
 
+ContainerPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")]
+
+
 class DataSpec(Strict):
     location: Text = Field(description="Host path of the data set, bind-mounted read-only at `mount`.")
-    mount: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")] = "/data"
+    mount: ContainerPath = "/data"
+    output: Text | None = Field(
+        None, description="Host folder the job writes its results to (created if missing), bind-mounted read-write "
+                          "at `output_mount`; an inference job's script then runs batch inference over `mount` "
+                          "into it by default (modak run).")
+    output_mount: ContainerPath = "/output"
+
+    @model_validator(mode="after")
+    def _distinct_mounts(self) -> DataSpec:
+        if self.output is not None and self.output_mount.rstrip("/") == self.mount.rstrip("/"):
+            raise ValueError(f"output_mount {self.output_mount} is the data set's mount; give the results their own")
+        return self
 
 
 class Scaling(Strict):

@@ -28,10 +28,13 @@ TEMPLATES_VARIABLE = "MODAK_TEMPLATES"  # a site template folder, after the targ
 
 @dataclass(frozen=True)
 class DataBind:
-    """The job's data set: a host path, bind-mounted read-only at ``mount``."""
+    """The job's data set: a host path, bind-mounted read-only at ``mount``; and where its results go, if it says:
+    a host folder bound read-write at ``output_mount``."""
 
     location: str  # absolute host path (free text)
     mount: str
+    output: str | None = None  # absolute host path (free text)
+    output_mount: str = "/output"
 
 
 @dataclass(frozen=True)
@@ -126,13 +129,17 @@ def _files_under(path: Path) -> Iterator[Path]:
 def _data(job: Job, target: Target, doc: SpecDocument) -> DataBind | None:
     if not job.data:
         return None
-    location, engine = job.data.location, target.container.engine
-    if not location.startswith("/"):
-        location = str(doc.resolve(location))
-    if ":" in location or (engine == "apptainer" and "," in location):
-        raise doc.error(("data", "location"), f"the {engine} bind syntax cannot express a path "
-                                              "with ':' or ','; use a path (or symbolic link) without")
-    return DataBind(location, job.data.mount)
+    engine = target.container.engine
+
+    def host_path(field: str, path: str) -> str:
+        path = path if path.startswith("/") else str(doc.resolve(path))
+        if ":" in path or (engine == "apptainer" and "," in path):
+            raise doc.error(("data", field), f"the {engine} bind syntax cannot express a path "
+                                             "with ':' or ','; use a path (or symbolic link) without")
+        return path
+
+    output = host_path("output", job.data.output) if job.data.output is not None else None
+    return DataBind(host_path("location", job.data.location), job.data.mount, output, job.data.output_mount)
 
 
 def _templates(target: Target, doc: SpecDocument) -> tuple[Path, ...]:

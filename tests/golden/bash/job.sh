@@ -4,5 +4,9 @@
 set -euo pipefail
 exec > >(tee -a mlp-train.log) 2>&1
 
+# The job's results: a host folder (MODAK_OUTPUT overrides it), bound read-write at /output.
+MODAK_OUTPUT=${MODAK_OUTPUT:-/home/user/checkpoints}
+mkdir -p -- "$MODAK_OUTPUT"
+
 MODAK_SIF=${MODAK_SIF:-mlp-train.sif}
-exec apptainer run --bind /home/user/data:/data:ro "$MODAK_SIF" "$@"
+exec apptainer run --bind /home/user/data:/data:ro --bind "$MODAK_OUTPUT":/output "$MODAK_SIF" "$@"

@@ -13,8 +13,22 @@ cd "${PBS_O_WORKDIR:-.}"
 
 # The image serves by default; a batch job runs this instead (e.g. give: modak run --input DIR --output DIR).
 if (( $# == 0 )); then
-    set -- modak self-test
+    set -- modak run --input /in --output /out
 fi
 
+# The job's results: a host folder (MODAK_OUTPUT overrides it), bound read-write at /out.
+MODAK_OUTPUT=${MODAK_OUTPUT:-/lustre/results/bert}
+MODAK_USER=(--user "$(id -u):$(id -g)")  # the results are yours
+if (( $(id -u) == 0 )); then
+    MODAK_USER=()  # root: the image runs as its own user (1000), which gets a folder this script creates
+    if [[ ! -d "$MODAK_OUTPUT" ]]; then
+        mkdir -p -- "$MODAK_OUTPUT"
+        chown 1000 -- "$MODAK_OUTPUT"
+    fi
+fi
+mkdir -p -- "$MODAK_OUTPUT"
+
 exec docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --gpus all \
+    -v /lustre/tokens:/in:ro \
+    ${MODAK_USER[@]+"${MODAK_USER[@]}"} -v "$MODAK_OUTPUT":/out \
     localhost/modak/bert-gpu:onnxruntime-<digest12> "$@"

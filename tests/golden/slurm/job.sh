@@ -12,6 +12,19 @@
 # Runs the image with podman; arguments given to this script replace the image's command.
 set -euo pipefail
 
+# The job's results: a host folder (MODAK_OUTPUT overrides it), bound read-write at /output.
+MODAK_OUTPUT=${MODAK_OUTPUT:-/scratch/results/resnet}
+MODAK_USER=(--userns=keep-id)  # the results are yours
+if (( $(id -u) == 0 )); then
+    MODAK_USER=()  # root: the image runs as its own user (1000), which gets a folder this script creates
+    if [[ ! -d "$MODAK_OUTPUT" ]]; then
+        mkdir -p -- "$MODAK_OUTPUT"
+        chown 1000 -- "$MODAK_OUTPUT"
+    fi
+fi
+mkdir -p -- "$MODAK_OUTPUT"
+
 exec podman run --rm -e SLURM_CPUS_PER_TASK -e NCPUS \
     -v /scratch/datasets/imagenet:/data:ro \
+    ${MODAK_USER[@]+"${MODAK_USER[@]}"} -v "$MODAK_OUTPUT":/output \
     registry.example.org/ml/resnet-serving:onnxruntime-<digest12> "$@"
