@@ -5,8 +5,9 @@ inputs) -> Session``. ``prepare`` does everything that is paid once (load, compi
 ``inputs`` (one batch of the request's size); ``Session.run(feeds)`` is one steady-state step on ``feeds``: input
 name -> array of ``batch_size * batches_per_step`` samples (``batches_per_step`` is 1 unless a session says
 otherwise, as OpenVINO's throughput streams do). :mod:`modak.runtime` puts a user's batches in that shape, padding
-a partial batch unless the session says ``open_batch`` and one sample gives the full batch's answer for it. Parameters and container requirements live in the runtime's recipe
-(``recipes/runtimes/<name>.yaml``), which the host reads; this package never does.
+a partial batch unless the session says ``open_batch`` and one sample gives the full batch's answer for it.
+Parameters and container requirements live in the runtime's recipe (``recipes/runtimes/<name>.yaml``), which the
+host reads; this package never does.
 
 A module whose runs leave something a later run reuses (TVM's tuning databases) also exposes
 ``artifacts(workdir, model_stem, batch_size, image_model_stem) -> dict[str, Path]``: what an earlier run in
