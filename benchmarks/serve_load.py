@@ -4,10 +4,10 @@ Three servers run side by side from the same code, each started as the image sta
 ``modak serve``): ``tuned`` (the plan's choice, or ``--tuned NAME``), ``stock`` (ONNX Runtime with its default
 options and all threads; ``--stock plan``: the plan's stock candidate, PyTorch eager) and ``unbatched`` (the tuned
 deployment with ``--max-batch 1``); ``--compare-delay-ms MS`` adds ``delayed``, the tuned deployment whose batcher
-waits up to MS for a fuller batch, beside the default that waits for nothing. At each concurrency, closed-loop clients (one thread and one
-``tritonclient.http`` client each, binary tensors, ``--samples`` samples per request) load one server for
-``--duration`` seconds, the servers taking turns round after round (tuned, stock, unbatched, tuned, ...) so that
-machine noise hits all alike. The table gives requests/s, samples/s and p50/p99 latency over all rounds, then
+waits up to MS for a fuller batch, beside the default that waits for nothing. At each concurrency, closed-loop
+clients (one thread and one ``tritonclient.http`` client each, binary tensors, ``--samples`` samples per request)
+load one server for ``--duration`` seconds, the servers taking turns round after round (tuned, stock, unbatched,
+tuned, ...) so that machine noise hits all alike. The table gives requests/s, samples/s and p50/p99 latency over all rounds, then
 the ratios tuned/stock and batching on/off. Client and servers share the machine: run it on a quiet one.
 
     python benchmarks/serve_load.py examples/mnist-cnn-cpu/job.yaml [--batch 16] [--duration 10] [--rounds 3] \\
@@ -202,7 +202,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="modak-serve-load-") as scratch:
         try:
             batching = ["--max-queue-delay-ms", str(args.delay_ms)]
-            setups = [("tuned", tuned, batching), ("stock", stock, batching), ("unbatched", tuned, ["--max-batch", "1"])]
+            setups = [("tuned", tuned, batching), ("stock", stock, batching),
+                      ("unbatched", tuned, ["--max-batch", "1"])]
             if args.compare_delay_ms is not None:
                 setups.append(("delayed", tuned, ["--max-queue-delay-ms", str(args.compare_delay_ms)]))
             for label, deployment, options in setups:
@@ -266,7 +267,8 @@ def report(tallies: dict[tuple[str, int], Tally], concurrencies: list[int], samp
         print(f"{concurrency:>11} {tuned / stock if stock else float('nan'):17.2f}x {s50 / t50:15.2f}x "
               f"{tuned / unbatched if unbatched else float('nan'):21.2f}x {u99 / t99:10.2f}x")
     if "delayed" in labels:
-        print(f"\n{'concurrency':>11} {'not waiting/waiting req/s':>26} {'waiting/not p50':>16} {'waiting/not p99':>16}")
+        print(f"\n{'concurrency':>11} {'not waiting/waiting req/s':>26} {'waiting/not p50':>16} "
+              f"{'waiting/not p99':>16}")
         for concurrency in concurrencies:
             (tuned, t50, t99), (delayed, d50, d99) = (stats(tallies[label, concurrency])
                                                       for label in ("tuned", "delayed"))
