@@ -4,7 +4,7 @@ model, the JSON document against its schema, the HTML report, and bad target fil
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,10 @@ from modak.advise.pack import co_runner_slowdown, load_of
 from modak.advise.whatif import cost, pareto_front, whatif
 from modak.cli import main
 from modak.errors import InputError
+from modak.hardware.ceilings import Ceilings, core_share
 from modak.predict.base import Prediction
 from modak.predict.roofline import thread_shares
+from modak.spec.models import Precision
 from onnx_graphs import write_onnx
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "modak" / "schemas" / "whatif.schema.json").read_text())
@@ -120,6 +122,15 @@ def test_a_part_of_a_node_pays_its_share(tmp_path: Path) -> None:
     by_name = {o.target: o for o in whatif(job, [whole, half], Scaled()).outcomes}
     assert by_name["half"].plan.ceilings.cores == 2
     assert by_name["half"].cost == pytest.approx(4.0 * 0.5 * by_name["half"].time_seconds / 3600)
+
+
+def test_a_part_of_a_node_draws_its_cores_measured_bandwidth_up_to_the_nodes() -> None:
+    node = Ceilings(kind="cpu", name="zen3", peak_gflops={Precision.fp32: 400.0}, bandwidth_gbs=40.0, memory_gb=8.0,
+                    measured=True, core_bandwidth_gbs=15.0)
+    assert [core_share(node, k, 4).bandwidth_gbs for k in (1, 2, 3, 4)] == [15.0, 30.0, 40.0, 40.0]
+    assert core_share(node, 1, 4).peak_gflops == {Precision.fp32: 100.0}
+    unmeasured = replace(node, core_bandwidth_gbs=None)  # a few cores draw much of it: all at half the node's
+    assert [core_share(unmeasured, k, 4).bandwidth_gbs for k in (1, 2, 3)] == [20.0, 40.0, 40.0]
 
 
 def test_without_steps_time_and_cost_are_per_thousand_samples(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ class Ceilings:
     bandwidth_gbs: float
     memory_gb: float
     measured: bool
+    core_bandwidth_gbs: float | None = None  # CPU: one core's stream triad, when measured
 
     def supports(self, precision: Precision) -> bool:
         """Whether the device runs ``precision`` natively."""
@@ -113,12 +114,15 @@ def bandwidth_share(cores: float, node_cores: int) -> float:
 
 def core_share(node: Ceilings, cores: int, node_cores: int) -> Ceilings:
     """The CPU ceilings of ``cores`` of a node's ``node_cores`` (``scheduler.cores_per_job``): compute peaks scale
-    with the cores, bandwidth by :func:`bandwidth_share`; the memory size stays the node's."""
+    with the cores; bandwidth is one core's measured triad times the cores, up to the node's (one core of a
+    2-vCPU EPYC draws 62-77% of both cores' triad), or :func:`bandwidth_share` of the node's where unmeasured;
+    the memory size stays the node's."""
     if cores == node_cores:
         return node
     share = cores / node_cores
-    return replace(node, peak_gflops={p: g * share for p, g in node.peak_gflops.items()},
-                   bandwidth_gbs=node.bandwidth_gbs * bandwidth_share(cores, node_cores))
+    bandwidth = (min(node.bandwidth_gbs, cores * node.core_bandwidth_gbs) if node.core_bandwidth_gbs
+                 else node.bandwidth_gbs * bandwidth_share(cores, node_cores))
+    return replace(node, peak_gflops={p: g * share for p, g in node.peak_gflops.items()}, bandwidth_gbs=bandwidth)
 
 
 def cpu_catalog_entry(arch: Any) -> dict[str, Any]:
@@ -154,7 +158,8 @@ def _cpu_ceilings(target: Target, arch: Any, features: frozenset[str], cores: in
                  or entry["bandwidth_gbs_per_socket"] * target.cpu.sockets)
     return Ceilings(kind="cpu", name=arch.name, peak_gflops=peak, bandwidth_gbs=float(bandwidth),
                     memory_gb=target.memory.size_gb,
-                    measured=bool(peaks.fp32_gflops and (peaks.memory_bandwidth_gbs or target.memory.bandwidth_gbs)))
+                    measured=bool(peaks.fp32_gflops and (peaks.memory_bandwidth_gbs or target.memory.bandwidth_gbs)),
+                    core_bandwidth_gbs=peaks.core_memory_bandwidth_gbs)
 
 
 def _gpu_ceilings(target: Target, doc: SpecDocument) -> tuple[Ceilings, str | None]:

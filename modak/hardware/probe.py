@@ -118,6 +118,8 @@ def target_sections(result: ProbeResult) -> dict[str, Any]:
     top = max(result.triad_gbs)
     peaks: dict[str, float] = {"fp32_gflops": round(max(result.gemm_gflops["fp32"].values()), 1),
                                "memory_bandwidth_gbs": round(max(result.triad_gbs.values()), 1)}
+    if 1 in result.triad_gbs and top > 1:
+        peaks["core_memory_bandwidth_gbs"] = round(result.triad_gbs[1], 1)
     if "bf16" in result.gemm_gflops:
         peaks["bf16_gflops"] = round(max(result.gemm_gflops["bf16"].values()), 1)
     if result.gemm_gflops.get("int8"):

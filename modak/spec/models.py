@@ -224,6 +224,9 @@ class CpuPeaks(Strict):
     fp16_gflops: PositiveFloat | None = None
     int8_gops: PositiveFloat | None = None
     memory_bandwidth_gbs: PositiveFloat | None = None
+    core_memory_bandwidth_gbs: PositiveFloat | None = Field(
+        None, description="Stream triad of one core alone (`modak probe`'s one-thread triad): the bandwidth a job given "
+                          "part of a node (scheduler.cores_per_job) draws per core, up to the node's.")
 
 
 class Cpu(Strict):
@@ -283,7 +286,8 @@ class Scheduler(Strict):
     cores_per_job: PositiveInt | None = Field(
         None, description="Cores of a node one job gets (Slurm --cpus-per-task, PBS ncpus, a cpuset), when jobs get "
                           "part of a node; default: all of its cores. Compute ceilings scale with the share, memory "
-                          "bandwidth as a few cores already draw much of it (see modak.hardware.ceilings).")
+                          "bandwidth with the cores at cpu.peaks.core_memory_bandwidth_gbs each, up to the node's "
+                          "(see modak.hardware.ceilings).")
     co_runners: Annotated[int, Field(ge=0)] = Field(
         0, description="CPU-bound processes (one busy thread each) that run on the job's cores beside it, time-"
                        "sliced by the operating system: `modak whatif` predicts the job's step with the sharing "
