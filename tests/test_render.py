@@ -318,6 +318,43 @@ def test_a_docker_job_script_gives_the_results_folder_to_the_container_user(
     assert chowned == ([str(ir.uid), "--", str(output)] if who == "root" else None)
 
 
+@pytest.mark.parametrize("env, gpus", [
+    ({}, ["--gpus", "all"]),  # no allocation seen: the node's GPUs
+    ({"CUDA_VISIBLE_DEVICES": "GPU-1a,GPU-2b"}, ["--gpus", '"device=GPU-1a,GPU-2b"']),  # PBS's cgroup hook
+    ({"CUDA_VISIBLE_DEVICES": "0", "MODAK_GPUS": "3"}, ["--gpus", '"device=3"']),
+])
+def test_a_docker_job_script_gives_the_container_the_allocated_gpus(
+        rendered: dict[str, Rendered], tmp_path: Path, env: dict[str, str], gpus: list[str]) -> None:
+    """A container engine's containers do not inherit the job's device limits: the script passes the GPUs the
+    scheduler allocated, not all of the node's."""
+    run = subprocess.run(["bash", str(rendered["pbs"].out / "job.sh")], cwd=tmp_path, capture_output=True,
+                         check=True, env=_fake_engine(tmp_path, "docker") | {"MODAK_OUTPUT": str(tmp_path / "o")} | env)
+    argv = run.stdout.decode().split("\0")[:-1]
+    assert argv[argv.index("--gpus"):argv.index("--gpus") + 2] == gpus and argv.count("--gpus") == 1, argv
+
+
+def test_a_slurm_podman_job_script_gives_the_container_the_allocated_gpus(tmp_path: Path) -> None:
+    write_onnx(tmp_path / "spec" / "model.onnx")
+    job = {"name": "gpu-job", "target": "target.yaml", "task": "inference", "device": "gpu",
+           "model": {"onnx": "model.onnx", "batch_size": 8}, "constraints": {"runtimes": ["onnxruntime"]}}
+    target = {"name": "gpu-node", "cpu": {"microarchitecture": "zen3", "cores_per_socket": 32},
+              "memory": {"size_gb": 512}, "gpus": {"model": "H100", "count": 2},
+              "scheduler": {"kind": "slurm"}, "container": {"engine": "podman"}}
+    plan, _ = make_plan_for(tmp_path / "spec", job, target, Preferred("onnxruntime", "gpu", "fp32"))
+    render(build_description(plan, CREATED), tmp_path / "out")
+    assert "#SBATCH --gres=gpu:2" in (tmp_path / "out" / "job.sh").read_text()
+
+    def devices(env: dict[str, str]) -> list[str]:
+        run = subprocess.run(["bash", str(tmp_path / "out" / "job.sh")], cwd=tmp_path, capture_output=True,
+                             check=True, env=_fake_engine(tmp_path, "podman") | env)
+        argv = run.stdout.decode().split("\0")[:-1]
+        return [argv[i + 1] for i, a in enumerate(argv) if a == "--device"]
+
+    assert devices({}) == ["nvidia.com/gpu=all"]
+    # Slurm's global GPU indexes, not CUDA_VISIBLE_DEVICES (renumbered from 0 where Slurm constrains devices)
+    assert devices({"SLURM_JOB_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1"}) == ["nvidia.com/gpu=1", "nvidia.com/gpu=3"]
+
+
 def _docker_env(text: str) -> dict[str, str]:
     """The ENV values of a rendered Dockerfile, unescaped as Docker reads double-quoted strings."""
     values = {}

@@ -28,7 +28,15 @@ if (( $(id -u) == 0 )); then
 fi
 mkdir -p -- "$MODAK_OUTPUT"
 
-exec docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --gpus all \
+# The GPUs the container gets: those the scheduler allocated to the job, else all of the node's (an engine's
+# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-separated).
+MODAK_GPUS=${MODAK_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}
+MODAK_GPU_ARGS=(--gpus all)
+if [[ $MODAK_GPUS != all ]]; then
+    MODAK_GPU_ARGS=(--gpus "\"device=$MODAK_GPUS\"")
+fi
+
+exec docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS ${MODAK_GPU_ARGS[@]+"${MODAK_GPU_ARGS[@]}"} \
     -v /lustre/tokens:/in:ro \
     ${MODAK_USER[@]+"${MODAK_USER[@]}"} -v "$MODAK_OUTPUT":/out \
     localhost/modak/bert-gpu:onnxruntime-<digest12> "$@"

@@ -27,7 +27,15 @@ if (( $# == 0 )); then
     set -- modak self-test
 fi
 
-docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --gpus all \
+# The GPUs the container gets: those the scheduler allocated to the job, else all of the node's (an engine's
+# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-separated).
+MODAK_GPUS=${MODAK_GPUS:-${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}}
+MODAK_GPU_ARGS=(--gpus all)
+if [[ $MODAK_GPUS != all ]]; then
+    MODAK_GPU_ARGS=(--gpus "\"device=$MODAK_GPUS\"")
+fi
+
+docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS ${MODAK_GPU_ARGS[@]+"${MODAK_GPU_ARGS[@]}"} \
     --ipc=host -e CUDA_MPS_ACTIVE_THREAD_PERCENTAGE -e CUDA_MPS_PIPE_DIRECTORY \
     -v "$CUDA_MPS_PIPE_DIRECTORY:$CUDA_MPS_PIPE_DIRECTORY" \
     localhost/modak/alpha:onnxruntime-<digest12> "$@"
