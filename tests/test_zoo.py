@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -65,6 +66,18 @@ def test_export_is_cached_per_shape():
     other = zoo.export_onnx("mlp", {"input": [512]})
     assert other != path and other.is_file()
     assert not [p for p in path.parent.parent.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+def test_a_changed_architecture_is_another_export(tmp_path, monkeypatch):
+    """The export cache is keyed by the zoo's code, not a version someone has to remember to bump."""
+    before = zoo.export_path("mlp")
+    for name in ("zoo.py", "zoo_models.py"):
+        (tmp_path / name).write_bytes(Path(entries.__file__).with_name(name).read_bytes())
+    monkeypatch.setattr(entries, "__file__", str(tmp_path / "zoo.py"))
+    assert zoo.export_path("mlp") == before  # the same code
+    with (tmp_path / "zoo_models.py").open("a") as models:
+        models.write("# an architecture changed\n")
+    assert zoo.export_path("mlp") != before
 
 
 @pytest.mark.parametrize("name", entries.zoo_names())

@@ -16,8 +16,6 @@ from modak.errors import InputError, did_you_mean
 if TYPE_CHECKING:
     import torch
 
-# Bump when an architecture or its initialization changes: it invalidates cached exports (modak.workload.zoo).
-ZOO_VERSION = 2
 SEED = 0
 _BOTH = ("training", "inference")
 

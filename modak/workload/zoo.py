@@ -1,7 +1,7 @@
 """ONNX exports of the model zoo (host side): what the analysis reads and ONNX runtimes run.
 
 Exports are cached under ``modak.paths.cache_dir() / "zoo"``, one folder per (name, input shapes, torch version,
-ZOO_VERSION), as a small graph-only ``.onnx`` file with its weights in a ``.onnx.data`` file beside it, so that
+the zoo's code), as a small graph-only ``.onnx`` file with its weights in a ``.onnx.data`` file beside it, so that
 the analysis reads only the graph. The architectures themselves are in-image code: :mod:`modak.image.zoo`.
 """
 
@@ -19,13 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from modak.errors import InputError, ModakError, short_reason
-from modak.image.zoo import SEED, ZOO_VERSION, ZooEntry, get_entry, make_inputs
+from modak.image import zoo as image_zoo
+from modak.image.zoo import SEED, ZooEntry, get_entry, make_inputs
 from modak.paths import cache_dir
 
 OPSET = 17
 # onnxruntime 1.31 reads IR versions up to 13 while onnx 1.23 writes 14; opset 17 needs only IR 8.
 IR_VERSION = 10
 _EXPORT_BATCH = 2  # traced with a batch of 2 so that no size-1 dimension is mistaken for a constant
+
+
+def _zoo_source_digest() -> str:
+    """The digest of the zoo's code (entries, architectures, initialization; read, not imported, so that torch is
+    not): a changed architecture is another export."""
+    zoo_py = Path(image_zoo.__file__ or "")
+    return hashlib.sha256(zoo_py.read_bytes() + zoo_py.with_name("zoo_models.py").read_bytes()).hexdigest()[:16]
 
 
 def export_path(name: str, input_shapes: Mapping[str, Any] | None = None) -> Path:
@@ -36,7 +44,7 @@ def export_path(name: str, input_shapes: Mapping[str, Any] | None = None) -> Pat
     except importlib.metadata.PackageNotFoundError:
         raise ModakError("the model zoo needs PyTorch: pip install 'modak[torch]'") from None
     key = json.dumps({"name": name, "shapes": {k: list(v) for k, v in shapes.items()}, "torch": torch_version,
-                      "zoo": ZOO_VERSION, "opset": OPSET, "ir": IR_VERSION}, sort_keys=True)
+                      "zoo": _zoo_source_digest(), "opset": OPSET, "ir": IR_VERSION}, sort_keys=True)
     return cache_dir() / "zoo" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}" / f"{name}.onnx"
 
 
@@ -91,6 +99,6 @@ def _export(entry: ZooEntry, shapes: dict[str, tuple[int, ...]], path: Path) -> 
                           dynamo=False, training=torch.onnx.TrainingMode.PRESERVE)
     proto = onnx.load_from_string(buffer.getvalue())
     proto.ir_version = IR_VERSION
-    proto.doc_string = f"modak zoo model '{entry.name}' (ZOO_VERSION {ZOO_VERSION}), random weights (seed {SEED})"
+    proto.doc_string = f"modak zoo model '{entry.name}', random weights (seed {SEED})"
     onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
                     location=f"{path.name}.data", size_threshold=1024)
