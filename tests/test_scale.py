@@ -330,6 +330,28 @@ def test_golden_job_scripts_of_several_workers(tmp_path: Path, monkeypatch: pyte
     assert "set -- python3 train.py --epochs 3" in actual
 
 
+def test_each_nodes_container_gets_the_gpus_allocated_on_that_node(tmp_path: Path) -> None:
+    """Several nodes: the GPUs are read where the engine starts (srun's step on each node), not in the batch script,
+    which sees only its own node's allocation."""
+    plan = scaled_case(tmp_path / "spec", "slurm", "podman", max_workers=8)
+    render(build_description(plan, CREATED), tmp_path / "out")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    fakes = {"podman": "printf '%s\\0' \"$@\"; printf 'END\\0'",
+             "scontrol": "echo node1",  # one node that runs the first of two tasks (srun's, faked below)
+             "srun": "while [[ $1 == --* ]]; do shift; done; SLURM_STEP_GPUS=0,1 \"$@\"; SLURM_STEP_GPUS=2,3 \"$@\""}
+    for name, body in fakes.items():
+        (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    env = {"PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_GPUS": "0,1"}
+    run = subprocess.run(["bash", str(tmp_path / "out" / "job.sh")], env=env, capture_output=True, check=True)
+    tasks = [argv.split("\0") for argv in run.stdout.decode().split("END\0")[:-1]]
+    assert [[t[i + 1] for i, a in enumerate(t) if a == "--device"] for t in tasks] == [
+        ["nvidia.com/gpu=0", "nvidia.com/gpu=1"], ["nvidia.com/gpu=2", "nvidia.com/gpu=3"]]
+    assert all(t[:2] == ["run", "--device"] and "torchrun" in t for t in tasks)
+
+
 def test_one_worker_renders_the_single_process_script(tmp_path: Path) -> None:
     """When the prediction keeps no second worker above min_efficiency, the job script is the plain one."""
     plan = scaled_case(tmp_path / "spec", "slurm", "podman", min_efficiency=1.0)

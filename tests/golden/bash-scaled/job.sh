@@ -14,5 +14,16 @@ fi
 # and gives each process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. The command sets up
 # distributed training itself (torch.distributed.init_process_group, DistributedDataParallel).
 
-exec docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --gpus all --ipc host \
+# The GPUs the container gets: those the scheduler allocated on its node, else all of the node's (an engine's
+# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-
+# separated). Read on each node, where the engine starts: ENGINE run ARGS... becomes ENGINE run GPU-ARGS ARGS...
+MODAK_WITH_GPUS='gpus=${MODAK_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}
+engine=$1 command=$2
+shift 2
+if [[ $gpus == all ]]; then
+    exec "$engine" "$command" --gpus all "$@"
+fi
+exec "$engine" "$command" --gpus "\"device=$gpus\"" "$@"'
+
+exec bash -c "$MODAK_WITH_GPUS" modak-gpus docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --ipc host \
     localhost/modak/mlp-ddp:pytorch-<digest12> torchrun --standalone --nnodes=1 --nproc-per-node=4 --no-python "$@"

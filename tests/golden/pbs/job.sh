@@ -28,15 +28,18 @@ if (( $(id -u) == 0 )); then
 fi
 mkdir -p -- "$MODAK_OUTPUT"
 
-# The GPUs the container gets: those the scheduler allocated to the job, else all of the node's (an engine's
-# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-separated).
-MODAK_GPUS=${MODAK_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}
-MODAK_GPU_ARGS=(--gpus all)
-if [[ $MODAK_GPUS != all ]]; then
-    MODAK_GPU_ARGS=(--gpus "\"device=$MODAK_GPUS\"")
+# The GPUs the container gets: those the scheduler allocated on its node, else all of the node's (an engine's
+# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-
+# separated). Read on each node, where the engine starts: ENGINE run ARGS... becomes ENGINE run GPU-ARGS ARGS...
+MODAK_WITH_GPUS='gpus=${MODAK_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}
+engine=$1 command=$2
+shift 2
+if [[ $gpus == all ]]; then
+    exec "$engine" "$command" --gpus all "$@"
 fi
+exec "$engine" "$command" --gpus "\"device=$gpus\"" "$@"'
 
-exec docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS ${MODAK_GPU_ARGS[@]+"${MODAK_GPU_ARGS[@]}"} \
+exec bash -c "$MODAK_WITH_GPUS" modak-gpus docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS \
     -v /lustre/tokens:/in:ro \
     ${MODAK_USER[@]+"${MODAK_USER[@]}"} -v "$MODAK_OUTPUT":/out \
     localhost/modak/bert-gpu:onnxruntime-<digest12> "$@"

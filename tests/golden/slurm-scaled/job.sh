@@ -24,5 +24,18 @@ fi
 MODAK_MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MODAK_RUN_ID=$SLURM_JOB_ID
 
-exec srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 podman run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --device nvidia.com/gpu=all --ipc host --network host \
+# The GPUs the container gets: those the scheduler allocated on its node, else all of the node's (an engine's
+# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-
+# separated). Read on each node, where the engine starts: ENGINE run ARGS... becomes ENGINE run GPU-ARGS ARGS...
+MODAK_WITH_GPUS='gpus=${MODAK_GPUS:-${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}}}
+engine=$1 command=$2
+shift 2
+devices=()
+IFS=, read -ra ids <<< "$gpus"
+for id in "${ids[@]}"; do
+    devices+=(--device "nvidia.com/gpu=$id")  # CDI device names
+done
+exec "$engine" "$command" "${devices[@]}" "$@"'
+
+exec srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$MODAK_WITH_GPUS" modak-gpus podman run --rm -e SLURM_CPUS_PER_TASK -e NCPUS --ipc host --network host \
     localhost/modak/mlp-ddp:pytorch-<digest12> torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint="$MODAK_MASTER:29500" --rdzv-id="$MODAK_RUN_ID" --no-python "$@"

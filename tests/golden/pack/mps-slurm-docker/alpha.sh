@@ -27,15 +27,18 @@ if (( $# == 0 )); then
     set -- modak self-test
 fi
 
-# The GPUs the container gets: those the scheduler allocated to the job, else all of the node's (an engine's
-# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-separated).
-MODAK_GPUS=${MODAK_GPUS:-${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}}
-MODAK_GPU_ARGS=(--gpus all)
-if [[ $MODAK_GPUS != all ]]; then
-    MODAK_GPU_ARGS=(--gpus "\"device=$MODAK_GPUS\"")
+# The GPUs the container gets: those the scheduler allocated on its node, else all of the node's (an engine's
+# containers do not inherit the job's device limits); MODAK_GPUS overrides them (indexes or UUIDs, comma-
+# separated). Read on each node, where the engine starts: ENGINE run ARGS... becomes ENGINE run GPU-ARGS ARGS...
+MODAK_WITH_GPUS='gpus=${MODAK_GPUS:-${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-all}}}}
+engine=$1 command=$2
+shift 2
+if [[ $gpus == all ]]; then
+    exec "$engine" "$command" --gpus all "$@"
 fi
+exec "$engine" "$command" --gpus "\"device=$gpus\"" "$@"'
 
-docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS ${MODAK_GPU_ARGS[@]+"${MODAK_GPU_ARGS[@]}"} \
+bash -c "$MODAK_WITH_GPUS" modak-gpus docker run --rm -e SLURM_CPUS_PER_TASK -e NCPUS \
     --ipc=host -e CUDA_MPS_ACTIVE_THREAD_PERCENTAGE -e CUDA_MPS_PIPE_DIRECTORY \
     -v "$CUDA_MPS_PIPE_DIRECTORY:$CUDA_MPS_PIPE_DIRECTORY" \
     localhost/modak/alpha:onnxruntime-<digest12> "$@"
