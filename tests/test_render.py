@@ -289,18 +289,22 @@ def test_apptainer_job_script(rendered: dict[str, Rendered], tmp_path: Path, sif
     assert output.is_dir()  # created for the results
 
 
-@pytest.mark.parametrize("who", ["root", "root, existing folder", "user"])
+@pytest.mark.parametrize("who", ["root", "root, existing folder", "user", "user of rootless Docker"])
 def test_a_docker_job_script_gives_the_results_folder_to_the_container_user(
         rendered: dict[str, Rendered], tmp_path: Path, who: str) -> None:
     """Docker, batch inference by default: the data read-only, the results folder read-write. Started by root, the
     image keeps its own user, which gets a folder the script creates (never one that was there); started by a
-    user, the container runs as that user."""
+    user, the container runs as that user; under rootless Docker, as the container's root, which is that user."""
     output = tmp_path / "results"
     if who == "root, existing folder":
         output.mkdir()
     env = _fake_engine(tmp_path, "docker") | {"MODAK_OUTPUT": str(output)}
+    if who == "user of rootless Docker":  # what `docker info` says of a rootless daemon
+        (tmp_path / "bin" / "docker").write_text(
+            "#!/bin/sh\nif [ \"$1\" = info ]; then echo '[name=seccomp,profile=builtin name=rootless]'; exit; fi\n"
+            "printf '%s\\0' \"$@\"\n")
     fake_id = tmp_path / "bin" / "id"
-    fake_id.write_text("#!/bin/sh\ncase \"$1\" in -u) echo %d;; -g) echo 100;; esac\n" % (4242 if who == "user" else 0))
+    fake_id.write_text("#!/bin/sh\ncase \"$1\" in -u) echo %d;; -g) echo 100;; esac\n" % (0 if who.startswith("root") else 4242))
     fake_id.chmod(0o755)
     chown = tmp_path / "bin" / "chown"  # records what the script gives the image's user
     chown.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'chowned'}\n")
@@ -309,7 +313,7 @@ def test_a_docker_job_script_gives_the_results_folder_to_the_container_user(
                             capture_output=True, check=True)
     argv = result.stdout.decode().split("\0")[:-1]
     ir = rendered["pbs"].ir
-    user = ["--user", "4242:100"] if who == "user" else []
+    user = {"user": ["--user", "4242:100"], "user of rootless Docker": ["--user", "0:0"]}.get(who, [])
     tail = ["-v", "/lustre/tokens:/in:ro", *user, "-v", f"{output}:/out", ir.image.ref,
             "modak", "run", "--input", "/in", "--output", "/out"]
     assert argv[-len(tail):] == tail, argv

@@ -25,6 +25,8 @@ if (( $(id -u) == 0 )); then
         mkdir -p -- "$MODAK_OUTPUT"
         chown 1000 -- "$MODAK_OUTPUT"
     fi
+elif [[ $(docker info --format '{{.SecurityOptions}}' 2>/dev/null) == *rootless* ]]; then
+    MODAK_USER=(--user 0:0)  # rootless Docker: the container's root is you, any other user a subordinate id
 fi
 mkdir -p -- "$MODAK_OUTPUT"
 
