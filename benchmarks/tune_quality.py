@@ -6,7 +6,11 @@
    campaign's rows are that measurement: every candidate of the same space, measured with the same protocol on
    this machine, so it is not measured a second time;
 2. zero-shot: the plan's choice (no measurement of this workload on this machine);
-3. `modak tune` with 5 and with 10 trials (``--trials``; each in a fresh store, so no race sees another's rows).
+3. `modak tune` with 5 and with 10 trials (``--trials``; each in a fresh store, so no race sees another's rows);
+4. other-session (``--other-session``, a campaign's store of this machine from an earlier session): the fastest
+   candidate of that session. It is what a model that knew this machine's rows perfectly, as measured then, would
+   pick: the ceiling of any prediction learned from rows of another session, which the VM's drift between sessions
+   bounds.
 
 The plan's model is fit on the shipped data without the workload's model (``--hold-out``, the default:
 leave-one-model-out, as for a model modak has never measured). Without it, a shipped campaign of this machine
@@ -26,7 +30,7 @@ against the same session's exhaustive measurement, with the launches it took.
 
     python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
         [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--resolve 24]
-        [--exhaustive-store S --config benchmarks/campaign.yaml]
+        [--exhaustive-store S --config benchmarks/campaign.yaml] [--other-session S --config benchmarks/campaign.yaml]
 """
 
 from __future__ import annotations
@@ -98,17 +102,21 @@ def main() -> int:
     parser.add_argument("--resolve", type=int, default=0, metavar="N",
                         help="measure an undecided pick and the best again, side by side, for up to N more rounds "
                         "(exhaustive measured in this session only)")
+    parser.add_argument("--other-session", type=Path, metavar="STORE",
+                        help="a campaign's perf store of this machine from another session (give its --config): its "
+                        "fastest row's candidate is judged too, as 'other-session', what a model that knew this "
+                        "machine perfectly from that session would pick")
     parser.add_argument("--no-hold-out", dest="hold_out", action="store_false",
                         help="fit the plan's model on all shipped data, the workload's model included")
     args = parser.parse_args()
-    if args.exhaustive_store and not args.config:
-        parser.error("--exhaustive-store needs the campaign's --config (the candidate space it measured)")
+    if (args.exhaustive_store or args.other_session) and not args.config:
+        parser.error("a campaign's store needs the campaign's --config (the candidate space it measured)")
     if args.exhaustive_store and args.resolve:
         parser.error("--resolve adds rounds to a session measured here: not with --exhaustive-store")
     target, target_doc = load_spec(args.target, Target)
     catalog = grid_catalog(yaml.safe_load(args.config.read_text())["grid"], None) if args.config else None
     protocol = BenchSettings(launches=args.launches, min_seconds=args.min_seconds, budget_s=3.0, seed=args.seed)
-    print(f"{'workload':<22} {'method':<10} {'trials':>6} {'seconds':>8} {'pick/best [90%]':>26} {'rounds':>6} "
+    print(f"{'workload':<22} {'method':<13} {'trials':>6} {'seconds':>8} {'pick/best [90%]':>26} {'rounds':>6} "
           f"{'verdict':>10} {'captured':>8}  pick")
     summary: dict[str, list[tuple[str, float, int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="modak-tunequality-") as scratch:
@@ -161,7 +169,7 @@ def main() -> int:
 
             def judge(method: str, pick: str | None, trials: int, seconds: float) -> str:
                 if pick is None or pick not in times:
-                    print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {'-':>26} {'':>6} {'no pick':>10}")
+                    print(f"{spec:<22} {method:<13} {trials:6d} {seconds:8.0f} {'-':>26} {'':>6} {'no pick':>10}")
                     summary.setdefault(method, []).append(("miss", float("nan"), trials, seconds))
                     return "miss"
                 r = ratio(times[pick], times[best], paired=sessions[pick] == sessions[best])
@@ -172,12 +180,17 @@ def main() -> int:
                     outcome = verdict(r)
                 captured = 1.0 / r.estimate  # (stock / pick) / (stock / best), from the rounds the verdict judged
                 summary.setdefault(method, []).append((outcome, captured, trials, seconds))
-                print(f"{spec:<22} {method:<10} {trials:6d} {seconds:8.0f} {r.describe():>26} {r.rounds:6d} "
+                print(f"{spec:<22} {method:<13} {trials:6d} {seconds:8.0f} {r.describe():>26} {r.rounds:6d} "
                       f"{outcome:>10} {captured:8.3f}  {pick[:70]}", flush=True)
                 return outcome
 
             judge("exhaustive", best, len(times), exhaustive_s)
             judge("zero-shot", plan.choice.candidate.name, 0, 0.0)
+            if args.other_session:
+                with PerfStore(args.other_session) as store:
+                    earlier = exhaustive_rows(plan, store, target.name, model, task, int(batch))
+                judge("other-session", min(earlier, key=lambda n: earlier[n].step_median_s) if earlier else None, 0,
+                      0.0)
             for trials in args.trials:
                 started = time.monotonic()
                 with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-tune{trials}.sqlite") as store:
@@ -189,10 +202,11 @@ def main() -> int:
         hits = sum(o == HIT for o, *_ in outcomes)
         captured = [c for _, c, *_ in outcomes if c == c]
         seconds = [s for *_, s in outcomes if s == s]
-        print(f"{method:<10} hit rate {hits}/{len(outcomes)} = {hits / len(outcomes):.0%}"
+        print(f"{method:<13} hit rate {hits}/{len(outcomes)} = {hits / len(outcomes):.0%}"
               + (f", captured speedup median {statistics.median(captured):.3f}" if captured else "")
               + f", trials median {statistics.median(t for _, _, t, _ in outcomes):g}"
-              + (f", wall time median {statistics.median(seconds):.0f} s" if seconds and method != "zero-shot" else ""))
+              + (f", wall time median {statistics.median(seconds):.0f} s"
+                 if seconds and method not in ("zero-shot", "other-session") else ""))
     return 0
 
 
