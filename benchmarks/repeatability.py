@@ -27,9 +27,10 @@ def main() -> int:
     parser.add_argument("first", type=Path, help="campaign CSV of run A")
     parser.add_argument("second", type=Path, help="campaign CSV of run B (same machine, re-measured)")
     args = parser.parse_args()
-    first = {r.key: r.step_median_s for r in ok_rows(read_csv(args.first))}
+    # Matched by configuration, not by machine name: run B may carry its own session's name and ceilings.
+    first = {r.key[1:]: r.step_median_s for r in ok_rows(read_csv(args.first))}
     second = ok_rows(read_csv(args.second))
-    matched = {i: first[r.key] for i, r in enumerate(second) if r.key in first}
+    matched = {i: first[r.key[1:]] for i, r in enumerate(second) if r.key[1:] in first}
     if not matched:
         raise SystemExit(f"no configuration of {args.second} was measured ok in {args.first}")
     print(f"{len(matched)} configurations measured ok in both runs "
