@@ -161,8 +161,12 @@ def main() -> int:
                                     if row.status == "ok" and row.launch_medians}
                         if len(measured) < 2:
                             break
-                        a, b = a + measured[pick][-more:], b + measured[best][-more:]
                         added += more
+                        if not len(measured[pick]) == len(measured[best]) == more:  # a launch refused (contended)
+                            print(f"    {spec}: {len(measured[pick])} and {len(measured[best])} of {more} launches "
+                                  "measured; rounds not added (they would not pair)", flush=True)
+                            continue
+                        a, b = a + measured[pick], b + measured[best]
                         if verdict(ratio(a, b)) != UNDECIDED:
                             break
                 return ratio(a, b)
