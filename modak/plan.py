@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 # Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
 _TRAINING_STATE_FACTOR = 4
 MEMORY_SHARE = 0.9  # of a device's memory that a candidate's parameters, or an auto batch's step, may need
+# The stock guard: a candidate replaces the stock deployment unless it may be more than 10% slower (its paired
+# ratio to stock above this in more than 1 of 10 trees). Requiring it confidently faster (1.0) kept stock in 6 of
+# 29 held-out campaign workloads where the model's own pick was 1.0-3.9x faster; see perfmodels/README.md.
+STOCK_TOLERANCE = 1.10
 AUTO_BATCH_SIZES = tuple(2 ** i for i in range(9))  # what model.batch_size auto tries: 1, 2, 4, ..., 256
 
 
@@ -238,9 +242,9 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
         ranked = [winner] + [r for r in ranked if r is not winner]
     else:
         tuned = None
-        kept_over = fastest if stock is not None and not _confidently_faster(fastest, stock, job.objective.steps) else None
-        if kept_over is not None:  # the fastest predicted candidate that is confidently faster than stock, else stock
-            chosen = next((r for r in ranked if _confidently_faster(r, stock, job.objective.steps)), stock)
+        kept_over = fastest if stock is not None and not _safe_against_stock(fastest, stock, job.objective.steps) else None
+        if kept_over is not None:  # the fastest predicted candidate that is safe against stock, else stock
+            chosen = next((r for r in ranked if _safe_against_stock(r, stock, job.objective.steps)), stock)
             ranked = [chosen] + [r for r in ranked if r is not chosen]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
     reasons = _reasons(loaded, ranked, pruned, stock, kept_over)
@@ -359,13 +363,13 @@ def _method(candidate: Candidate) -> tuple[str, str]:
     return candidate.runtime, str(candidate.param("quantization"))
 
 
-def _confidently_faster(fastest: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:
-    """Whether the fastest predicted candidate beats stock with confidence: its objective's ratio to stock's is
-    below 1 at the 90th percentile of the paired ratios (:func:`paired_ratio_high`), or, for a predictor without
-    ensemble members, at the slow end of its interval (its 90th percentile step time) against stock's point."""
-    if fastest is stock:
+def _safe_against_stock(candidate: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:
+    """Whether ``candidate`` may replace stock: its objective's ratio to stock's is at most ``STOCK_TOLERANCE`` at
+    the 90th percentile of the paired ratios (:func:`paired_ratio_high`), or, for a predictor without ensemble
+    members, at the slow end of its interval (its 90th percentile step time) against stock's point."""
+    if candidate is stock:
         return True
-    return paired_ratio_high(fastest, stock, steps) < 1.0
+    return paired_ratio_high(candidate, stock, steps) <= STOCK_TOLERANCE
 
 
 def paired_ratio_high(a: RankedCandidate, b: RankedCandidate, steps: int | None) -> float:
@@ -434,17 +438,17 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
     reasons = [f"chose {best.candidate.name}: predicted {duration(p.step_seconds)} per step of batch "
                f"{job.model.batch_size} ({p.bound}-bound: {share:.0%} of the roofline step), "
                f"interval {duration(p.low_seconds)}-{duration(p.high_seconds)} ({p.predictor})"]
-    if passed_over is not None and stock is not None:  # the fastest predicted is not confidently faster than stock
+    if passed_over is not None and stock is not None:  # the fastest predicted may be too slow against stock
         high = paired_ratio_high(passed_over, stock, job.objective.steps)
         how = ("in 9 of 10 of the model's trees, paired" if _paired(passed_over.prediction, stock.prediction)
                else f"at the slow end of its interval ({duration(passed_over.prediction.high_seconds)} per step)")
         doubt = (f"the fastest predicted, {passed_over.candidate.name} at {duration(passed_over.objective_seconds)}, "
-                 f"is not confidently faster than stock's {duration(stock.objective_seconds)}: its ratio to stock "
-                 f"is up to {high:.2f} {how}")
+                 f"may be slower than stock's {duration(stock.objective_seconds)}: its ratio to stock is up to "
+                 f"{high:.2f} {how}, over the {STOCK_TOLERANCE:.2f} the plan accepts")
         if best is stock:
             reasons.append(f"kept the stock deployment: {doubt}; `modak tune` measures both")
         else:
-            reasons.append(f"{doubt}; the chosen one is the fastest predicted that is (its ratio to stock is up "
+            reasons.append(f"{doubt}; the chosen one is the fastest predicted within it (its ratio to stock is up "
                            f"to {paired_ratio_high(best, stock, job.objective.steps):.2f}); `modak tune` measures "
                            "them")
     other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)

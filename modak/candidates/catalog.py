@@ -126,8 +126,8 @@ class Recipe(_Recipe):
     parameters: tuple[Parameter, ...] = ()
     tuning: Tuning | None = None
     stock: bool = Field(False, description="The framework's stock deployment (its first precision, every "
-                                           "parameter at its first value) is what the plan keeps unless "
-                                           "another candidate is confidently faster.")
+                                           "parameter at its first value) is what the plan keeps when the "
+                                           "fastest candidates may be over 10% slower than it.")
     performance: dict[DeviceKind, DevicePerformance]
     notes: str = ""
 
