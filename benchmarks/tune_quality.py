@@ -5,7 +5,8 @@
    ``--exhaustive-store`` (a campaign's perf store, ``benchmarks/campaign.py``) and ``--config`` (its grid), the
    campaign's rows are that measurement: every candidate of the same space, measured with the same protocol on
    this machine, so it is not measured a second time;
-2. zero-shot: the plan's choice (no measurement of this workload on this machine);
+2. zero-shot: the plan's choice (no measurement of this workload on this machine); stock: the stock deployment,
+   what the job gets without modak;
 3. `modak tune` with 5 and with 10 trials (``--trials``; each in a fresh store, so no race sees another's rows);
 4. other-session (``--other-session``, a campaign's store of this machine from an earlier session): the fastest
    candidate of that session. It is what a model that knew this machine's rows perfectly, as measured then, would
@@ -190,6 +191,8 @@ def main() -> int:
 
             judge("exhaustive", best, len(times), exhaustive_s)
             judge("zero-shot", plan.choice.candidate.name, 0, 0.0)
+            if plan.stock is not None:
+                judge("stock", plan.stock.candidate.name, 0, 0.0)
             if args.other_session:
                 with PerfStore(args.other_session) as store:
                     earlier = exhaustive_rows(plan, store, target.name, model, task, int(batch))
@@ -210,7 +213,7 @@ def main() -> int:
               + (f", captured speedup median {statistics.median(captured):.3f}" if captured else "")
               + f", trials median {statistics.median(t for _, _, t, _ in outcomes):g}"
               + (f", wall time median {statistics.median(seconds):.0f} s"
-                 if seconds and method not in ("zero-shot", "other-session") else ""))
+                 if seconds and method not in ("zero-shot", "stock", "other-session") else ""))
     return 0
 
 
