@@ -104,6 +104,20 @@ def test_scores_count_hits_undecided_and_captured_speedup() -> None:
     assert result.pick_speedup == pytest.approx(2.0)
 
 
+def test_ratio_to_stock_above_the_trees_90th_percentile_checks_the_stock_guard() -> None:
+    """Measured ratios to stock (0.5 and 0.25) against the trees' paired ratios: above all of the first row's trees
+    (0.20-0.29), inside the second's (0.30-1.20): one of two above the 90th percentile. Without trees: NaN."""
+    stock, slow, fast = row(4e-3, runtime="pytorch", params=STOCK), row(2e-3), row(1e-3)
+    stock_trees = tuple([5e-3] * 10)
+    trees = {0: stock_trees, 1: tuple(5e-3 * (0.20 + 0.01 * k) for k in range(10)),
+             2: tuple(5e-3 * (0.30 + 0.10 * k) for k in range(10))}
+    assert evaluation.stock_ratio_above_p90(slow, stock, trees[1], stock_trees)
+    assert not evaluation.stock_ratio_above_p90(fast, stock, trees[2], stock_trees)
+    predicted = {0: 5e-3, 1: 1e-3, 2: 3e-3}
+    assert score("s", "learned", [stock, slow, fast], predicted, 0, {}, trees=trees).stock_ratio_above_p90 == 0.5
+    assert math.isnan(score("s", "learned", [stock, slow, fast], predicted, 0, {}).stock_ratio_above_p90)
+
+
 def test_family_strips_sizes_and_versions() -> None:
     assert family("resnet18") == family("resnet50") == "resnet"
     assert [family(m) for m in ("mobilenet_v2", "bert_base", "yolo_small", "mnist_cnn", "mlp")] == \
@@ -123,8 +137,8 @@ class _RecordingPredictor:
     def fit(cls, rows: list[Measurement], seed: int = 0, catalog: object = None) -> _RecordingPredictor:
         return cls(rows, seed)
 
-    def predict_examples(self, examples: list) -> list[tuple[float, float, float, float]]:
-        return [(e.flops / 1e12, 0.0, math.inf, 1.0) for e in examples]
+    def predict_examples(self, examples: list) -> list[tuple[float, float, float, float, tuple[float, ...]]]:
+        return [(e.flops / 1e12, 0.0, math.inf, 1.0, ()) for e in examples]
 
 
 def test_family_held_out_holds_resnets_out_together_with_every_seed(monkeypatch) -> None:
@@ -150,7 +164,7 @@ def test_seed_spread_is_reported_as_mean_min_max() -> None:
     assert all(math.isnan(v) for v in seed_spread([math.nan]))
     base = dict(scheme="leave-one-model-out", rows=10, uncovered=0, mape_calibrated=0.1, kendall_tau_median=0.5,
                 kendall_tau_noise=0.8,
-                interval_coverage=math.nan, workloads=2, hit_rate=0.5, undecided=0.0, one_launch=2,
+                interval_coverage=math.nan, stock_ratio_above_p90=math.nan, workloads=2, hit_rate=0.5, undecided=0.0, one_launch=2,
                 captured_median=0.9, captured_p10=0.8, pick_speedup=2.0, no_stock=0)
     text = format_scores([Scores(predictor="learned", seed=0, mape=0.1, **base),
                           Scores(predictor="learned", seed=1, mape=0.3, **base),

@@ -50,6 +50,9 @@ class Scores:
     kendall_tau_median: float
     kendall_tau_noise: float  # the data's own: one launch's ranking against another's (the ceiling for tau)
     interval_coverage: float  # share of measured times inside the predicted 80% interval (NaN: no interval)
+    # Share of rows whose measured ratio to their workload's stock row is above the 90th percentile of the trees'
+    # paired ratios, the bound the plan's stock guard trusts (10% when calibrated; NaN: no ensemble members)
+    stock_ratio_above_p90: float
     workloads: int  # with >= 2 scored rows: the decisions
     hit_rate: float
     undecided: float  # share of workloads the data cannot decide (misses: the rest)
@@ -108,6 +111,14 @@ def stock_row(rows: Iterable[Measurement], catalog: Mapping[str, Recipe]) -> Mea
                 None)
 
 
+def stock_ratio_above_p90(row: Measurement, stock: Measurement, row_trees: tuple[float, ...],
+                          stock_trees: tuple[float, ...]) -> bool:
+    """Whether ``row``'s measured step over ``stock``'s is above the 90th percentile of their trees' paired ratios
+    (tree i of both), as the plan's stock guard computes it."""
+    ratios = [a / b for a, b in zip(row_trees, stock_trees)]
+    return row.step_median_s / stock.step_median_s > statistics.quantiles(ratios, n=10, method="inclusive")[-1]
+
+
 def captured_speedup(stock_s: float, pick_s: float, best_s: float) -> float:
     """The pick's speedup over stock as a share of the best's (1: all of it), from their step seconds."""
     return (stock_s / pick_s) / (stock_s / best_s)
@@ -130,6 +141,7 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
     for scheme, group_of in schemes:
         learned: list[dict[int, float]] = [{} for _ in range(seeds)]
         intervals: list[dict[int, tuple[float, float]]] = [{} for _ in range(seeds)]
+        per_tree: list[dict[int, tuple[float, ...]]] = [{} for _ in range(seeds)]
         baseline: dict[int, float] = {}
         uncovered = 0
         for group in sorted({group_of(r) for r in rows if machine is None or r.machine == machine}):
@@ -143,14 +155,15 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
                 model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
                 covered = [(i, r) for i, r in test if (r.runtime, r.device, r.precision) in model.coverage]
                 predictions = model.predict_examples([example_from_row(r, catalog) for _, r in covered])
-                for (i, r), (step, low, high, *_) in zip(covered, predictions):
+                for (i, r), (step, low, high, _, trees) in zip(covered, predictions):
                     learned[seed][i] = step
                     intervals[seed][i] = (low, high)
+                    per_tree[seed][i] = trees
             uncovered += len(test) - len(covered)
             for i, r in covered:
                 baseline[i] = example_from_row(r, catalog).bound_seconds / utilization[(r.runtime, r.device)]
-        results += [score(scheme, "learned", rows, learned[seed], uncovered, intervals[seed], seed, catalog)
-                    for seed in range(seeds)]
+        results += [score(scheme, "learned", rows, learned[seed], uncovered, intervals[seed], seed, catalog,
+                          per_tree[seed]) for seed in range(seeds)]
         results.append(score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}, None, catalog))
     return results
 
@@ -165,8 +178,9 @@ def _median_utilization(rows: list[Measurement], catalog: Mapping[str, Recipe]) 
 
 def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
           intervals: dict[int, tuple[float, float]], seed: int | None = None,
-          catalog: Mapping[str, Recipe] | None = None) -> Scores:
-    """Metrics of ``predicted`` (row index -> step seconds) against the rows' measurements."""
+          catalog: Mapping[str, Recipe] | None = None, trees: Mapping[int, tuple[float, ...]] | None = None) -> Scores:
+    """Metrics of ``predicted`` (row index -> step seconds) against the rows' measurements; ``trees``: each
+    row's step seconds by tree of the ensemble (member i of every row from one tree)."""
     from scipy.stats import kendalltau
 
     catalog = catalog if catalog is not None else load_catalog()
@@ -174,7 +188,8 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
     workloads: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
-    taus, noise_taus, decisions, captured, speedups, calibrated = [], [], [], [], [], []
+    trees = {i: t for i, t in (trees or {}).items() if len(t) >= 2}  # a quantile needs members
+    taus, noise_taus, decisions, captured, speedups, calibrated, above = [], [], [], [], [], [], []
     no_stock = 0
     for everyone in workloads.values():
         members = [i for i in everyone if i in predicted]
@@ -199,6 +214,8 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
                 factor = stock.step_median_s / predicted[home]
                 calibrated += [abs(predicted[i] * factor - rows[i].step_median_s) / rows[i].step_median_s
                                for i in members if i != home]
+                above += [stock_ratio_above_p90(rows[i], stock, trees[i], trees[home])
+                          for i in members if i != home and i in trees and home in trees]
         if len(members) >= 3:
             tau = kendalltau([predicted[i] for i in members], [rows[i].step_median_s for i in members]).statistic
             if not math.isnan(tau):
@@ -211,6 +228,7 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
                   statistics.median(noise_taus) if noise_taus else math.nan,
                   statistics.mean(low <= rows[i].step_median_s <= high for i, (low, high) in intervals.items())
                   if intervals else math.nan,
+                  statistics.mean(above) if above else math.nan,
                   len(decisions),
                   verdicts.count(HIT) / len(verdicts) if verdicts else math.nan,
                   verdicts.count(UNDECIDED) / len(verdicts) if verdicts else math.nan,
@@ -249,6 +267,7 @@ _METRICS: tuple[tuple[str, str, str], ...] = (  # (field, label, format)
     ("kendall_tau_median", "Kendall tau, median", ".2f"),
     ("kendall_tau_noise", "tau, one launch vs another", ".2f"),
     ("interval_coverage", "in the 80% interval", ".1%"),
+    ("stock_ratio_above_p90", "ratio to stock above trees' p90", ".1%"),
     ("hit_rate", "hit rate (pick within 5% of best)", ".1%"),
     ("undecided", "undecided (data cannot tell)", ".1%"),
     ("miss_rate", "miss (shown > 5% slower)", ".1%"),
