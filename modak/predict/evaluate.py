@@ -3,7 +3,8 @@ the held-out rows.
 
 Accuracy on the held-out rows: MAPE of the step time, the Kendall tau between predicted and measured ranking of
 each workload's candidates (model, task, batch and input shapes on one machine), the share of measured times
-inside the predicted 80% interval. Decisions, per workload with at least two scored rows: the pick (predicted
+inside the predicted 80% interval, and the share of measured ratios to the workload's stock row above the 90th
+percentile of the trees' paired ratios (the bound the plan's stock guard trusts). Decisions, per workload with at least two scored rows: the pick (predicted
 fastest) against the best (measured fastest) by the ratio of their launches' step times with its t
 interval (paired by round when both ran interleaved in one session): a *hit* when the pick is the best or shown
 to be within 5% of it (an equivalence test, so any of several rows tied with the best is a hit), a *miss* when
