@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 from dataclasses import dataclass, replace
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,7 +15,7 @@ from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.image.deployment import Deployment
 from modak.measurements.store import TunedChoice
-from modak.predict.base import Prediction, Predictor, predict_many
+from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.spec.loader import LoadedJob
@@ -381,8 +380,7 @@ def paired_ratio_high(a: RankedCandidate, b: RankedCandidate, steps: int | None)
     if _paired(pa, pb):
         ca = pa.compile_seconds / steps if steps else 0.0
         cb = pb.compile_seconds / steps if steps else 0.0
-        ratios = [(x + ca) / (y + cb) for x, y in zip(pa.members, pb.members)]
-        return statistics.quantiles(ratios, n=10, method="inclusive")[-1]
+        return paired_ratio_p90([x + ca for x in pa.members], [y + cb for y in pb.members])
     return objective_seconds(replace(pa, step_seconds=pa.high_seconds), steps) / b.objective_seconds
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +30,12 @@ class Prediction:
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]
+
+
+def paired_ratio_p90(a: Sequence[float], b: Sequence[float]) -> float:
+    """The 90th percentile of ``a`` over ``b`` member by member (member i of both from one tree of an ensemble, so
+    what the trees agree on cancels out)."""
+    return statistics.quantiles([x / y for x, y in zip(a, b)], n=10, method="inclusive")[-1]
 
 
 # What a predictor is asked about: a candidate and the recipe it was enumerated from.

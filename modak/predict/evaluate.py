@@ -1,18 +1,18 @@
 """Honest evaluation of the learned model: hold out one model (or one model family, or one target), then score
 the held-out rows.
 
-Accuracy on the held-out rows: MAPE of the step time, the Kendall tau between predicted and measured ranking of
-each workload's candidates (model, task, batch and input shapes on one machine), the share of measured times
-inside the predicted 80% interval, and the share of measured ratios to the workload's stock row above the 90th
-percentile of the trees' paired ratios (the bound the plan's stock guard trusts). Decisions, per workload with at least two scored rows: the pick (predicted
-fastest) against the best (measured fastest) by the ratio of their launches' step times with its t
-interval (paired by round when both ran interleaved in one session): a *hit* when the pick is the best or shown
-to be within 5% of it (an equivalence test, so any of several rows tied with the best is a hit), a *miss* when
+Accuracy on the held-out rows: MAPE of the step time, the Kendall tau between predicted and measured ranking of each
+workload's candidates (model, task, batch and input shapes on one machine), the share of measured times inside the
+predicted 80% interval, and the share of measured ratios to the workload's stock row above the 90th percentile of
+the trees' paired ratios (the bound the plan's stock guard trusts). Decisions, per workload with at least two scored
+rows: the pick (predicted fastest) against the best (measured fastest) by the ratio of their launches' step times
+with its t interval (paired by round when both ran interleaved in one session): a *hit* when the pick is the best or
+shown to be within 5% of it (an equivalence test, so any of several rows tied with the best is a hit), a *miss* when
 shown to be more than 5% slower, *undecided* when the data cannot tell. Rows of one launch (protocol 1) give
-zero-width intervals: the test then reduces to the point ratio. Captured speedup: the pick's speedup over the
-stock deployment divided by the best's. Rows whose (runtime, device) the training fold does not cover are
-counted, not scored. A physics-only baseline (roofline bound / median utilization of the runtime in the
-training fold) is scored on the same rows for comparison.
+zero-width intervals: the test then reduces to the point ratio. Captured speedup: the pick's speedup over the stock
+deployment divided by the best's. Rows whose (runtime, device) the training fold does not cover are counted, not
+scored. A physics-only baseline (roofline bound / median utilization of the runtime in the training fold) is scored
+on the same rows for comparison.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 from modak.candidates.catalog import Recipe, load_catalog
 from modak.measurements.stats import EQUIVALENCE_MARGIN, Ratio, ratio
 from modak.measurements.store import Measurement
+from modak.predict.base import paired_ratio_p90
 from modak.predict.learned import LearnedPredictor, candidate_from_row, example_from_row
 from modak.predict.training import ok_rows
 
@@ -116,8 +117,7 @@ def stock_ratio_above_p90(row: Measurement, stock: Measurement, row_trees: tuple
                           stock_trees: tuple[float, ...]) -> bool:
     """Whether ``row``'s measured step over ``stock``'s is above the 90th percentile of their trees' paired ratios
     (tree i of both), as the plan's stock guard computes it."""
-    ratios = [a / b for a, b in zip(row_trees, stock_trees)]
-    return row.step_median_s / stock.step_median_s > statistics.quantiles(ratios, n=10, method="inclusive")[-1]
+    return row.step_median_s / stock.step_median_s > paired_ratio_p90(row_trees, stock_trees)
 
 
 def captured_speedup(stock_s: float, pick_s: float, best_s: float) -> float:
