@@ -30,13 +30,14 @@ paired ratio over all their rounds is shown within 5% or shown slower, or N roun
 against the same session's exhaustive measurement, with the launches it took.
 
     python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
-        [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--resolve 24]
+        [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--resolve 24] [--keep DIR]
         [--exhaustive-store S --config benchmarks/campaign.yaml] [--other-session S --config benchmarks/campaign.yaml]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -107,6 +108,9 @@ def main() -> int:
                         help="a campaign's perf store of this machine from another session (give its --config): its "
                         "fastest row's candidate is judged too, as 'other-session', what a model that knew this "
                         "machine perfectly from that session would pick")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="write the perf stores (exhaustive rounds, resolve rounds, every trial) to DIR, one per "
+                        "workload and method, instead of a temporary directory")
     parser.add_argument("--no-hold-out", dest="hold_out", action="store_false",
                         help="fit the plan's model on all shipped data, the workload's model included")
     args = parser.parse_args()
@@ -120,7 +124,12 @@ def main() -> int:
     print(f"{'workload':<22} {'method':<13} {'trials':>6} {'seconds':>8} {'pick/best [90%]':>26} {'rounds':>6} "
           f"{'verdict':>10} {'captured':>8}  pick")
     summary: dict[str, list[tuple[str, float, int, float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="modak-tunequality-") as scratch:
+    if args.keep and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep {args.keep}: not empty (a tune run's store must start without another run's rows)")
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
+            prefix="modak-tunequality-") as scratch:
         for spec in args.workloads:
             model, batch, task = (spec.split(":") + ["inference"])[:3]
             none = Path(scratch) / "none.sqlite"  # shipped data only
@@ -157,12 +166,17 @@ def main() -> int:
                 with PerfStore(Path(scratch) / f"{model}-{batch}-{task}-resolve.sqlite") as store:
                     while added < args.resolve:
                         more = min(4, args.resolve - added)
-                        measured = {names[row.key]: json.loads(row.launch_medians) for row in
-                                    bench(plan, pair, store, replace(protocol, launches=more, seed=None))
+                        called = bench(plan, pair, store, replace(protocol, launches=more, seed=None))
+                        measured = {names[row.key]: json.loads(row.launch_medians) for row in called
                                     if row.status == "ok" and row.launch_medians}
-                        if len(measured) < 2:
+                        contended = [row for row in called if row.status == "contended"]
+                        if len(measured) < 2 and not contended:
                             break
                         added += more
+                        if contended:  # refused as a whole: this call's rounds of the other would not pair either
+                            print(f"    {spec}: {names[contended[0].key][:40]} contended ({contended[0].error}); "
+                                  "rounds not added", flush=True)
+                            continue
                         if not len(measured[pick]) == len(measured[best]) == more:  # a launch refused (contended)
                             print(f"    {spec}: {len(measured[pick])} and {len(measured[best])} of {more} launches "
                                   "measured; rounds not added (they would not pair)", flush=True)
