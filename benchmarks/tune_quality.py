@@ -169,17 +169,13 @@ def main() -> int:
                         called = bench(plan, pair, store, replace(protocol, launches=more, seed=None))
                         measured = {names[row.key]: json.loads(row.launch_medians) for row in called
                                     if row.status == "ok" and row.launch_medians}
-                        contended = [row for row in called if row.status == "contended"]
-                        if len(measured) < 2 and not contended:
-                            break
+                        if len(measured) < 2 and not any(row.status == "contended" for row in called):
+                            break  # a candidate failed: no more rounds of it to add
                         added += more
-                        if contended:  # refused as a whole: this call's rounds of the other would not pair either
-                            print(f"    {spec}: {names[contended[0].key][:40]} contended ({contended[0].error}); "
-                                  "rounds not added", flush=True)
-                            continue
-                        if not len(measured[pick]) == len(measured[best]) == more:  # a launch refused (contended)
-                            print(f"    {spec}: {len(measured[pick])} and {len(measured[best])} of {more} launches "
-                                  "measured; rounds not added (they would not pair)", flush=True)
+                        counts = [len(measured.get(name, [])) for name in (pick, best)]
+                        if counts != [more, more]:  # launches or a whole row refused as contended
+                            print(f"    {spec}: {counts[0]} and {counts[1]} of {more} launches measured; rounds not "
+                                  "added (they would not pair)", flush=True)
                             continue
                         a, b = a + measured[pick], b + measured[best]
                         if verdict(ratio(a, b)) != UNDECIDED:
