@@ -113,6 +113,36 @@ def test_openvino_step_counts_the_batches_of_a_wave(tmp_path):
         openvino.prepare(request, base.make_inputs(request))
 
 
+def test_openvino_streams_compile_matches_reference_every_time(tmp_path):
+    """OpenVINO 2026.4 compiles BERT-small wrongly for two streams in one compile of five to ten (outputs ~0.01 off,
+    for the compiled model's life); without the one-stream check, thirty prepares all right is a 4-20% chance."""
+    needs("openvino")
+    import onnxruntime
+    from modak.image.runtimes import base, openvino
+
+    request = zoo_request("openvino", "bert_small", params={"performance_hint": "THROUGHPUT"}, workdir=tmp_path,
+                          batch_size=1)
+    inputs = base.make_inputs(request)
+    reference = onnxruntime.InferenceSession(request.onnx_path, providers=["CPUExecutionProvider"]).run(None, inputs)
+    errors = [base.relative_error(openvino.prepare(request, inputs).run(inputs), reference) for _ in range(30)]
+    assert max(errors) <= TOLERANCE["fp32"] / 10, errors
+
+
+def test_openvino_streams_that_never_agree_fail_loudly(tmp_path, monkeypatch):
+    needs("openvino")
+    from modak.image.runtimes import base, openvino
+
+    request = zoo_request("openvino", "mlp", params={"performance_hint": "THROUGHPUT"}, workdir=tmp_path)
+    inputs = base.make_inputs(request)
+    if openvino.prepare(request, inputs).batches_per_step == 1:
+        pytest.skip("the CPU plugin runs one stream on this machine: no multi-stream compile to check")
+    compiles = []
+    monkeypatch.setattr(openvino, "relative_error", lambda output, reference: compiles.append(1) or 1.0)
+    with pytest.raises(RuntimeError, match="differed from a one-stream compile.*LATENCY"):
+        openvino.prepare(request, inputs)
+    assert len(compiles) == openvino.COMPILE_ATTEMPTS
+
+
 def _register(monkeypatch: pytest.MonkeyPatch, name: str, prepare) -> None:
     """Make ``name`` a runtime for ``runner.measure`` (a test-only module with ``prepare``)."""
     module = types.SimpleNamespace(prepare=prepare)
