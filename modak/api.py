@@ -64,21 +64,28 @@ def plan_loaded(loaded: LoadedJob, using: Predictor, store: Path | None = None) 
 
     def plan_at(concrete: LoadedJob) -> Plan:
         source, workload = load_analysis(concrete)
-        return make_plan(concrete, source, workload, using, tuned=tuned_choice(concrete, workload, store))
+        tuned, failed = measured_on_target(concrete, workload, store)
+        return make_plan(concrete, source, workload, using, tuned=tuned, failed=failed)
 
     return choose_batch(loaded, plan_at) if loaded.job.model.batch_size == AUTO_BATCH else plan_at(loaded)
 
 
-def tuned_choice(loaded: LoadedJob, workload: WorkloadProfile, store: Path | None = None) -> TunedChoice | None:
-    """The winner ``modak tune`` recorded in the perf store for this job's workload on its target, if any."""
-    from modak.measurements.store import PerfStore, default_store_path
+def measured_on_target(loaded: LoadedJob, workload: WorkloadProfile,
+                       store: Path | None = None) -> tuple[TunedChoice | None, list[Measurement]]:
+    """What the perf store holds for this job's workload on its target: the winner ``modak tune`` recorded, if any,
+    and the rows whose output failed the reference check (status ``incorrect``)."""
+    from modak.measurements.store import PerfStore, as_json, default_store_path
     from modak.plan import workload_identity
 
     path = store or default_store_path()
     if not path.exists():
-        return None
+        return None, []
     with PerfStore(path) as perf:
-        return perf.tuned(loaded.target.name, workload_identity(loaded, workload))
+        failed = perf.rows(machine=loaded.target.name, model=workload.model_name, task=workload.task.value,
+                           batch_size=workload.batch_size, flops=workload.flops, nodes=len(workload.ops),
+                           input_shapes=as_json({k: list(v) for k, v in workload.input_shapes.items()}),
+                           status="incorrect")
+        return perf.tuned(loaded.target.name, workload_identity(loaded, workload)), failed
 
 
 @dataclass(frozen=True)

@@ -686,7 +686,7 @@ def _print_plan(plan: Any, top: int) -> None:
         terms = row["roofline"]
         accuracy = row.get("accuracy")
         figure = (f" ({'top-1' if accuracy['metric'] == 'top1_agreement' else 'rel. error'} {accuracy['value']:.3g})"
-                  if accuracy else "")
+                  if accuracy else "") + (" (failed the reference check here)" if row["failed_check"] else "")
         table.add_row(str(row["rank"]), f"{row['runtime']}/{row['device']}/{row['precision']}{figure}",
                       " ".join(f"{k}={_short(v)}" for k, v in row["parameters"].items()),
                       f"{row['step_seconds'] * 1e3:.3g} ({low * 1e3:.3g}-{high * 1e3:.3g})",

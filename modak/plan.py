@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,7 @@ from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.image.deployment import Deployment
-from modak.measurements.store import TunedChoice
+from modak.measurements.store import Measurement, TunedChoice, as_json
 from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
@@ -58,6 +58,7 @@ class RankedCandidate:
     prediction: Prediction
     objective_seconds: float  # step time plus compile/tune time amortized over the job's steps
     accuracy: AccuracyCheck | None = None  # int8: the accuracy gate's figure and the quantized model (passed)
+    failed_check: str | None = None  # its output failed the reference check on this target (never chosen): why
 
 
 @dataclass(frozen=True)
@@ -184,17 +185,21 @@ TUNE_TOP = 3  # the model's top candidates that are always worth measuring
 
 def worth_tuning(plan: Plan, top: int = TUNE_TOP) -> list[RankedCandidate]:
     """The candidates worth measuring on the target (``modak tune``'s shortlist): the predicted top ``top``, every
-    candidate whose predicted interval overlaps the leader's, and the stock deployment; best predicted first."""
-    leader = min(plan.ranked, key=lambda r: r.objective_seconds)
-    chosen = [r for i, r in enumerate(sorted(plan.ranked, key=lambda r: r.objective_seconds))
-              if i < top or r.prediction.low_seconds < leader.prediction.high_seconds or r is plan.stock]
-    return chosen
+    candidate whose predicted interval overlaps the leader's, and the stock deployment; best predicted first. Never a
+    candidate whose output failed the reference check on the target."""
+    choosable = sorted((r for r in plan.ranked if r.failed_check is None), key=lambda r: r.objective_seconds)
+    leader = choosable[0]
+    return [r for i, r in enumerate(choosable)
+            if i < top or r.prediction.low_seconds < leader.prediction.high_seconds or r is plan.stock]
 
 
 def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile, predictor: Predictor | None = None,
-              catalog: Mapping[str, Recipe] | None = None, tuned: TunedChoice | None = None) -> Plan:
+              catalog: Mapping[str, Recipe] | None = None, tuned: TunedChoice | None = None,
+              failed: Sequence[Measurement] = ()) -> Plan:
     """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run. A ``tuned`` winner
-    (``modak tune``) that is still a candidate is chosen over the prediction."""
+    (``modak tune``) that is still a candidate is chosen over the prediction. A candidate measured on this target
+    with output that failed the reference check (``failed``: rows of status ``incorrect``) stays ranked, last, so
+    that ``modak bench`` can measure it again, but is never chosen."""
     job = loaded.job
     catalog = catalog or load_catalog()
     predictor = predictor or default_predictor()
@@ -228,15 +233,23 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
                                                  f"constraints.max_latency_ms ({latency:g} ms)",
                                  "constraints.max_latency_ms"))
             continue
-        ranked.append(RankedCandidate(candidate, prediction, objective_seconds(prediction, job.objective.steps)))
-    ranked.sort(key=lambda r: (r.objective_seconds, r.candidate.name))
+        ranked.append(RankedCandidate(candidate, prediction, objective_seconds(prediction, job.objective.steps),
+                                      failed_check=_failed_check(candidate, failed)))
+    ranked.sort(key=lambda r: (r.failed_check is not None, r.objective_seconds, r.candidate.name))
     ranked, gate_reasons = _gate_int8(loaded, source, ranked, pruned)
     if not ranked:
         why = "; ".join(f"{p.runtime}: {p.reason}" for p in pruned) or "the catalog is empty"
         raise NoCandidate(f"no candidate deployment can run this job ({why})", loaded.job_doc.path, tuple(pruned))
+    if ranked[0].failed_check is not None:
+        why = "; ".join(f"{r.candidate.name}: {r.failed_check}" for r in ranked)
+        raise NoCandidate(f"every candidate's output failed the reference check on target '{loaded.target.name}' "
+                          f"({why}); `modak bench` measures them again", loaded.job_doc.path, tuple(pruned))
     stock = next((r for r in ranked if catalog[r.candidate.runtime].is_stock(r.candidate)), None)
+    if stock is not None and stock.failed_check is not None:
+        stock = None  # wrong output on this target: nothing to guard against
     fastest = ranked[0]
-    winner = next((r for r in ranked if tuned is not None and r.candidate.name == tuned.candidate), None)
+    winner = next((r for r in ranked if tuned is not None and r.candidate.name == tuned.candidate
+                   and r.failed_check is None), None)
     kept_over = None
     if winner is not None:
         ranked = [winner] + [r for r in ranked if r is not winner]
@@ -363,6 +376,15 @@ def _method(candidate: Candidate) -> tuple[str, str]:
     return candidate.runtime, str(candidate.param("quantization"))
 
 
+def _failed_check(candidate: Candidate, failed: Sequence[Measurement]) -> str | None:
+    """Why ``candidate`` may not be chosen: the error of its row among ``failed`` (rows of this workload on this
+    target that failed the reference check), with when it was measured; None when it has none."""
+    params = as_json(dict(candidate.params))
+    row = next((r for r in failed if (r.runtime, r.device, r.precision, r.params) ==
+                (candidate.runtime, candidate.device, candidate.precision.value, params)), None)
+    return None if row is None else f"{row.error or 'output differs from the reference'} (measured {row.measured_at})"
+
+
 def _safe_against_stock(candidate: RankedCandidate, stock: RankedCandidate, steps: int | None) -> bool:
     """Whether ``candidate`` may replace stock: its objective's ratio to stock's is at most ``STOCK_TOLERANCE`` at
     the 90th percentile of the paired ratios (:func:`paired_ratio_high`), or, for a predictor without ensemble
@@ -424,6 +446,7 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
         "bound": p.bound,
         "roofline": {k: rounded(v) for k, v in p.terms},
         "accuracy": ranked.accuracy.to_dict() if ranked.accuracy else None,
+        "failed_check": ranked.failed_check,
     }
 
 
@@ -450,7 +473,14 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
             reasons.append(f"{doubt}; the chosen one is the fastest predicted within it (its ratio to stock is up "
                            f"to {paired_ratio_high(best, stock, job.objective.steps):.2f}); `modak tune` measures "
                            "them")
-    other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime), None)
+    wrong = [r for r in ranked if r.failed_check is not None]
+    if wrong:
+        reasons.append(f"never chosen: {len(wrong)} candidate(s) whose output failed the reference check on "
+                       f"target '{loaded.target.name}': " + "; ".join(f"{r.candidate.name}: {r.failed_check}"
+                                                                     for r in wrong)
+                       + " (`modak bench --candidates NAME` measures one again)")
+    other = next((r for r in ranked[1:] if r.candidate.runtime != best.candidate.runtime and r.failed_check is None),
+                 None)
     if other:
         ratio = other.objective_seconds / best.objective_seconds
         reasons.append(f"best other runtime: {other.candidate.name} at {duration(other.objective_seconds)} "

@@ -148,6 +148,36 @@ def test_tuned_winner_reaches_the_plan_and_the_image_labels(plan, tmp_path):
     assert untuned.tuned is None and "io.modak.tuned" not in dict(build_description(untuned).labels)
 
 
+def test_a_candidate_whose_output_failed_the_check_here_is_never_chosen(plan, tmp_path):
+    """An ``incorrect`` row of this workload on this target keeps its candidate ranked (last) but out of the choice and
+    of ``modak tune``'s shortlist; a later row of the same configuration that passes lifts the bar; every candidate
+    failing is an input error."""
+    from modak import api
+    from modak.bench.harness import measurement_row
+    from modak.plan import NoCandidate
+
+    store_path = tmp_path / "perf.sqlite"
+    before = api.plan_job(CNN, store=store_path)
+    wrong = before.choice.candidate
+    failed = {"status": "incorrect", "max_abs_error": 0.0113,
+              "error": "output differs from the fp32 reference by 0.0113 (relative), tolerance 0.001"}
+    with PerfStore(store_path) as store:
+        store.add([measurement_row(before, wrong, failed)])
+    after = api.plan_job(CNN, store=store_path)
+    barred = next(r for r in after.ranked if r.candidate == wrong)
+    assert after.choice.candidate != wrong and after.ranked[-1] is barred and "0.0113" in barred.failed_check
+    assert wrong not in [r.candidate for r in worth_tuning(after)] and wrong not in shortlist(after, 10)
+    assert any(r.startswith("never chosen: 1 candidate(s)") and wrong.name in r for r in after.reasons)
+    assert next(c for c in after.to_dict()["candidates"] if c["name"] == wrong.name)["failed_check"]
+    with PerfStore(store_path) as store:  # measured again, and right: the same configuration's row is replaced
+        store.add([measurement_row(before, wrong, {"status": "ok", "step_median_s": 0.002, "repeats": 5})])
+    assert next(r for r in api.plan_job(CNN, store=store_path).ranked if r.candidate == wrong).failed_check is None
+    with PerfStore(store_path) as store:
+        store.add([measurement_row(before, r.candidate, failed) for r in before.ranked])
+    with pytest.raises(NoCandidate, match="every candidate's output failed the reference check"):
+        api.plan_job(CNN, store=store_path)
+
+
 def tune_for_real(store: Path, *options: str) -> tuple[dict, list]:
     """`modak tune --json` of two candidates of the CNN example: its result and the rows it stored."""
     done = subprocess.run([sys.executable, "-m", "modak", "tune", str(CNN), "--trials", "2", "--min-seconds", "0.2",
