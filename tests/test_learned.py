@@ -4,6 +4,7 @@ to the roofline elsewhere and says so, and local rows outweigh shipped ones."""
 from __future__ import annotations
 
 import math
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -19,8 +20,8 @@ from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
 from modak.predict.training import training_data
-from modak.predict.learned import (TREES, Features, LearnedPredictor, ParameterFeature, TrainingData,
-                                   example_from, example_from_row, fit_key, shrunk_offset)
+from modak.predict.learned import (NEW_MACHINE_SPREAD, TREES, Features, LearnedPredictor, ParameterFeature,
+                                   TrainingData, example_from, example_from_row, fit_key, shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
 from modak.api import load as load_job
 from modak.workload.source import load_analysis
@@ -192,6 +193,24 @@ def test_one_calibration_workload_moves_no_offset(plans) -> None:
                     for r in synthetic_rows(plans[:1])]
     assert len({example_from_row(r, CATALOG).workload for r in one_workload}) == 1
     assert list(LearnedPredictor.fit(machine_a + one_workload).machine_offsets.values()) == [0.0]
+
+
+def test_an_unseen_machine_widens_the_interval_not_the_prediction(plans) -> None:
+    """On a machine the model has rows of two workloads or more, the interval is the trees' spread; on one it has
+    none (or one workload: no offset), the same step time with NEW_MACHINE_SPREAD added in log, in quadrature."""
+    machine_a = synthetic_rows(plans)
+    one_workload = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5) for r in synthetic_rows(plans[:1])]
+    model = LearnedPredictor.fit(machine_a + one_workload)
+    row = machine_a[-1]
+    seen = example_from_row(row, CATALOG)
+    unseen = replace(seen, machine=("cpu", seen.cores, 1.0, 1.0))
+    assert seen.machine in model.known_machines and example_from_row(one_workload[0], CATALOG).machine not in \
+        model.known_machines and len(model.known_machines) == 1
+    (step, low, high, _, members), (step_u, low_u, high_u, _, members_u) = model.predict_examples([seen, unseen])
+    assert (step_u, members_u) == (step, members)
+    z = statistics.NormalDist().inv_cdf(0.9) * NEW_MACHINE_SPREAD
+    assert math.log(high_u / step) == pytest.approx(math.hypot(math.log(high / step), z))
+    assert math.log(step / low_u) == pytest.approx(math.hypot(math.log(step / low), z))
 
 
 def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> None:
