@@ -473,6 +473,10 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
             reasons.append(f"{doubt}; the chosen one is the fastest predicted within it (its ratio to stock is up "
                            f"to {paired_ratio_high(best, stock, job.objective.steps):.2f}); `modak tune` measures "
                            "them")
+    if dict(p.terms).get("new_machine_spread"):
+        reasons.append(f"the model has no measurements of target '{loaded.target.name}' (rows of two workloads or "
+                       f"more), so its intervals are widened by the spread of machines it was not fit on; `modak "
+                       f"tune` measures the shortlist there, and its rows calibrate the model")
     wrong = [r for r in ranked if r.failed_check is not None]
     if wrong:
         reasons.append(f"never chosen: {len(wrong)} candidate(s) whose output failed the reference check on "

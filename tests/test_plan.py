@@ -275,3 +275,17 @@ def test_stock_is_kept_unless_another_candidate_is_at_most_10_percent_slower_in_
     risky = make_plan(loaded, source, profile, predictor=Scaled(0.008, 1.4))  # up to 11.2 ms: may be 12% slower
     assert risky.choice is risky.stock
     assert any(r.startswith("kept the stock deployment") and "up to 1.12" in r for r in risky.reasons)
+
+
+def test_the_plan_says_when_the_model_has_not_seen_the_target(tmp_path):
+    """The Ice Lake target's rows are not training data (perfmodels/unseen/): the learned predictions carry the
+    widening and the reasons say so; on a target the campaign measured they do not."""
+    from modak import api
+
+    empty, targets = tmp_path / "empty.sqlite", ROOT / "perfmodels" / "targets"
+    unseen = api.plan_job(CNN, targets / "ci-icelake-2c.yaml", store=empty)
+    seen = api.plan_job(CNN, targets / "ci-zen3-2c.yaml", store=empty)
+    assert unseen.choice.prediction.predictor == seen.choice.prediction.predictor == "learned"
+    assert unseen.choice.prediction.term("new_machine_spread") > 0 == seen.choice.prediction.term("new_machine_spread")
+    assert any("no measurements of target" in r for r in unseen.reasons)
+    assert not any("no measurements of target" in r for r in seen.reasons)

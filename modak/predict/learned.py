@@ -430,7 +430,8 @@ class LearnedPredictor:
                                                                      self.predict_examples(examples)):
             candidate, recipe = requests[i]
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
+            spread = 0.0 if example.machine in self.known_machines else NEW_MACHINE_SPREAD
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
-                                     ("utilization", example.anchor_seconds / step))
+                                     ("utilization", example.anchor_seconds / step), ("new_machine_spread", spread))
             results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name, members)
         return results
