@@ -185,12 +185,12 @@ TUNE_TOP = 3  # the model's top candidates that are always worth measuring
 
 def worth_tuning(plan: Plan, top: int = TUNE_TOP) -> list[RankedCandidate]:
     """The candidates worth measuring on the target (``modak tune``'s shortlist): the predicted top ``top``, every
-    candidate whose predicted interval overlaps the leader's, and the stock deployment; best predicted first. Never a
-    candidate whose output failed the reference check on the target."""
+    candidate whose predicted spread (:meth:`Prediction.spread`) overlaps the leader's, and the stock deployment;
+    best predicted first. Never a candidate whose output failed the reference check on the target."""
     choosable = sorted((r for r in plan.ranked if r.failed_check is None), key=lambda r: r.objective_seconds)
     leader = choosable[0]
     return [r for i, r in enumerate(choosable)
-            if i < top or r.prediction.low_seconds < leader.prediction.high_seconds or r is plan.stock]
+            if i < top or r.prediction.spread()[0] < leader.prediction.spread()[1] or r is plan.stock]
 
 
 def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile, predictor: Predictor | None = None,
@@ -329,7 +329,7 @@ def _gate_int8(loaded: LoadedJob, source: ModelSource, ranked: list[RankedCandid
     the gate or were not checked (added to ``pruned``), and the reasons.
 
     A method (a runtime's ``quantization`` value) is worth quantizing when its best candidate, at the fast end of
-    its predicted interval, beats the best candidate of another precision: only then can it change the decision.
+    its predicted spread, beats the best candidate of another precision: only then can it change the decision.
     Quantized models and their figures are cached (:mod:`modak.quantize.gate`), so a later plan pays nothing."""
     int8 = [r for r in ranked if r.candidate.precision is Precision.int8]
     if not int8:
@@ -344,7 +344,7 @@ def _gate_int8(loaded: LoadedJob, source: ModelSource, ranked: list[RankedCandid
     for r in int8:  # best first: a method's first candidate is its best
         method = _method(r.candidate)
         if method not in checks:
-            fast = objective_seconds(replace(r.prediction, step_seconds=r.prediction.low_seconds), steps)
+            fast = objective_seconds(replace(r.prediction, step_seconds=r.prediction.spread()[0]), steps)
             checks[method] = (check(source, *method, samples, loaded.job.accuracy)
                               if rival is None or fast < rival.objective_seconds else None)
     kept: list[RankedCandidate] = []
@@ -489,7 +489,7 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
         ratio = other.objective_seconds / best.objective_seconds
         reasons.append(f"best other runtime: {other.candidate.name} at {duration(other.objective_seconds)} "
                        f"({ratio:.2f}x the chosen objective)")
-        if other.prediction.low_seconds < p.high_seconds:
+        if other.prediction.spread()[0] < p.spread()[1]:
             reasons.append("the two intervals overlap, so the order is uncertain: `modak bench` measures both")
     if job.objective.steps:
         amortized = p.compile_seconds / job.objective.steps

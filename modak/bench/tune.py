@@ -1,8 +1,8 @@
 """``modak tune``: the model shortlists, the target decides.
 
 The plan's candidates worth measuring (:func:`modak.plan.worth_tuning`: the predicted top few, every candidate
-whose predicted interval overlaps the leader's, and stock) race in measurement rounds
-(:class:`modak.bench.harness.Session`). After ``min_rounds`` rounds, a candidate is dropped once it is confidently
+whose predicted spread, what the model's trees disagree between, overlaps the leader's, and stock) race in
+measurement rounds (:class:`modak.bench.harness.Session`). After ``min_rounds`` rounds, a candidate is dropped once it is confidently
 slower than the current leader (the lower end of the paired per-round ratio's interval above 1). The race
 stops when one candidate is left (the winner is confidently the fastest), when the budget would be exceeded by
 another round (the leader wins, not confidently, and its statistical ties are named), or after ``max_rounds``.

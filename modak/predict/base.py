@@ -31,6 +31,15 @@ class Prediction:
     def term(self, name: str) -> float:
         return dict(self.terms)[name]
 
+    def spread(self) -> tuple[float, float]:
+        """The step times the ensemble's members disagree between: their 10th and 90th percentiles (the interval
+        for a predictor without members). What orders candidates: unlike the interval, it leaves out the
+        uncertainty every candidate on a machine shares (the learned model's widening on a machine it has not seen)."""
+        if not self.members:
+            return self.low_seconds, self.high_seconds
+        deciles = statistics.quantiles(self.members, n=10, method="inclusive")
+        return deciles[0], deciles[-1]
+
 
 def paired_ratio_p90(a: Sequence[float], b: Sequence[float]) -> float:
     """The 90th percentile of ``a`` over ``b`` member by member (member i of both from one tree of an ensemble, so
