@@ -11,8 +11,8 @@ The gate runs the fp32 model (ONNX Runtime) and the quantized one on the same sa
 runtime that will run it (the candidate's runtime adapter, :mod:`modak.image.runtimes`), and records two figures:
 the top-1 agreement (argmax of the first output per sample) and the relative error (max |int8 - fp32| / max |fp32|
 over all outputs). The quantized file and its figures live in ``cache_dir()/quantized/<key>/`` where the key
-covers the ONNX file's content (with its external data), the method and its settings, the samples and the library
-versions: a later plan, bench or build reuses them.
+covers the ONNX file's content (with its external data), the runtime, the method and its settings, the samples and
+the library versions: a later plan, bench or build reuses them.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def resolve_metric(accuracy: Accuracy, classifier: bool) -> tuple[AccuracyMetric
 
 def check(source: ModelSource, runtime: str, method: str, samples: Samples, accuracy: Accuracy) -> AccuracyCheck:
     """Quantize ``source`` with ``method`` (or reuse the cached result) and hold its figure against ``accuracy``."""
-    key = cache_key(source, method, samples)
+    key = cache_key(source, runtime, method, samples)
     folder = cache_dir() / "quantized" / key
     try:
         figures = json.loads((folder / FIGURES_FILE).read_text())
@@ -116,11 +116,12 @@ def check(source: ModelSource, runtime: str, method: str, samples: Samples, accu
                          samples.folder is None, folder / MODEL_FILE, key)
 
 
-def cache_key(source: ModelSource, method: str, samples: Samples) -> str:
-    """What a quantized model depends on, hashed: the ONNX file's content (and its external data), the method
-    and its settings, the samples, the library versions and this module's format."""
+def cache_key(source: ModelSource, runtime: str, method: str, samples: Samples) -> str:
+    """What a quantized model and its figures depend on, hashed: the ONNX file's content (and its external data),
+    the runtime that measures the figures, the method and its settings, the samples, the library versions and this
+    module's format."""
     digest = hashlib.sha256(json.dumps(
-        {"format": FORMAT, "method": method, "settings": SETTINGS[method], "samples": samples.digest,
+        {"format": FORMAT, "runtime": runtime, "method": method, "settings": SETTINGS[method], "samples": samples.digest,
          "versions": {name: _version(name) for name in _LIBRARIES[method]}}, sort_keys=True).encode())
     for path in (source.onnx_path, *(source.onnx_path.parent / name for name in source.data_files)):
         with path.open("rb") as handle:
