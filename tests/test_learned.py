@@ -20,8 +20,9 @@ from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
 from modak.predict.training import training_data
-from modak.predict.learned import (NEW_MACHINE_SPREAD, TREES, Features, LearnedPredictor, ParameterFeature,
-                                   TrainingData, example_from, example_from_row, fit_key, shrunk_offset)
+from modak.predict.learned import (NEW_MACHINE_SPREAD, NEW_MODEL_SPREAD, TREES, Features, LearnedPredictor,
+                                   ParameterFeature, TrainingData, example_from, example_from_row, fit_key,
+                                   shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
 from modak.api import load as load_job
 from modak.workload.source import load_analysis
@@ -195,9 +196,10 @@ def test_one_calibration_workload_moves_no_offset(plans) -> None:
     assert list(LearnedPredictor.fit(machine_a + one_workload).machine_offsets.values()) == [0.0]
 
 
-def test_an_unseen_machine_widens_the_interval_not_the_prediction(plans) -> None:
+def test_an_unseen_machine_or_model_widens_the_interval_not_the_prediction(plans) -> None:
     """On a machine the model has rows of two workloads or more, the interval is the trees' spread; on one it has
-    none (or one workload: no offset), the same step time with NEW_MACHINE_SPREAD added in log, in quadrature."""
+    none (or one workload: no offset), the same step time with NEW_MACHINE_SPREAD added in log, in quadrature; for
+    a model graph it has no rows of, on a machine it knows, NEW_MODEL_SPREAD."""
     machine_a = synthetic_rows(plans)
     one_workload = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5) for r in synthetic_rows(plans[:1])]
     model = LearnedPredictor.fit(machine_a + one_workload)
@@ -206,11 +208,16 @@ def test_an_unseen_machine_widens_the_interval_not_the_prediction(plans) -> None
     unseen = replace(seen, machine=("cpu", seen.cores, 1.0, 1.0))
     assert seen.machine in model.known_machines and example_from_row(one_workload[0], CATALOG).machine not in \
         model.known_machines and len(model.known_machines) == 1
-    (step, low, high, _, members), (step_u, low_u, high_u, _, members_u) = model.predict_examples([seen, unseen])
-    assert (step_u, members_u) == (step, members)
-    z = statistics.NormalDist().inv_cdf(0.9) * NEW_MACHINE_SPREAD
-    assert math.log(high_u / step) == pytest.approx(math.hypot(math.log(high / step), z))
-    assert math.log(step / low_u) == pytest.approx(math.hypot(math.log(step / low), z))
+    new_graph = replace(seen, parameters=seen.parameters + 1)
+    assert new_graph.graph not in model.known_models and seen.graph in model.known_models
+    (step, low, high, _, members), *others = model.predict_examples([seen, unseen, new_graph])
+    for (step_u, low_u, high_u, _, members_u), spread in zip(others, (NEW_MACHINE_SPREAD, NEW_MODEL_SPREAD)):
+        assert members_u == members and step_u == pytest.approx(step, rel=1e-9)
+        z = statistics.NormalDist().inv_cdf(0.9) * spread
+        assert math.log(high_u / step) == pytest.approx(math.hypot(math.log(high / step), z))
+        assert math.log(step / low_u) == pytest.approx(math.hypot(math.log(step / low), z))
+    assert [model.unseen_spread(e) for e in (seen, unseen, new_graph)] == [
+        (0.0, 0.0), (NEW_MACHINE_SPREAD, 0.0), (0.0, NEW_MODEL_SPREAD)]
 
 
 def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> None:

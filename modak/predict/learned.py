@@ -50,6 +50,11 @@ WORKLOAD_SPREAD_PRIOR = 2  # that spread counts as if seen on this many workload
 # EPYC, Ice Lake; their held-out mean log errors +0.34, -0.35, +0.38) to put 80% of a held-out machine's step
 # times in its 80% interval; calibrated on two and scored on the third: 85%, 75%, 83% (47%, 44%, 35% without it).
 NEW_MACHINE_SPREAD = 0.405
+# The same for a model graph the model has no rows of, on a machine it knows: calibrated leave-one-model-out on the
+# three (every machine's rows in training) to 80%; calibrated on two and scored on the third: 85%, 75%, 81% (69%,
+# 66%, 68% without it). Both held out together, the machine's spread alone puts 87%, 75%, 80% in the interval (0.390
+# calibrated directly), so an unseen machine is widened by NEW_MACHINE_SPREAD alone.
+NEW_MODEL_SPREAD = 0.245
 _Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs
 KEEP_FITS = 4  # fitted models kept in the cache (one per distinct training data)
 
@@ -90,6 +95,11 @@ class Example:
     def anchor_seconds(self) -> float:
         """The physics the model scales: roofline bound plus dispatch overhead."""
         return self.bound_seconds + self.overhead_seconds
+
+    @property
+    def graph(self) -> tuple:
+        """What identifies the model graph, whatever its batch and task: its parameters and nodes."""
+        return (self.parameters, self.nodes)
 
     @property
     def workload(self) -> tuple:
@@ -287,14 +297,16 @@ class LearnedPredictor:
     name = "learned"
 
     def __init__(self, utilization: TreeEnsemble, compile_: TreeEnsemble, machine_offsets: Mapping[tuple, float],
-                 known_machines: frozenset[tuple], coverage: frozenset[tuple[str, str, str]], rows: int,
-                 catalog: Mapping[str, Recipe]) -> None:
-        """A fitted model (made by :meth:`fit`, :meth:`cached` or :meth:`load`); ``known_machines``: those it was
-        fit on (rows of two workloads or more), whose intervals are not widened by ``NEW_MACHINE_SPREAD``."""
+                 known_machines: frozenset[tuple], known_models: frozenset[tuple],
+                 coverage: frozenset[tuple[str, str, str]], rows: int, catalog: Mapping[str, Recipe]) -> None:
+        """A fitted model (made by :meth:`fit`, :meth:`cached` or :meth:`load`); ``known_machines`` (rows of two
+        workloads or more) and ``known_models`` (model graphs, :attr:`Example.graph`): what it was fit on, whose
+        intervals :meth:`unseen_spread` does not widen."""
         self._utilization = utilization
         self._compile = compile_
         self.machine_offsets = dict(machine_offsets)
         self.known_machines = known_machines
+        self.known_models = known_models
         self.coverage = coverage
         self.rows = rows
         self._catalog = catalog
@@ -338,7 +350,7 @@ class LearnedPredictor:
             workloads.setdefault(e.machine, set()).add(e.workload)
         known = frozenset(machine for machine, seen in workloads.items() if len(seen) >= 2)
         return cls(TreeEnsemble.from_sklearn(utilization), TreeEnsemble.from_sklearn(compile_), machine_offsets,
-                   known, coverage, len(rows_ok), catalog)
+                   known, frozenset(e.graph for e in examples), coverage, len(rows_ok), catalog)
 
     @classmethod
     def cached(cls, data: TrainingData, catalog: Mapping[str, Recipe] | None = None, folder: Path | None = None,
@@ -367,7 +379,8 @@ class LearnedPredictor:
         atomically."""
         header = {"rows": self.rows, "coverage": sorted(self.coverage),
                   "machine_offsets": [[list(m), offset] for m, offset in sorted(self.machine_offsets.items())],
-                  "known_machines": [list(m) for m in sorted(self.known_machines)]}
+                  "known_machines": [list(m) for m in sorted(self.known_machines)],
+                  "known_models": [list(g) for g in sorted(self.known_models)]}
         write_atomic(path, encode_arrays(header, self._utilization.arrays("utilization")
                                          | self._compile.arrays("compile")))
 
@@ -380,17 +393,26 @@ class LearnedPredictor:
         offsets = {tuple(machine): float(offset) for machine, offset in header["machine_offsets"]}
         coverage = frozenset((runtime, device, precision) for runtime, device, precision in header["coverage"])
         known = frozenset(tuple(machine) for machine in header["known_machines"])
-        return cls(utilization, compile_, offsets, known, coverage, int(header["rows"]), catalog)
+        models = frozenset(tuple(graph) for graph in header["known_models"])
+        return cls(utilization, compile_, offsets, known, models, coverage, int(header["rows"]), catalog)
 
     def _tuning_seconds(self, example: Example) -> float:
         return tuning_seconds(self._catalog[example.candidate.runtime], example.candidate)
+
+    def unseen_spread(self, example: Example) -> tuple[float, float]:
+        """The SDs in log step time (machine, model) by which ``example``'s interval is widened, in quadrature:
+        ``NEW_MACHINE_SPREAD`` on a machine not in ``known_machines``, else ``NEW_MODEL_SPREAD`` for a model graph
+        not in ``known_models``; at most one is not 0."""
+        if example.machine not in self.known_machines:
+            return NEW_MACHINE_SPREAD, 0.0
+        return 0.0, 0.0 if example.graph in self.known_models else NEW_MODEL_SPREAD
 
     def covers(self, candidate: Candidate) -> bool:
         return (candidate.runtime, candidate.device, candidate.precision.value) in self.coverage
 
     def predict_examples(self, examples: list[Example]) -> list[tuple[float, float, float, float, tuple[float, ...]]]:
         """(step, low, high, compile, members) seconds each: the forest's mean, its trees' 10th/90th percentiles
-        (on a machine not in ``known_machines``, widened in log by ``NEW_MACHINE_SPREAD`` in quadrature), compile
+        (widened in log by :meth:`unseen_spread`, in quadrature, where machine or model is new to it), compile
         including the tuning budget's cost, and each tree's step time.
 
         Utilization may exceed 1: the probed GEMM peak is not a hard roof for every kernel (the campaign has
@@ -409,7 +431,7 @@ class LearnedPredictor:
             anchor = example.anchor_seconds
             mean = statistics.fmean(trees)
             step = anchor / math.exp(mean)
-            widen = 0.0 if example.machine in self.known_machines else (_Z80 * NEW_MACHINE_SPREAD) ** 2
+            widen = (_Z80 * sum(self.unseen_spread(example))) ** 2
             low = step / math.exp(math.sqrt(max(0.0, deciles[-1] - mean) ** 2 + widen))
             high = step * math.exp(math.sqrt(max(0.0, mean - deciles[0]) ** 2 + widen))
             compile_total = compile_s[i] + self._tuning_seconds(example)
@@ -430,8 +452,9 @@ class LearnedPredictor:
                                                                      self.predict_examples(examples)):
             candidate, recipe = requests[i]
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
-            spread = 0.0 if example.machine in self.known_machines else NEW_MACHINE_SPREAD
+            machine, model = self.unseen_spread(example)
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
-                                     ("utilization", example.anchor_seconds / step), ("new_machine_spread", spread))
+                                     ("utilization", example.anchor_seconds / step), ("new_machine_spread", machine),
+                                     ("new_model_spread", model))
             results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name, members)
         return results
