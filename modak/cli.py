@@ -712,8 +712,8 @@ def _print_plan(plan: Any, top: int) -> None:
         console.print(f"- {reason}", highlight=False)
     if not data["tuned"]:
         console.print(f"- worth measuring here: {len(data['worth_tuning'])} candidates (the predicted top 3, those whose "
-                      "spread (what the model's trees disagree between) overlaps the leader's, and stock): `modak tune` races them and records the winner",
-                      highlight=False)
+                      "spread (what the model's trees disagree between) overlaps the leader's, and stock): "
+                      "`modak tune` races them and records the winner", highlight=False)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
 The plan's candidates worth measuring (:func:`modak.plan.worth_tuning`: the predicted top few, every candidate
 whose predicted spread, what the model's trees disagree between, overlaps the leader's, and stock) race in
-measurement rounds (:class:`modak.bench.harness.Session`). After ``min_rounds`` rounds, a candidate is dropped once it is confidently
-slower than the current leader (the lower end of the paired per-round ratio's interval above 1). The race
-stops when one candidate is left (the winner is confidently the fastest), when the budget would be exceeded by
-another round (the leader wins, not confidently, and its statistical ties are named), or after ``max_rounds``.
+measurement rounds (:class:`modak.bench.harness.Session`). After ``min_rounds`` rounds, a candidate is dropped
+once it is confidently slower than the current leader (the lower end of the paired per-round ratio's interval
+above 1). The race stops when one candidate is left (the winner is confidently the fastest), when the budget would
+be exceeded by another round (the leader wins, not confidently, and its statistical ties are named), or after
+``max_rounds``.
 The stock guard is measured too: only a candidate confidently faster than stock (paired ratio interval below 1)
 replaces it. When the leader is not, the fastest of those that are wins (a steady candidate tied with an erratic
 leader); when none is, stock is kept.

@@ -121,8 +121,9 @@ def cache_key(source: ModelSource, runtime: str, method: str, samples: Samples) 
     the runtime that measures the figures, the method and its settings, the samples, the library versions and this
     module's format."""
     digest = hashlib.sha256(json.dumps(
-        {"format": FORMAT, "runtime": runtime, "method": method, "settings": SETTINGS[method], "samples": samples.digest,
-         "versions": {name: _version(name) for name in _LIBRARIES[method]}}, sort_keys=True).encode())
+        {"format": FORMAT, "runtime": runtime, "method": method, "settings": SETTINGS[method],
+         "samples": samples.digest, "versions": {name: _version(name) for name in _LIBRARIES[method]}},
+        sort_keys=True).encode())
     for path in (source.onnx_path, *(source.onnx_path.parent / name for name in source.data_files)):
         with path.open("rb") as handle:
             while chunk := handle.read(1 << 20):

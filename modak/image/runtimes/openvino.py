@@ -19,8 +19,9 @@ other runtime's step, is the step time divided by it (whoever times ``run`` must
 Compilation happens in :func:`prepare`. OpenVINO's CPU plugin (2026.4) sometimes compiles a model wrongly for
 several streams: on BERT-small and BERT-base (Ice Lake, 2 streams) one compile in five to ten gave outputs 0.003
 to 0.013 off (relative to the largest magnitude) on every stream, for as long as the compiled model lived, while
-one-stream compiles of the same models were never off (0 of 80; ViT-Tiny and a wide MLP never, 0 of 40 each). So a multi-stream compile is checked once
-against a one-stream compile of the same model on the example batch and compiled again while they disagree.
+one-stream compiles of the same models were never off (0 of 80; ViT-Tiny and a wide MLP never, 0 of 40 each). So
+a multi-stream compile is checked once against a one-stream compile of the same model on the example batch and
+compiled again while they disagree.
 """
 
 from __future__ import annotations
