@@ -117,7 +117,8 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     assert "interrupted" in stderr and "Traceback" not in stderr
     with PerfStore(store) as perf:
         kept = perf.rows()
-    assert len(kept) >= measured and all(r.status in ("ok", "error") for r in kept)
+    # Whole rows only; "contended": a launch of this VM drew steal time from the hypervisor (flagged, kept).
+    assert len(kept) >= measured and all(r.status in ("ok", "error", "contended") for r in kept)
 
 
 def test_a_store_of_schema_1_gains_the_protocol_columns(tmp_path: Path) -> None:
