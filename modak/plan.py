@@ -188,9 +188,9 @@ def worth_tuning(plan: Plan, top: int = TUNE_TOP) -> list[RankedCandidate]:
     candidate whose predicted spread (:meth:`Prediction.spread`) overlaps the leader's, and the stock deployment;
     best predicted first. Never a candidate whose output failed the reference check on the target."""
     choosable = sorted((r for r in plan.ranked if r.failed_check is None), key=lambda r: r.objective_seconds)
-    leader = choosable[0]
+    leader_slow = choosable[0].prediction.spread()[1]
     return [r for i, r in enumerate(choosable)
-            if i < top or r.prediction.spread()[0] < leader.prediction.spread()[1] or r is plan.stock]
+            if i < top or r is plan.stock or r.prediction.spread()[0] < leader_slow]
 
 
 def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile, predictor: Predictor | None = None,
