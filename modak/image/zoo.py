@@ -93,6 +93,15 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("ncf", "NCF (NeuMF) recommender: GMF and MLP towers over user and item embeddings, 100k users x "
              "20k items (11.5 M params)", {"user": (1,), "item": (1,)}, {"user": "int64", "item": "int64"}, _BOTH,
              "ncf", {"user": 100_000, "item": 20_000}),
+    ZooEntry("convnext_atto", "ConvNeXt-Atto image classifier: 7x7 depthwise convolutions, LayerNorm, GELU; "
+             "widths 40-320, depths 2-2-6-2, 1000 classes (3.7 M params, 0.55 GMAC at 224x224)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "convnext_atto"),
+    ZooEntry("unet_small", "Small U-Net segmenter: 4 levels of widths 16-128, a 256-wide bottom, transposed-"
+             "convolution upsampling, skip connections, 2 classes per pixel (1.9 M params)",
+             {"input": (1, 128, 128)}, {"input": "float32"}, _BOTH, "unet_small"),
+    ZooEntry("lstm_lm", "LSTM language model: 256-wide embeddings of 10k tokens, 2 LSTM layers of 512, the last "
+             "position's next-token logits (11.4 M params)", {"input_ids": (64,)}, {"input_ids": "int64"}, _BOTH,
+             "lstm_lm", {"input_ids": 10_000}),
     ZooEntry("chain4", "Dispatch-overhead probe: 4 fully connected layers 16-16 with tanh (8 graph nodes, 1 k "
              "params)", {"input": (16,)}, {"input": "float32"}, _BOTH, "chain4"),
     ZooEntry("chain64", "Dispatch-overhead probe: 64 fully connected layers 16-16 with tanh (128 graph nodes, "

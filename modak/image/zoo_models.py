@@ -443,6 +443,104 @@ class NeuMF(nn.Module):
         return torch.sigmoid(self.predict(torch.cat((gmf, mlp), 1)))
 
 
+# --- ConvNeXt-Atto: a modern CNN (7x7 depthwise convolutions, LayerNorm, GELU, inverted bottlenecks) -------
+
+class ChannelsFirstNorm(nn.Module):
+    """LayerNorm over the channels of an NCHW tensor."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=1e-6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.expand = nn.Linear(dim, 4 * dim)
+        self.project = nn.Linear(4 * dim, dim)
+        self.scale = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.depthwise(x).permute(0, 2, 3, 1))
+        y = self.project(F.gelu(self.expand(y))) * self.scale
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt (Liu et al. 2022): a 4x4 patch stem, four stages of blocks with downsampling between them, a
+    pooled, normalized head."""
+
+    def __init__(self, channels: int, dims: tuple[int, ...] = (40, 80, 160, 320), depths: tuple[int, ...] = (2, 2, 6, 2),
+                 classes: int = 1000) -> None:
+        super().__init__()
+        stages: list[nn.Module] = [nn.Conv2d(channels, dims[0], 4, 4), ChannelsFirstNorm(dims[0])]
+        for i, (dim, depth) in enumerate(zip(dims, depths)):
+            if i:
+                stages += [ChannelsFirstNorm(dims[i - 1]), nn.Conv2d(dims[i - 1], dim, 2, 2)]
+            stages += [ConvNeXtBlock(dim) for _ in range(depth)]
+        self.features = nn.Sequential(*stages)
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], classes)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.features(x).mean((2, 3))))
+
+
+# --- A small U-Net: a segmentation encoder-decoder (skip connections, transposed-convolution upsampling) -----
+
+def _double_conv(inp: int, oup: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(inp, oup, 3, padding=1, bias=False), nn.BatchNorm2d(oup), nn.ReLU(inplace=True),
+                         nn.Conv2d(oup, oup, 3, padding=1, bias=False), nn.BatchNorm2d(oup), nn.ReLU(inplace=True))
+
+
+class UNet(nn.Module):
+    """U-Net (Ronneberger et al. 2015) with BatchNorm: per-pixel class logits at the input's resolution."""
+
+    def __init__(self, channels: int, base: int = 16, levels: int = 4, classes: int = 2) -> None:
+        super().__init__()
+        widths = [base * 2 ** i for i in range(levels + 1)]
+        self.down = nn.ModuleList(_double_conv(a, b) for a, b in zip([channels, *widths[:-2]], widths[:-1]))
+        self.bottom = _double_conv(widths[-2], widths[-1])
+        self.up = nn.ModuleList(nn.ConvTranspose2d(b, a, 2, 2) for a, b in zip(widths[:-1], widths[1:]))
+        self.merge = nn.ModuleList(_double_conv(2 * a, a) for a in widths[:-1])
+        self.head = nn.Conv2d(base, classes, 1)
+        _init_vision(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = []
+        for block in self.down:
+            x = block(x)
+            skips.append(x)
+            x = F.max_pool2d(x, 2)
+        x = self.bottom(x)
+        for up, merge, skip in zip(reversed(self.up), reversed(self.merge), reversed(skips)):
+            x = merge(torch.cat((up(x), skip), 1))
+        return self.head(x)
+
+
+# --- An LSTM language model: embeddings, stacked LSTM layers, the last position's next-token logits ---------
+
+class LstmLanguageModel(nn.Module):
+    def __init__(self, vocab: int, embedding: int = 256, hidden: int = 512, layers: int = 2) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, layers, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        output, _ = self.lstm(self.embedding(input_ids))
+        return self.head(output[:, -1])
+
+
 # --- Factories: per-sample input shapes in, module out -----------------------------------------------------
 
 def build(factory: str, shapes: Shapes, bounds: Bounds) -> nn.Module:
@@ -530,3 +628,22 @@ def chain4(shapes: Shapes, bounds: Bounds) -> nn.Module:
 
 def chain64(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return LayerChain(shapes["input"][0], layers=64)
+
+
+def convnext_atto(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    channels, height, width = shapes["input"]
+    if height % 32 or width % 32:
+        raise ValueError(f"height and width must be multiples of 32 (the stem and three downsamplings), got "
+                         f"{height}x{width}")
+    return ConvNeXt(channels)
+
+
+def unet_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    channels, height, width = shapes["input"]
+    if height % 16 or width % 16:
+        raise ValueError(f"height and width must be multiples of 16 (four poolings), got {height}x{width}")
+    return UNet(channels)
+
+
+def lstm_lm(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return LstmLanguageModel(vocab=bounds["input_ids"])
