@@ -111,6 +111,16 @@ def test_tiny_graph_exact_counts():
     assert adam.flops == 3 * 38_932 + 12 * 2_682
 
 
+def test_lstm_language_model_counts_its_recurrence_as_its_own_class(profile):
+    p = profile("lstm_lm")
+    (first, second) = [op for op in p.ops if op.op_type == "LSTM"]
+    # Per step and gate: input (256, then 512 wide) and recurrent (512) products into 512 units, 4 gates, 64 steps.
+    assert first.macs == 64 * 4 * 512 * (256 + 512) and second.macs == 64 * 4 * 512 * (512 + 512)
+    assert {op.op_class for op in (first, second)} == {"recurrent"} and "recurrent" in OP_CLASSES
+    head = next(op for op in p.ops if op.op_type in ("Gemm", "MatMul"))
+    assert head.op_class == "matmul" and head.macs == 512 * 10_000
+
+
 def test_op_rules():
     ones = [numpy_helper.from_array(np.ones(shape, np.float32), name)
             for name, shape in (("b", (4, 5)), ("e", (2, 4, 6)), ("wt", (2, 3, 3, 3)), ("g", (5,)), ("be", (5,)))]

@@ -129,8 +129,10 @@ class ParameterFeature:
 @dataclass(frozen=True)
 class Features:
     """The model's columns: the physics of workload and device, one-hot runtime and precision, then the
-    catalog's parameters. Features that transfer to unseen models: no per-op-class mix beyond the conv/matmul
-    shares (a richer mix identifies the training models and overfits them under leave-one-model-out)."""
+    catalog's parameters. Features that transfer to unseen models: no per-op-class mix beyond the conv, matmul
+    and recurrent shares (a richer mix identifies the training models and overfits them under leave-one-model-out;
+    without its own share, a recurrent model's loop of small dependent products passes for dense layers and moves
+    the MLPs' predictions)."""
 
     runtimes: tuple[str, ...]
     parameters: tuple[ParameterFeature, ...]
@@ -160,6 +162,7 @@ class Features:
                   float(example.task == "training"), math.log(max(example.flops, 1.0) / max(example.bytes, 1.0)),
                   float(candidate.device == "gpu"), example.class_flops.get("conv", 0.0) / total_flops,
                   example.class_flops.get("matmul", 0.0) / total_flops,
+                  example.class_flops.get("recurrent", 0.0) / total_flops,
                   math.log(max(example.overhead_seconds, 1e-9) / example.bound_seconds)]
         values += [float(candidate.runtime == r) for r in self.runtimes]
         values += [float(candidate.precision is p) for p in Precision]

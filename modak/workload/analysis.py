@@ -37,8 +37,9 @@ if TYPE_CHECKING:
     import onnx
     from rich.table import Table
 
-OP_CLASSES = ("conv", "matmul", "elementwise", "normalization", "pooling", "softmax", "reduction", "embedding",
-              "data_movement")
+OP_CLASSES = ("conv", "matmul", "recurrent", "elementwise", "normalization", "pooling", "softmax", "reduction",
+              "embedding", "data_movement")
+_MAC_CLASSES = ("conv", "matmul", "recurrent")  # classes whose FLOPs follow from multiply-accumulates
 BACKWARD_FLOPS = 2.0
 BACKWARD_BYTES = 2.0
 # optimizer -> (FLOPs per parameter, parameter-sized tensors read or written per update):
@@ -369,7 +370,7 @@ def _node_stats(node: onnx.NodeProto, index: int, types: dict[str, tuple[int, tu
         op_class = "data_movement"
     in_dims = [t[1] if t else () for _, t in inputs]
     out_dims = [t[1] for t in outputs]
-    macs = _macs(node, in_dims, out_dims) if op_class in ("conv", "matmul") else 0
+    macs = _macs(node, in_dims, out_dims) if op_class in _MAC_CLASSES else 0
     flops = _flops(node, op_class, cost, macs, in_dims, out_dims)
     input_bytes = weight_bytes = 0
     for name, typed in inputs:
@@ -403,7 +404,7 @@ def _macs(node: onnx.NodeProto, ins: list[tuple[int, ...]], outs: list[tuple[int
         return _einsum_macs(_attr(node, "equation", b"").decode(), ins, out)
     if op in ("RNN", "GRU", "LSTM"):  # X: (seq, batch, features) or (batch, seq, features); W, R per direction
         return ins[0][0] * ins[0][1] * (math.prod(ins[1]) + math.prod(ins[2]))
-    raise ModakError(f"op_classes.yaml makes {op} a conv or matmul op, but the analysis has no MAC rule for it")
+    raise ModakError(f"op_classes.yaml makes {op} a conv, matmul or recurrent op, but the analysis has no MAC rule for it")
 
 
 def _einsum_macs(equation: str, ins: list[tuple[int, ...]], out: tuple[int, ...]) -> int:
@@ -426,7 +427,7 @@ def _einsum_macs(equation: str, ins: list[tuple[int, ...]], out: tuple[int, ...]
 def _flops(node: onnx.NodeProto, op_class: str, cost: float, macs: int, ins: list[tuple[int, ...]],
            outs: list[tuple[int, ...]]) -> int:
     out_elements = math.prod(outs[0]) if outs else 0
-    if op_class in ("conv", "matmul"):
+    if op_class in _MAC_CLASSES:
         bias_index = 2 if node.op_type == "Gemm" else _CONV_BIAS.get(node.op_type)
         has_bias = bias_index is not None and len(node.input) > bias_index and node.input[bias_index]
         return round(cost * macs) + (out_elements if has_bias else 0)
