@@ -475,8 +475,8 @@ class ConvNeXt(nn.Module):
     """ConvNeXt (Liu et al. 2022): a 4x4 patch stem, four stages of blocks with downsampling between them, a
     pooled, normalized head."""
 
-    def __init__(self, channels: int, dims: tuple[int, ...] = (40, 80, 160, 320), depths: tuple[int, ...] = (2, 2, 6, 2),
-                 classes: int = 1000) -> None:
+    def __init__(self, channels: int, dims: tuple[int, ...] = (40, 80, 160, 320),
+                 depths: tuple[int, ...] = (2, 2, 6, 2), classes: int = 1000) -> None:
         super().__init__()
         stages: list[nn.Module] = [nn.Conv2d(channels, dims[0], 4, 4), ChannelsFirstNorm(dims[0])]
         for i, (dim, depth) in enumerate(zip(dims, depths)):

@@ -2,9 +2,9 @@
 
 Cost model (the constants live in ``recipes/hardware/op_classes.yaml`` and :data:`OPTIMIZERS`):
 
-* Conv, ConvTranspose, Gemm, MatMul (batched, broadcast), Einsum and the RNN family count 2 FLOPs per
-  multiply-accumulate; a Conv or Gemm bias adds 1 FLOP per output element. ``macs`` holds the MACs alone
-  (the number that published "GMAC" figures quote).
+* Conv, ConvTranspose, Gemm, MatMul (batched, broadcast), Einsum and the RNN family (the ``recurrent`` class)
+  count 2 FLOPs per multiply-accumulate; a Conv or Gemm bias adds 1 FLOP per output element. ``macs`` holds the
+  MACs alone (the number that published "GMAC" figures quote).
 * Other ops cost a constant per output element (elementwise, normalization, softmax), per input element
   (reductions) or per window element (pooling); gathers and layout ops cost no FLOPs.
 * Bytes assume every node reads all its inputs from memory and writes all its outputs (no fusion, no cache
@@ -109,7 +109,7 @@ class WorkloadProfile:
 
     @property
     def macs(self) -> int:
-        """Multiply-accumulates of the forward pass (conv and matmul ops)."""
+        """Multiply-accumulates of the forward pass (conv, matmul and recurrent ops)."""
         return sum(op.macs for op in self.ops)
 
     @property
@@ -404,7 +404,8 @@ def _macs(node: onnx.NodeProto, ins: list[tuple[int, ...]], outs: list[tuple[int
         return _einsum_macs(_attr(node, "equation", b"").decode(), ins, out)
     if op in ("RNN", "GRU", "LSTM"):  # X: (seq, batch, features) or (batch, seq, features); W, R per direction
         return ins[0][0] * ins[0][1] * (math.prod(ins[1]) + math.prod(ins[2]))
-    raise ModakError(f"op_classes.yaml makes {op} a conv, matmul or recurrent op, but the analysis has no MAC rule for it")
+    raise ModakError(f"op_classes.yaml makes {op} a conv, matmul or recurrent op, but the analysis has no MAC rule "
+                     f"for it")
 
 
 def _einsum_macs(equation: str, ins: list[tuple[int, ...]], out: tuple[int, ...]) -> int:
