@@ -48,6 +48,10 @@ def test_shape_overrides_are_checked():
         entry.shapes({"image": [3, 224, 224]})
     with pytest.raises(InputError, match="multiples of 32"):
         entries.get_entry("yolo_small").build({"input": [3, 300, 300]})
+    with pytest.raises(InputError, match="convnext_atto.*multiples of 32"):
+        entries.get_entry("convnext_atto").build({"input": [3, 200, 200]})
+    with pytest.raises(InputError, match="unet_small.*multiples of 16"):
+        entries.get_entry("unet_small").build({"input": [1, 100, 100]})
 
 
 def test_make_inputs():
