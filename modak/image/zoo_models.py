@@ -600,18 +600,20 @@ def bert_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
                           heads=8, ffn=2048)
 
 
-def vit_tiny(shapes: Shapes, bounds: Bounds) -> nn.Module:
+def _image(shapes: Shapes, multiple: int, why: str) -> tuple[int, int, int]:
+    """The (channels, height, width) of the image input, whose height and width ``why`` needs in ``multiple``s."""
     channels, height, width = shapes["input"]
-    if height % 16 or width % 16:
-        raise ValueError(f"height and width must be multiples of 16 (the patch size), got {height}x{width}")
-    return VisionTransformer(channels, height, width)
+    if height % multiple or width % multiple:
+        raise ValueError(f"height and width must be multiples of {multiple} ({why}), got {height}x{width}")
+    return channels, height, width
+
+
+def vit_tiny(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return VisionTransformer(*_image(shapes, 16, "the patch size"))
 
 
 def yolo_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
-    channels, height, width = shapes["input"]
-    if height % 32 or width % 32:
-        raise ValueError(f"height and width must be multiples of 32 (the coarsest stride), got {height}x{width}")
-    return YoloSmall(channels)
+    return YoloSmall(_image(shapes, 32, "the coarsest stride")[0])
 
 
 def dlrm_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
@@ -631,18 +633,11 @@ def chain64(shapes: Shapes, bounds: Bounds) -> nn.Module:
 
 
 def convnext_atto(shapes: Shapes, bounds: Bounds) -> nn.Module:
-    channels, height, width = shapes["input"]
-    if height % 32 or width % 32:
-        raise ValueError(f"height and width must be multiples of 32 (the stem and three downsamplings), got "
-                         f"{height}x{width}")
-    return ConvNeXt(channels)
+    return ConvNeXt(_image(shapes, 32, "the stem and three downsamplings")[0])
 
 
 def unet_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
-    channels, height, width = shapes["input"]
-    if height % 16 or width % 16:
-        raise ValueError(f"height and width must be multiples of 16 (four poolings), got {height}x{width}")
-    return UNet(channels)
+    return UNet(_image(shapes, 16, "four poolings")[0])
 
 
 def lstm_lm(shapes: Shapes, bounds: Bounds) -> nn.Module:
