@@ -56,6 +56,7 @@ NEW_MACHINE_SPREAD = 0.405
 # calibrated directly), so an unseen machine is widened by NEW_MACHINE_SPREAD alone.
 NEW_MODEL_SPREAD = 0.245
 _Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs
+SHARE_CLASSES = ("conv", "matmul", "recurrent")  # op classes whose FLOP share is a column (see Features)
 KEEP_FITS = 4  # fitted models kept in the cache (one per distinct training data)
 
 
@@ -160,9 +161,8 @@ class Features:
         total_flops = max(sum(example.class_flops.values()), 1.0)
         values = [math.log(example.anchor_seconds), math.log(max(example.nodes, 1)), math.log(example.batch_size),
                   float(example.task == "training"), math.log(max(example.flops, 1.0) / max(example.bytes, 1.0)),
-                  float(candidate.device == "gpu"), example.class_flops.get("conv", 0.0) / total_flops,
-                  example.class_flops.get("matmul", 0.0) / total_flops,
-                  example.class_flops.get("recurrent", 0.0) / total_flops,
+                  float(candidate.device == "gpu"),
+                  *(example.class_flops.get(c, 0.0) / total_flops for c in SHARE_CLASSES),
                   math.log(max(example.overhead_seconds, 1e-9) / example.bound_seconds)]
         values += [float(candidate.runtime == r) for r in self.runtimes]
         values += [float(candidate.precision is p) for p in Precision]
