@@ -20,9 +20,9 @@ from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
 from modak.predict.training import training_data
-from modak.predict.learned import (NEW_MACHINE_SPREAD, NEW_MODEL_SPREAD, TREES, Features, LearnedPredictor,
-                                   ParameterFeature, TrainingData, example_from, example_from_row, fit_key,
-                                   shrunk_offset)
+from modak.predict.learned import (NEW_MACHINE_SPREAD, NEW_MODEL_SPREAD, SAME_KIND_SPREAD, TREES, Features,
+                                   LearnedPredictor, ParameterFeature, TrainingData, example_from, example_from_row,
+                                   fit_key, machine_kind, shrunk_offset)
 from modak.predict.roofline import RooflinePredictor
 from modak.api import load as load_job
 from modak.workload.source import load_analysis
@@ -198,26 +198,51 @@ def test_one_calibration_workload_moves_no_offset(plans) -> None:
 
 def test_an_unseen_machine_or_model_widens_the_interval_not_the_prediction(plans) -> None:
     """On a machine the model has rows of two workloads or more, the interval is the trees' spread; on one it has
-    none (or one workload: no offset), the same step time with NEW_MACHINE_SPREAD added in log, in quadrature; for
-    a model graph it has no rows of, on a machine it knows, NEW_MODEL_SPREAD."""
-    machine_a = synthetic_rows(plans)
+    none (or one workload: no offset), the same step time with NEW_MACHINE_SPREAD added in log, in quadrature; on
+    another probe of a known machine kind, SAME_KIND_SPREAD; for a model graph it has no rows of, on a machine it
+    knows, NEW_MODEL_SPREAD; a new model on another probe of a known kind, both."""
+    machine_a = [replace(r, microarchitecture="zen3") for r in synthetic_rows(plans)]  # a kind (x86_64_v4 is none)
     one_workload = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5) for r in synthetic_rows(plans[:1])]
     model = LearnedPredictor.fit(machine_a + one_workload)
     row = machine_a[-1]
     seen = example_from_row(row, CATALOG)
-    unseen = replace(seen, machine=("cpu", seen.cores, 1.0, 1.0))
-    assert seen.machine in model.known_machines and example_from_row(one_workload[0], CATALOG).machine not in \
-        model.known_machines and len(model.known_machines) == 1
+    reprobed = replace(seen, machine=("cpu", seen.cores, 1.0, 1.0))
+    unseen = replace(reprobed, kind=("cpu", "zen2", seen.cores))
+    assert seen.kind == ("cpu", "zen3", row.cores) and model.knows_kind(reprobed)
+    assert list(model.known_machines) == [seen.machine] and not model.knows_kind(unseen)
     new_graph = replace(seen, parameters=seen.parameters + 1)
     assert new_graph.graph not in model.known_models and seen.graph in model.known_models
-    (step, low, high, _, members), *others = model.predict_examples([seen, unseen, new_graph])
-    for (step_u, low_u, high_u, _, members_u), spread in zip(others, (NEW_MACHINE_SPREAD, NEW_MODEL_SPREAD)):
+    cases = (unseen, reprobed, new_graph, replace(reprobed, parameters=seen.parameters + 1))
+    spreads = [(NEW_MACHINE_SPREAD, 0.0, 0.0), (0.0, SAME_KIND_SPREAD, 0.0), (0.0, 0.0, NEW_MODEL_SPREAD),
+               (0.0, SAME_KIND_SPREAD, NEW_MODEL_SPREAD)]
+    assert [model.unseen_spread(e) for e in (seen, *cases)] == [(0.0, 0.0, 0.0), *spreads]
+    (step, low, high, _, members), *others = model.predict_examples([seen, *cases])
+    for (step_u, low_u, high_u, _, members_u), spread in zip(others, spreads):
         assert members_u == members and step_u == pytest.approx(step, rel=1e-9)
-        z = statistics.NormalDist().inv_cdf(0.9) * spread
+        z = statistics.NormalDist().inv_cdf(0.9) * math.hypot(*spread)
         assert math.log(high_u / step) == pytest.approx(math.hypot(math.log(high / step), z))
         assert math.log(step / low_u) == pytest.approx(math.hypot(math.log(step / low), z))
-    assert [model.unseen_spread(e) for e in (seen, unseen, new_graph)] == [
-        (0.0, 0.0), (NEW_MACHINE_SPREAD, 0.0), (0.0, NEW_MODEL_SPREAD)]
+
+
+def test_another_probe_of_a_known_machine_takes_no_offset(plans) -> None:
+    """Machine B (2x slower than A's data says: an offset learned from its rows) probed again with other ceilings:
+    of B's kind, but the offset corrected B's old ceilings, so the prediction is that of a new machine with the new
+    ceilings (no offset), with the narrower same-kind interval; a machine of a generic architecture level (archspec's
+    x86_64_v4, which many CPUs share) is of no kind."""
+    machine_a = synthetic_rows(plans)
+    machine_b = [replace(r, machine="b", microarchitecture="icelake", bandwidth_gbs=r.bandwidth_gbs * 2,
+                         step_median_s=r.step_median_s * 2) for r in synthetic_rows(plans)]
+    model = LearnedPredictor.fit(machine_a + machine_b)
+    b = example_from_row(machine_b[0], CATALOG)
+    reprobe = replace(b, machine=(*b.machine[:3], b.machine[3] * 1.1))
+    stranger = replace(reprobe, kind=None)
+    assert model.machine_offsets[b.machine] < -0.3  # log utilization: B is slower
+    assert model.knows_kind(reprobe) and not model.knows_kind(stranger)
+    (own, *_), (again, low, high, *_), (new, new_low, new_high, *_) = model.predict_examples([b, reprobe, stranger])
+    assert again == pytest.approx(new, rel=1e-9) and again == pytest.approx(own * math.exp(
+        model.machine_offsets[b.machine]), rel=1e-9)
+    assert new_low < low < again < high < new_high
+    assert machine_kind("cpu", "x86_64_v4", 2) is None and machine_kind("cpu", "icelake", 2) == ("cpu", "icelake", 2)
 
 
 def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> None:

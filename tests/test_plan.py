@@ -278,26 +278,36 @@ def test_stock_is_kept_unless_another_candidate_is_at_most_10_percent_slower_in_
     assert any(r.startswith("kept the stock deployment") and "up to 1.12" in r for r in risky.reasons)
 
 
-def unseen_zen3(folder: Path) -> Path:
-    """The Zen 3 target with 0.04% more GEMM rate: the same physics, a machine signature the model has no rows of."""
-    path = folder / "zen3-unseen.yaml"
+def zen3_target(folder: Path, microarchitecture: str = "zen3") -> Path:
+    """The Zen 3 target with 0.04% more GEMM rate: the same physics, a machine signature the model has no rows of;
+    of the Zen 3 kind (another probe of that machine) or, named as another microarchitecture, of no kind it knows."""
+    path = folder / f"{microarchitecture}-reprobed.yaml"
     text = (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml").read_text()
-    path.write_text(text.replace("fp32_gflops: 167.2", "fp32_gflops: 167.26"))
+    path.write_text(text.replace("fp32_gflops: 167.2", "fp32_gflops: 167.26")
+                    .replace("microarchitecture: zen3", f"microarchitecture: {microarchitecture}"))
     return path
 
 
 def test_the_plan_says_when_the_model_has_not_seen_the_target(tmp_path):
     """On a target the shipped rows do not measure, the learned predictions carry the widening and the reasons say
-    so; on a target the campaign measured they do not."""
+    so; on another probe of a machine kind the campaign measured, a narrower widening and another reason; on a target
+    the campaign measured, neither."""
     from modak import api
 
     empty = tmp_path / "empty.sqlite"
-    unseen = api.plan_job(CNN, unseen_zen3(tmp_path), store=empty)
+    unseen = api.plan_job(CNN, zen3_target(tmp_path, "zen2"), store=empty)
+    reprobed = api.plan_job(CNN, zen3_target(tmp_path), store=empty)
     seen = api.plan_job(CNN, ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml", store=empty)
-    assert unseen.choice.prediction.predictor == seen.choice.prediction.predictor == "learned"
+    assert {p.choice.prediction.predictor for p in (unseen, reprobed, seen)} == {"learned"}
     assert unseen.choice.prediction.term("new_machine_spread") > 0 == seen.choice.prediction.term("new_machine_spread")
+    assert reprobed.choice.prediction.term("same_kind_spread") > 0 == reprobed.choice.prediction.term(
+        "new_machine_spread") == seen.choice.prediction.term("same_kind_spread")
+    widths = [p.choice.prediction.high_seconds / p.choice.prediction.low_seconds for p in (seen, reprobed, unseen)]
+    assert widths == sorted(widths) and len(set(widths)) == 3
     assert any("no measurements of target" in r for r in unseen.reasons)
-    assert not any("no measurements of target" in r for r in seen.reasons)
+    assert any("a machine of the same kind" in r for r in reprobed.reasons)
+    assert not any("no measurements" in r for r in seen.reasons)
+    assert not any("no measurements of target" in r for r in reprobed.reasons)
 
 
 def test_the_shortlist_follows_the_trees_not_the_unseen_machine_widening(tmp_path):
@@ -308,7 +318,8 @@ def test_the_shortlist_follows_the_trees_not_the_unseen_machine_widening(tmp_pat
 
     empty = tmp_path / "empty.sqlite"
     seen, unseen = (api.plan_job(CNN, target, store=empty)
-                    for target in (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml", unseen_zen3(tmp_path)))
+                    for target in (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml",
+                                   zen3_target(tmp_path, "zen2")))
     assert unseen.choice.prediction.term("new_machine_spread") > 0
     assert unseen.choice.prediction.high_seconds / unseen.choice.prediction.low_seconds > \
         seen.choice.prediction.high_seconds / seen.choice.prediction.low_seconds

@@ -55,6 +55,11 @@ NEW_MACHINE_SPREAD = 0.405
 # 66%, 68% without it). Both held out together, the machine's spread alone puts 87%, 75%, 80% in the interval (0.390
 # calibrated directly), so an unseen machine is widened by NEW_MACHINE_SPREAD alone.
 NEW_MODEL_SPREAD = 0.245
+# The same for another probe of a machine kind the model knows (same microarchitecture or GPU model and cores, other
+# measured ceilings: the machine probed in another session): calibrated on two re-probed sessions' rows (Zen 3, 268;
+# Ice Lake, 84; benchmarks/reprobe.py, 3 seeds) to put 80% in the interval (0.132 and 0.114 alone; calibrated on
+# one, scored on the other: 77%, 81%; 98% and 100% with NEW_MACHINE_SPREAD).
+SAME_KIND_SPREAD = 0.13
 _Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs
 SHARE_CLASSES = ("conv", "matmul", "recurrent")  # op classes whose FLOP share is a column (see Features)
 KEEP_FITS = 4  # fitted models kept in the cache (one per distinct training data)
@@ -79,6 +84,7 @@ class Example:
     class_bytes: dict[str, float]
     machine: tuple  # the device's measured description: (device, cores, fp32 GFLOP/s, GB/s)
     overhead_seconds: float  # the runtime's dispatch overhead per step (roofline.overhead_seconds)
+    kind: tuple | None  # what the device is, where its name says it (machine_kind)
 
     @cached_property
     def bound_seconds(self) -> float:
@@ -176,6 +182,21 @@ def machine_signature(device: str, cores: int, fp32_gflops: float, bandwidth_gbs
     return (device, cores, round(fp32_gflops, 1), round(bandwidth_gbs, 1))
 
 
+def machine_kind(device: str, name: str | None, cores: int) -> tuple | None:
+    """What kind of machine a device is: (device class, CPU microarchitecture or GPU model, cores), or None where
+    the name does not say (no name, or one of archspec's generic levels such as ``x86_64_v4``, which CPUs of
+    different vendors and generations share). Two probes of one machine give different ceilings, not kinds."""
+    import archspec.cpu
+
+    if not name:
+        return None
+    if device == "cpu":
+        generic = archspec.cpu.TARGETS.get(name)
+        if generic is not None and generic.vendor == "generic":
+            return None
+    return (device, name, cores)
+
+
 def candidate_from_row(row: Measurement) -> Candidate:
     """The candidate a stored row measured."""
     return Candidate(row.runtime, row.device, Precision(row.precision), tuple(json.loads(row.params).items()),
@@ -190,7 +211,8 @@ def example_from_row(row: Measurement, catalog: Mapping[str, Recipe]) -> Example
                    row.bandwidth_gbs, row.task, row.batch_size, row.flops, row.bytes, row.forward_flops,
                    row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes),
                    machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs),
-                   overhead_seconds(catalog[row.runtime], candidate, row.nodes, row.task == "training"))
+                   overhead_seconds(catalog[row.runtime], candidate, row.nodes, row.task == "training"),
+                   machine_kind(row.device, row.gpu if row.device == "gpu" else row.microarchitecture, row.cores))
 
 
 def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
@@ -204,7 +226,8 @@ def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate:
                    {c: float(g.flops) for c, g in by_class.items()}, {c: float(g.bytes) for c, g in by_class.items()},
                    machine_signature(candidate.device, ceilings.cores, device.peak_gflops[Precision.fp32],
                                      device.bandwidth_gbs),
-                   overhead_seconds(recipe, candidate, len(workload.ops), workload.task.value == "training"))
+                   overhead_seconds(recipe, candidate, len(workload.ops), workload.task.value == "training"),
+                   machine_kind(candidate.device, device.name, ceilings.cores))
 
 
 def shrunk_offset(workload_medians: list[float]) -> float:
@@ -300,15 +323,15 @@ class LearnedPredictor:
     name = "learned"
 
     def __init__(self, utilization: TreeEnsemble, compile_: TreeEnsemble, machine_offsets: Mapping[tuple, float],
-                 known_machines: frozenset[tuple], known_models: frozenset[tuple],
+                 known_machines: Mapping[tuple, tuple | None], known_models: frozenset[tuple],
                  coverage: frozenset[tuple[str, str, str]], rows: int, catalog: Mapping[str, Recipe]) -> None:
-        """A fitted model (made by :meth:`fit`, :meth:`cached` or :meth:`load`); ``known_machines`` (rows of two
-        workloads or more) and ``known_models`` (model graphs, :attr:`Example.graph`): what it was fit on, whose
-        intervals :meth:`unseen_spread` does not widen."""
+        """A fitted model (made by :meth:`fit`, :meth:`cached` or :meth:`load`); ``known_machines`` (signatures of
+        rows of two workloads or more, each with its :func:`machine_kind`) and ``known_models`` (model graphs,
+        :attr:`Example.graph`): what it was fit on, whose intervals :meth:`unseen_spread` does not widen."""
         self._utilization = utilization
         self._compile = compile_
         self.machine_offsets = dict(machine_offsets)
-        self.known_machines = known_machines
+        self.known_machines = dict(known_machines)
         self.known_models = known_models
         self.coverage = coverage
         self.rows = rows
@@ -349,9 +372,11 @@ class LearnedPredictor:
             counts[(r.runtime, r.device, r.precision)] = counts.get((r.runtime, r.device, r.precision), 0) + 1
         coverage = frozenset(key for key, n in counts.items() if n >= MIN_ROWS)
         workloads: dict[tuple, set[tuple]] = {}
+        kinds: dict[tuple, tuple | None] = {}
         for e in examples:
             workloads.setdefault(e.machine, set()).add(e.workload)
-        known = frozenset(machine for machine, seen in workloads.items() if len(seen) >= 2)
+            kinds[e.machine] = e.kind
+        known = {machine: kinds[machine] for machine, seen in workloads.items() if len(seen) >= 2}
         return cls(TreeEnsemble.from_sklearn(utilization), TreeEnsemble.from_sklearn(compile_), machine_offsets,
                    known, frozenset(e.graph for e in examples), coverage, len(rows_ok), catalog)
 
@@ -382,7 +407,8 @@ class LearnedPredictor:
         atomically."""
         header = {"rows": self.rows, "coverage": sorted(self.coverage),
                   "machine_offsets": [[list(m), offset] for m, offset in sorted(self.machine_offsets.items())],
-                  "known_machines": [list(m) for m in sorted(self.known_machines)],
+                  "known_machines": [[list(m), list(kind) if kind else None]
+                                     for m, kind in sorted(self.known_machines.items())],
                   "known_models": [list(g) for g in sorted(self.known_models)]}
         write_atomic(path, encode_arrays(header, self._utilization.arrays("utilization")
                                          | self._compile.arrays("compile")))
@@ -395,20 +421,30 @@ class LearnedPredictor:
         compile_ = TreeEnsemble.from_arrays(arrays, "compile")
         offsets = {tuple(machine): float(offset) for machine, offset in header["machine_offsets"]}
         coverage = frozenset((runtime, device, precision) for runtime, device, precision in header["coverage"])
-        known = frozenset(tuple(machine) for machine in header["known_machines"])
+        known = {tuple(machine): tuple(kind) if kind else None for machine, kind in header["known_machines"]}
         models = frozenset(tuple(graph) for graph in header["known_models"])
         return cls(utilization, compile_, offsets, known, models, coverage, int(header["rows"]), catalog)
 
     def _tuning_seconds(self, example: Example) -> float:
         return tuning_seconds(self._catalog[example.candidate.runtime], example.candidate)
 
-    def unseen_spread(self, example: Example) -> tuple[float, float]:
-        """The SDs in log step time (machine, model) by which ``example``'s interval is widened, in quadrature:
-        ``NEW_MACHINE_SPREAD`` on a machine not in ``known_machines``, else ``NEW_MODEL_SPREAD`` for a model graph
-        not in ``known_models``; at most one is not 0."""
+    def knows_kind(self, example: Example) -> bool:
+        """Whether ``example``'s machine is of the kind (:func:`machine_kind`) of a machine the model knows."""
+        return example.kind is not None and example.kind in self.known_machines.values()
+
+    def unseen_spread(self, example: Example) -> tuple[float, float, float]:
+        """The SDs in log step time (new machine, same kind, new model) by which ``example``'s interval is widened,
+        in quadrature: ``NEW_MACHINE_SPREAD`` on a machine neither in ``known_machines`` nor of a known kind (it
+        covers a new model too); ``SAME_KIND_SPREAD`` on another probe of a known kind (:meth:`knows_kind`); and
+        ``NEW_MODEL_SPREAD`` for a model graph not in ``known_models`` on a known machine or kind. Another probe
+        takes no machine offset: the offset of a known machine corrects the ceilings it was probed with, and a
+        probe of its own measures the machine anew (perfmodels/README.md, "Another probe of a known machine")."""
+        same_kind = 0.0
         if example.machine not in self.known_machines:
-            return NEW_MACHINE_SPREAD, 0.0
-        return 0.0, 0.0 if example.graph in self.known_models else NEW_MODEL_SPREAD
+            if not self.knows_kind(example):
+                return NEW_MACHINE_SPREAD, 0.0, 0.0
+            same_kind = SAME_KIND_SPREAD
+        return 0.0, same_kind, 0.0 if example.graph in self.known_models else NEW_MODEL_SPREAD
 
     def covers(self, candidate: Candidate) -> bool:
         return (candidate.runtime, candidate.device, candidate.precision.value) in self.coverage
@@ -434,7 +470,7 @@ class LearnedPredictor:
             anchor = example.anchor_seconds
             mean = statistics.fmean(trees)
             step = anchor / math.exp(mean)
-            widen = (_Z80 * sum(self.unseen_spread(example))) ** 2
+            widen = _Z80 ** 2 * sum(spread ** 2 for spread in self.unseen_spread(example))
             low = step / math.exp(math.sqrt(max(0.0, deciles[-1] - mean) ** 2 + widen))
             high = step * math.exp(math.sqrt(max(0.0, mean - deciles[0]) ** 2 + widen))
             compile_total = compile_s[i] + self._tuning_seconds(example)
@@ -455,9 +491,9 @@ class LearnedPredictor:
                                                                      self.predict_examples(examples)):
             candidate, recipe = requests[i]
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
-            machine, model = self.unseen_spread(example)
+            machine, same_kind, model = self.unseen_spread(example)
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
                                      ("utilization", example.anchor_seconds / step), ("new_machine_spread", machine),
-                                     ("new_model_spread", model))
+                                     ("same_kind_spread", same_kind), ("new_model_spread", model))
             results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name, members)
         return results
