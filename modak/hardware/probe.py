@@ -2,7 +2,9 @@
 
 GEMM GFLOP/s per precision and thread count as the best of several kernels and sizes (PyTorch's, ONNX Runtime's
 MLAS and OpenVINO's oneDNN GEMMs: one library's GEMM may miss the vector units another uses, e.g. PyTorch's at
-half the AVX-512 rate of the runtimes' on the machine of the shipped data), checked against the theoretical peak
+half the AVX-512 rate of the runtimes' on the machine of the shipped data), each timed in interleaved rounds (a
+VM's vCPUs slow down for seconds at a time: timed one after another, a kernel could fall in such a period
+whole; perfmodels/README.md, "The probe's GEMM ceiling"), checked against the theoretical peak
 (clock x FLOPs per cycle of the microarchitecture x cores); a stream triad repeated, with its spread; cache sizes
 from sysfs; the archspec microarchitecture; GPU peaks when CUDA is present.
 """
@@ -20,6 +22,8 @@ from typing import Any, Callable
 
 GEMM_SIZES = (512, 1024, 2048)
 QUICK_GEMM_SIZES = (256, 512)
+GEMM_ROUNDS = 4  # interleaved rounds over every kernel and size of a thread count
+GEMM_ROUND_SECONDS = 0.2  # timing budget of one kernel and size in one round
 TRIAD_ELEMENTS = 1 << 25  # 128 MiB per fp32 array: far beyond any last-level cache
 TRIAD_REPEATS = 5
 ABOVE_THEORY = 1.05  # a measured GEMM this far above the theoretical peak means the clock or the catalog is wrong
@@ -68,7 +72,7 @@ class ProbeResult:
 
 
 def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeResult:
-    """Run the measurements (about 20-40 s on a small machine; ``quick`` shrinks the problem sizes)."""
+    """Run the measurements (about 40 s on a 2-core machine; ``quick`` shrinks the problem sizes)."""
     import archspec.cpu
     import torch
 
@@ -86,9 +90,8 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     try:
         for threads in counts:
             torch.set_num_threads(threads)
-            for precision in precisions:
-                for kernel, rate in _gemm_kernels(torch, precision, threads, sizes).items():
-                    kernels[precision].setdefault(kernel, {})[threads] = rate
+            for (precision, kernel), rate in _gemm_rates(torch, precisions, threads, sizes).items():
+                kernels[precision].setdefault(kernel, {})[threads] = rate
             runs = [_triad_gbs(torch, elements, "cpu") for _ in range(TRIAD_REPEATS)]
             triad[threads] = statistics.median(runs)
             spread[threads] = (max(runs) - min(runs)) / triad[threads]
@@ -185,22 +188,32 @@ def _frequency_ghz() -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def _gemm_kernels(torch: Any, precision: str, threads: int, sizes: tuple[int, ...]) -> dict[str, float]:
-    """GFLOP/s (GOP/s for int8) of each available GEMM kernel at ``threads`` threads, the best over ``sizes``.
+def _gemm_rates(torch: Any, precisions: list[str], threads: int,
+                sizes: tuple[int, ...]) -> dict[tuple[str, str], float]:
+    """GFLOP/s (GOP/s for int8) of each available GEMM kernel per precision at ``threads`` threads (PyTorch's set
+    to them), the best over ``sizes`` and over ``GEMM_ROUNDS`` rounds that time every kernel and size in turn.
     int8 is ONNX Runtime's MatMulInteger (uint8 x int8 -> int32, the kernel its quantized models run)."""
-    rates: dict[str, float] = {}
-    makers: dict[str, Callable[[int], Callable[[], Any]]] = {}
-    if precision != "int8":
-        makers["pytorch"] = lambda n: _torch_gemm(torch, n, precision)
-    if precision in ("fp32", "int8"):
-        makers["onnxruntime"] = lambda n: _onnxruntime_gemm(n, threads, precision)
-    if precision != "int8":
-        makers["openvino"] = lambda n: _openvino_gemm(n, threads, precision)
-    for kernel, make in makers.items():
-        try:
-            rates[kernel] = max(2.0 * n**3 / _best_time(make(n)) / 1e9 for n in sizes)
-        except ImportError:
-            continue  # that runtime is not installed here
+    calls: dict[tuple[str, str, int], Callable[[], Any]] = {}
+    for precision in precisions:
+        makers: dict[str, Callable[[int], Callable[[], Any]]] = {}
+        if precision != "int8":
+            makers["pytorch"] = lambda n, precision=precision: _torch_gemm(torch, n, precision)
+        if precision in ("fp32", "int8"):
+            makers["onnxruntime"] = lambda n, precision=precision: _onnxruntime_gemm(n, threads, precision)
+        if precision != "int8":
+            makers["openvino"] = lambda n, precision=precision: _openvino_gemm(n, threads, precision)
+        for kernel, make in makers.items():
+            try:
+                calls.update({(precision, kernel, n): make(n) for n in sizes})
+            except ImportError:
+                continue  # that runtime is not installed here
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(GEMM_ROUNDS):
+        for key, call in calls.items():
+            best[key] = min(best[key], _best_time(call, min_runs=2, budget_s=GEMM_ROUND_SECONDS))
+    rates: dict[tuple[str, str], float] = {}
+    for (precision, kernel, n), seconds in best.items():
+        rates[(precision, kernel)] = max(rates.get((precision, kernel), 0.0), 2.0 * n**3 / seconds / 1e9)
     return rates
 
 
