@@ -478,9 +478,9 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
                        f"more), so its intervals are widened by the spread of machines it was not fit on; `modak "
                        f"tune` measures the shortlist there, and its rows calibrate the model")
     elif dict(p.terms).get("same_kind_spread"):
-        reasons.append(f"the model has no measurements with target '{loaded.target.name}''s ceilings, but has of a "
-                       f"machine of the same kind (microarchitecture or GPU model, and cores), as another probe of "
-                       f"one machine gives: the target's ceilings scale the predictions, and their intervals are "
+        reasons.append(f"the model has no measurements with the ceilings of target '{loaded.target.name}', but has "
+                       f"of a machine of the same kind (microarchitecture or GPU model, and cores), as another probe "
+                       f"of one machine gives: the target's ceilings scale the predictions, and their intervals are "
                        f"widened by the spread between probes of one machine")
     wrong = [r for r in ranked if r.failed_check is not None]
     if wrong:
