@@ -69,13 +69,16 @@ def test_cpu_local_in_a_target_file_keeps_the_site_settings_and_a_given_memory(p
 
 
 def test_a_missing_probe_is_measured_once_and_said_so(tmp_path) -> None:
-    script = ("from modak.hardware.local import local_probe; from modak.hardware import probe as p; "
+    """A probe cached by an older method of the probe (here method 1's file, any content) is not used either."""
+    script = ("from modak.hardware.local import cache_path, local_probe; from modak.hardware import probe as p; "
               "p.GEMM_SIZES = (128,); p.TRIAD_ELEMENTS = 1 << 20; "
-              "first = local_probe(); second = local_probe(); print(first == second)")
+              "older = cache_path().with_name(cache_path().name.replace(f'.m{p.METHOD}.', '.m1.')); "
+              "older.parent.mkdir(parents=True); older.write_text('{}'); "
+              "first = local_probe(); second = local_probe(); print(first == second, older != cache_path())")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "MODAK_CACHE": str(tmp_path)})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True"]
+    assert result.stdout.split() == ["True", "True"]
     assert result.stderr.count("probing this machine's ceilings once") == 1
 
 

@@ -4,7 +4,8 @@ A job's ``target: local`` (or ``--target local``) is a Target made of this host'
 ``cpu: local`` takes its ``cpu`` section (and ``memory``, unless given) from the probe and keeps the site settings
 (:func:`modak.spec.loader.load_job` takes :func:`local_sections` as its ``local_machine``).
 The probe runs once per host and is cached under ``modak.paths.cache_dir() / "probe"``, keyed by what identifies
-the host (name, CPU model and flags, usable CPUs, memory); `modak probe` refreshes that entry.
+the host (name, CPU model and flags, usable CPUs, memory) and the probe's method (a probe of an older method is
+measured again); `modak probe` refreshes that entry.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.hardware.probe import ProbeResult, probe, target_sections
+from modak.hardware.probe import METHOD, ProbeResult, probe, target_sections
 from modak.paths import cache_dir, write_atomic
 
 
@@ -32,8 +33,8 @@ def host_key() -> str:
 
 
 def cache_path() -> Path:
-    """Where this host's probe result is cached."""
-    return cache_dir() / "probe" / f"{host_key()}.json"
+    """Where this host's probe result, measured by the probe's current method, is cached."""
+    return cache_dir() / "probe" / f"{host_key()}.m{METHOD}.json"
 
 
 def store_probe(result: ProbeResult) -> Path:
@@ -50,7 +51,7 @@ def local_probe() -> ProbeResult:
         return ProbeResult.from_json(path.read_text())
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    print("modak: target 'local': probing this machine's ceilings once (about 30 s; cached in "
+    print("modak: target 'local': probing this machine's ceilings once (about 40 s; cached in "
           f"{path.parent}, `modak probe` refreshes it)", file=sys.stderr)
     result = probe()
     store_probe(result)
