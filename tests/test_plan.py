@@ -288,6 +288,19 @@ def zen3_target(folder: Path, microarchitecture: str = "zen3") -> Path:
     return path
 
 
+def test_a_known_kind_with_the_catalog_s_ceilings_is_an_unseen_machine(tmp_path):
+    """The same-kind spread was calibrated on probes of one machine: a Zen 3 target without measured peaks (the
+    catalog's ceilings) is widened as an unseen machine."""
+    from modak import api
+
+    text = (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml").read_text()
+    head, _, _ = text.partition("  peaks:")
+    (tmp_path / "zen3-catalog.yaml").write_text(head + "memory:\n  size_gb: 23.5\n")
+    plan = api.plan_job(CNN, tmp_path / "zen3-catalog.yaml", store=tmp_path / "empty.sqlite")
+    assert not plan.ceilings.cpu.measured and plan.choice.prediction.predictor == "learned"
+    assert plan.choice.prediction.term("new_machine_spread") > 0 == plan.choice.prediction.term("same_kind_spread")
+
+
 def test_the_plan_says_when_the_model_has_not_seen_the_target(tmp_path):
     """On a target the shipped rows do not measure, the learned predictions carry the widening and the reasons say
     so; on another probe of a machine kind the campaign measured, a narrower widening and another reason; on a target

@@ -84,7 +84,7 @@ class Example:
     class_bytes: dict[str, float]
     machine: tuple  # the device's measured description: (device, cores, fp32 GFLOP/s, GB/s)
     overhead_seconds: float  # the runtime's dispatch overhead per step (roofline.overhead_seconds)
-    kind: tuple | None  # what the device is, where its name says it (machine_kind)
+    kind: tuple | None  # what the device is, where its name says it (machine_kind) and its ceilings are measured
 
     @cached_property
     def bound_seconds(self) -> float:
@@ -227,7 +227,7 @@ def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate:
                    machine_signature(candidate.device, ceilings.cores, device.peak_gflops[Precision.fp32],
                                      device.bandwidth_gbs),
                    overhead_seconds(recipe, candidate, len(workload.ops), workload.task.value == "training"),
-                   machine_kind(candidate.device, device.name, ceilings.cores))
+                   machine_kind(candidate.device, device.name, ceilings.cores) if device.measured else None)
 
 
 def shrunk_offset(workload_medians: list[float]) -> float:
@@ -436,7 +436,9 @@ class LearnedPredictor:
         """The SDs in log step time (new machine, same kind, new model) by which ``example``'s interval is widened,
         in quadrature: ``NEW_MACHINE_SPREAD`` on a machine neither in ``known_machines`` nor of a known kind (it
         covers a new model too); ``SAME_KIND_SPREAD`` on another probe of a known kind (:meth:`knows_kind`); and
-        ``NEW_MODEL_SPREAD`` for a model graph not in ``known_models`` on a known machine or kind. Another probe
+        ``NEW_MODEL_SPREAD`` for a model graph not in ``known_models`` on a known machine or kind. A target with
+        the catalog's ceilings instead of measured ones is of no kind: the same-kind spread was calibrated on probes
+        of the machine. Another probe
         takes no machine offset: the offset of a known machine corrects the ceilings it was probed with, and a
         probe of its own measures the machine anew (perfmodels/README.md, "Another probe of a known machine")."""
         same_kind = 0.0
