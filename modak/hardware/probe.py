@@ -93,7 +93,7 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     try:
         for threads in counts:
             torch.set_num_threads(threads)
-            for (precision, kernel), rate in _gemm_rates(torch, precisions, threads, sizes).items():
+            for (precision, kernel), rate in gemm_rates(torch, precisions, threads, sizes).items():
                 kernels[precision].setdefault(kernel, {})[threads] = rate
             runs = [_triad_gbs(torch, elements, "cpu") for _ in range(TRIAD_REPEATS)]
             triad[threads] = statistics.median(runs)
@@ -191,10 +191,11 @@ def _frequency_ghz() -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def _gemm_rates(torch: Any, precisions: list[str], threads: int,
-                sizes: tuple[int, ...]) -> dict[tuple[str, str], float]:
+def gemm_rates(torch: Any, precisions: list[str], threads: int, sizes: tuple[int, ...], rounds: int = GEMM_ROUNDS,
+               round_seconds: float = GEMM_ROUND_SECONDS) -> dict[tuple[str, str], float]:
     """GFLOP/s (GOP/s for int8) of each available GEMM kernel per precision at ``threads`` threads (PyTorch's set
-    to them), the best over ``sizes`` and over ``GEMM_ROUNDS`` rounds that time every kernel and size in turn.
+    to them), the best over ``sizes`` and over ``rounds`` rounds that time every kernel and size in turn for
+    ``round_seconds`` (at least 2 runs).
     int8 is ONNX Runtime's MatMulInteger (uint8 x int8 -> int32, the kernel its quantized models run)."""
     calls: dict[tuple[str, str, int], Callable[[], Any]] = {}
     for precision in precisions:
@@ -211,9 +212,9 @@ def _gemm_rates(torch: Any, precisions: list[str], threads: int,
             except ImportError:
                 continue  # that runtime is not installed here
     best = dict.fromkeys(calls, float("inf"))
-    for _ in range(GEMM_ROUNDS):
+    for _ in range(rounds):
         for key, call in calls.items():
-            best[key] = min(best[key], _best_time(call, min_runs=2, budget_s=GEMM_ROUND_SECONDS))
+            best[key] = min(best[key], _best_time(call, min_runs=2, budget_s=round_seconds))
     rates: dict[tuple[str, str], float] = {}
     for (precision, kernel, n), seconds in best.items():
         rates[(precision, kernel)] = max(rates.get((precision, kernel), 0.0), 2.0 * n**3 / seconds / 1e9)
