@@ -12,7 +12,8 @@ milliseconds) are launched ``--launches`` times in each of ``--sessions`` sessio
 A measurement's error is its relative distance from the configuration's median over all launches of its protocol
 (both sessions). The table prints, per step-duration bin, the median and 90th percentile error of one
 measurement: old (one launch), new (one launch) and new (a row: median of 3 launches, every 3-subset of a
-session's launches), and the between-session drift of each protocol's session medians.
+session's launches); the row's error against its own session's median (the protocol's noise, without the VM's
+drift between sessions); and the between-session drift of each protocol's session medians.
 
     python benchmarks/noise.py [--launches 8] [--sessions 2] [--min-seconds 1.0] [--seed 0] [--save FILE.json]
     python benchmarks/noise.py --load FILE.json        # the table again from saved launches
@@ -112,7 +113,8 @@ def errors(values: list[float], reference: float) -> list[float]:
 
 
 def table(launches: dict) -> str:
-    rows = {label: {"old": [], "new1": [], "new3": [], "drift_old": [], "drift_new": []} for *_, label in BINS}
+    rows = {label: {"old": [], "new1": [], "new3": [], "own3": [], "drift_old": [], "drift_new": []}
+            for *_, label in BINS}
     detail = [f"{'configuration':<28} {'median ms':>10} {'old err':>8} {'new err':>8} {'row err':>8}"]
     for name, per in sorted(launches.items()):
         old_all = [v for s in per["old"] for v in s]
@@ -126,6 +128,10 @@ def table(launches: dict) -> str:
         bin_["old"] += errors(old_all, ref_old)
         bin_["new1"] += errors(new_all, ref_new)
         bin_["new3"] += errors(triples, ref_new)
+        for session in per["new"]:
+            if len(session) >= 3:
+                bin_["own3"] += errors([statistics.median(t) for t in itertools.combinations(session, 3)],
+                                       statistics.median(session))
         sessions = [s for s in per["old"] if s], [s for s in per["new"] if s]
         if len(sessions[0]) >= 2 and len(sessions[1]) >= 2:
             bin_["drift_old"].append(abs(statistics.median(sessions[0][0]) / statistics.median(sessions[0][1]) - 1))
@@ -139,13 +145,15 @@ def table(launches: dict) -> str:
         ordered = sorted(values)
         return f"{ordered[min(len(ordered) - 1, int(p * len(ordered)))]:6.1%}"
 
-    lines = [f"{'step bin':<10} {'configs':>7} | {'one measurement: median / p90 error':^56} | {'session drift':^17}",
+    lines = [f"{'step bin':<10} {'configs':>7} | {'one measurement: median / p90 error':^56} | "
+             f"{'own session':^17} | {'session drift':^17}",
              f"{'':<10} {'':>7} | {'old (1 launch)':^17} {'new (1 launch)':^17} {'new row (3)':^17} | "
-             f"{'old':>8} {'new':>8}"]
+             f"{'new row (3)':^17} | {'old':>8} {'new':>8}"]
     for *_, label in BINS:
         b = rows[label]
         lines.append(f"{label:<10} {len(b['drift_new']):7d} | {q(b['old'], .5)} / {q(b['old'], .9)}    "
                      f"{q(b['new1'], .5)} / {q(b['new1'], .9)}    {q(b['new3'], .5)} / {q(b['new3'], .9)}    | "
+                     f"{q(b['own3'], .5)} / {q(b['own3'], .9)}  | "
                      f"{q(b['drift_old'], .5)}   {q(b['drift_new'], .5)}")
     return "\n".join(detail + [""] + lines)
 
