@@ -558,7 +558,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     document = to_target(result, name)
     Target.model_validate(document)  # what we write must load
     print(probe_comment(result), end="")
-    print(f"cached as this machine's probe (target 'local', `cpu: local`): {store_probe(result)}")
+    cached = store_probe(result)
+    print(f"cached as this machine's probe (target 'local', `cpu: local`): {cached}" if cached else
+          "not cached as this machine's probe: it did not run alone (see the warning above)")
     if args.output:
         write_atomic(args.output, probe_comment(result) + yaml.safe_dump(document, sort_keys=False))
         print(f"wrote {args.output}")

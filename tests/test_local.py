@@ -91,3 +91,24 @@ def test_a_gemm_rate_off_the_theoretical_peak_is_named() -> None:
     below = _warnings(60.0, 156.5, 2.45, "/proc/cpuinfo")
     assert len(below) == 1 and "below half the theoretical peak" in below[0]
     assert _warnings(60.0, None, None, "unknown") == ()
+
+
+def test_a_probe_beside_a_cpu_hog_says_so_and_is_not_cached(tmp_path) -> None:
+    """A real busy loop on this process's CPUs while the probe measures: the probe names it, warns that its ceilings
+    may be low, and is not cached, so the next use probes again."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        script = ("from modak.hardware.local import cache_path, local_probe; from modak.hardware import probe as p; "
+                  "p.GEMM_SIZES = (128,); p.TRIAD_ELEMENTS = 1 << 20; "
+                  "first = local_probe(); second = local_probe(); "
+                  "print(bool(first.contention), bool(second.contention), cache_path().exists())")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "MODAK_CACHE": str(tmp_path)})
+    finally:
+        hog.kill()
+        hog.wait()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "False"]
+    assert result.stderr.count("probing this machine's ceilings once") == 2
+    assert result.stderr.count("the probe did not run alone (other processes used") == 2
+    assert "probe again on a quiet machine (this result is not cached)" in result.stderr

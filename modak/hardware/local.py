@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.hardware.probe import METHOD, ProbeResult, probe, target_sections
+from modak.hardware.probe import METHOD, ProbeResult, contention_warning, probe, target_sections
 from modak.paths import cache_dir, write_atomic
 
 
@@ -37,8 +37,11 @@ def cache_path() -> Path:
     return cache_dir() / "probe" / f"{host_key()}.m{METHOD}.json"
 
 
-def store_probe(result: ProbeResult) -> Path:
-    """Cache ``result`` as this host's probe; returns the file."""
+def store_probe(result: ProbeResult) -> Path | None:
+    """Cache ``result`` as this host's probe and return the file; a probe that did not run alone
+    (``result.contention``) is not cached: None."""
+    if result.contention:
+        return None
     path = cache_path()
     write_atomic(path, result.to_json())
     return path
@@ -54,7 +57,8 @@ def local_probe() -> ProbeResult:
     print("modak: target 'local': probing this machine's ceilings once (about 40 s; cached in "
           f"{path.parent}, `modak probe` refreshes it)", file=sys.stderr)
     result = probe()
-    store_probe(result)
+    if store_probe(result) is None:
+        print(f"modak: warning: {contention_warning(result)[0]}", file=sys.stderr)
     return result
 
 

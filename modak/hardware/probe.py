@@ -51,6 +51,9 @@ class ProbeResult:
     frequency_ghz: float | None
     frequency_source: str
     warnings: tuple[str, ...] = ()
+    # which other processes ran on this process's CPUs while it measured (modak.runtime.measure.contention_reasons):
+    # its ceilings are then low; empty: it ran alone
+    contention: tuple[str, ...] = ()
     gpu: dict[str, Any] | None = None
     seconds: float = 0.0
     host: str = field(default_factory=platform.node)
@@ -71,13 +74,15 @@ class ProbeResult:
                       "gemm_kernels": {p: {k: by_threads(v) for k, v in kernels.items()}
                                        for p, kernels in data["gemm_kernels"].items()},
                       "triad_gbs": by_threads(data["triad_gbs"]), "triad_spread": by_threads(data["triad_spread"]),
-                      "warnings": tuple(data["warnings"])})
+                      "warnings": tuple(data["warnings"]), "contention": tuple(data.get("contention", ()))})
 
 
 def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeResult:
     """Run the measurements (about 40 s on a 2-core machine; ``quick`` shrinks the problem sizes)."""
     import archspec.cpu
     import torch
+
+    from modak.runtime.measure import CpuWatch, contention_reasons
 
     start = time.perf_counter()
     sockets, cores_per_socket, threads_per_core = _topology()
@@ -91,13 +96,14 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     spread: dict[int, float] = {}
     saved = torch.get_num_threads()
     try:
-        for threads in counts:
-            torch.set_num_threads(threads)
-            for (precision, kernel), rate in gemm_rates(torch, precisions, threads, sizes).items():
-                kernels[precision].setdefault(kernel, {})[threads] = rate
-            runs = [_triad_gbs(torch, elements, "cpu") for _ in range(TRIAD_REPEATS)]
-            triad[threads] = statistics.median(runs)
-            spread[threads] = (max(runs) - min(runs)) / triad[threads]
+        with CpuWatch() as watch:
+            for threads in counts:
+                torch.set_num_threads(threads)
+                for (precision, kernel), rate in gemm_rates(torch, precisions, threads, sizes).items():
+                    kernels[precision].setdefault(kernel, {})[threads] = rate
+                runs = [_triad_gbs(torch, elements, "cpu") for _ in range(TRIAD_REPEATS)]
+                triad[threads] = statistics.median(runs)
+                spread[threads] = (max(runs) - min(runs)) / triad[threads]
     finally:
         torch.set_num_threads(saved)
     gemm = {p: {t: max(by_kernel[t] for by_kernel in kernels[p].values() if t in by_kernel) for t in counts}
@@ -111,7 +117,10 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
         gemm_kernels=kernels, triad_gbs=triad, triad_spread=spread, theoretical_fp32_gflops=theoretical,
         frequency_ghz=frequency, frequency_source=source,
         warnings=_warnings(max(gemm["fp32"].values()), theoretical, frequency, source),
-        gpu=_probe_gpu(torch, quick), seconds=time.perf_counter() - start)
+        # Other processes only: steal time is the VM's own weather (0.1 CPUs is common on the CI VMs), which the
+        # interleaved rounds already take the best of, and which probing again would not stop.
+        contention=tuple(contention_reasons({**watch.report(), "steal_cores": None})), gpu=_probe_gpu(torch, quick),
+        seconds=time.perf_counter() - start)
 
 
 def to_target(result: ProbeResult, name: str) -> dict[str, Any]:
@@ -156,8 +165,16 @@ def probe_comment(result: ProbeResult) -> str:
                      f"{result.frequency_ghz:.2f} GHz ({result.frequency_source})")
     lines.append(f"stream triad GB/s by threads (median of {TRIAD_REPEATS}, spread): " + ", ".join(
         f"{t}: {v:.1f} ({result.triad_spread[t]:.0%})" for t, v in sorted(result.triad_gbs.items())))
-    lines += [f"warning: {w}" for w in result.warnings]
+    lines += [f"warning: {w}" for w in (*result.warnings, *contention_warning(result))]
     return "".join(f"# {line}\n" for line in lines)
+
+
+def contention_warning(result: ProbeResult) -> tuple[str, ...]:
+    """What to tell the user when the probe did not run alone (empty when it did)."""
+    if not result.contention:
+        return ()
+    return (f"the probe did not run alone ({'; '.join(result.contention)}): its ceilings may be too low, and every "
+            "prediction scales with them; probe again on a quiet machine (this result is not cached)",)
 
 
 def _warnings(best_fp32: float, theoretical: float | None, frequency: float | None, source: str) -> tuple[str, ...]:
