@@ -94,9 +94,10 @@ def test_a_gemm_rate_off_the_theoretical_peak_is_named() -> None:
 
 
 def test_a_probe_beside_a_cpu_hog_says_so_and_is_not_cached(tmp_path) -> None:
-    """A real busy loop on this process's CPUs while the probe measures: the probe names it, warns that its ceilings
-    may be low, and is not cached, so the next use probes again."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """Real busy loops on this process's CPUs (one per CPU, so that any machine counts them) while the probe
+    measures: the probe names them, warns that its ceilings may be low, and is not cached, so the next use probes
+    again."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
     try:
         script = ("from modak.hardware.local import cache_path, local_probe; from modak.hardware import probe as p; "
                   "p.GEMM_SIZES = (128,); p.TRIAD_ELEMENTS = 1 << 20; "
@@ -105,8 +106,9 @@ def test_a_probe_beside_a_cpu_hog_says_so_and_is_not_cached(tmp_path) -> None:
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                                 env={**os.environ, "MODAK_CACHE": str(tmp_path)})
     finally:
-        hog.kill()
-        hog.wait()
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "True", "False"]
     assert result.stderr.count("probing this machine's ceilings once") == 2
