@@ -102,6 +102,20 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("lstm_lm", "LSTM language model: 256-wide embeddings of 10k tokens, 2 LSTM layers of 512, the last "
              "position's next-token logits (11.4 M params)", {"input_ids": (64,)}, {"input_ids": "int64"}, _BOTH,
              "lstm_lm", {"input_ids": 10_000}),
+    ZooEntry("efficientnet_b0", "EfficientNet-B0 image classifier: inverted bottlenecks with squeeze-and-"
+             "excitation, SiLU, 3x3 and 5x5 depthwise convolutions, 1000 classes (5.3 M params, 0.39 GMAC at 224x224)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "efficientnet_b0"),
+    ZooEntry("squeezenet", "SqueezeNet 1.1 image classifier: fire modules (1x1 squeeze, concatenated 1x1 and 3x3 "
+             "expands), 1000 classes from a 1x1 convolution (1.2 M params, 0.35 GMAC at 224x224)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "squeezenet"),
+    ZooEntry("gru_kws", "GRU keyword spotter: 2 GRU layers of 256 over 100 frames of 40 audio features, 12 "
+             "classes (0.6 M params)", {"features": (100, 40)}, {"features": "float32"}, _BOTH, "gru_kws"),
+    ZooEntry("gpt_small", "GPT-style decoder: 4 pre-norm blocks of hidden 256 and 4 heads with a causal mask over "
+             "128 tokens of a 10k vocabulary, the last position's next-token logits (tied output layer; 5.7 M "
+             "params)", {"input_ids": (128,)}, {"input_ids": "int64"}, _BOTH, "gpt_small", {"input_ids": 10_000}),
+    ZooEntry("m5_audio", "M5 raw-audio classifier: four Conv1d stages (a 80-wide stride-4 first one) with "
+             "BatchNorm and max-pooling over 1 s at 16 kHz, 35 classes (0.6 M params)",
+             {"audio": (1, 16000)}, {"audio": "float32"}, _BOTH, "m5_audio"),
     ZooEntry("chain4", "Dispatch-overhead probe: 4 fully connected layers 16-16 with tanh (8 graph nodes, 1 k "
              "params)", {"input": (16,)}, {"input": "float32"}, _BOTH, "chain4"),
     ZooEntry("chain64", "Dispatch-overhead probe: 64 fully connected layers 16-16 with tanh (128 graph nodes, "

@@ -541,6 +541,179 @@ class LstmLanguageModel(nn.Module):
         return self.head(output[:, -1])
 
 
+# --- EfficientNet-B0: inverted bottlenecks with squeeze-and-excitation, SiLU, 3x3 and 5x5 depthwise ----------
+
+class SqueezeExcite(nn.Module):
+    """Channel attention: a pooled 1x1 bottleneck whose sigmoid scales the channels."""
+
+    def __init__(self, channels: int, reduced: int) -> None:
+        super().__init__()
+        self.reduce = nn.Conv2d(channels, reduced, 1)
+        self.expand = nn.Conv2d(reduced, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.expand(F.silu(self.reduce(x.mean((2, 3), keepdim=True)))))
+
+
+class MBConv(nn.Module):
+    def __init__(self, inp: int, oup: int, expand: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        hidden = inp * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(inp, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.SiLU()]
+        layers += [nn.Conv2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden, bias=False),
+                   nn.BatchNorm2d(hidden), nn.SiLU(), SqueezeExcite(hidden, max(1, inp // 4)),
+                   nn.Conv2d(hidden, oup, 1, bias=False), nn.BatchNorm2d(oup)]
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and inp == oup
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x) if self.residual else self.block(x)
+
+
+class EfficientNet(nn.Module):
+    """EfficientNet-B0 (Tan and Le 2019), without dropout and stochastic depth (inference form)."""
+
+    # (expansion, output channels, blocks, first stride, kernel) per stage
+    STAGES = ((1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 40, 2, 2, 5), (6, 80, 3, 2, 3), (6, 112, 3, 1, 5),
+              (6, 192, 4, 2, 5), (6, 320, 1, 1, 3))
+
+    def __init__(self, channels: int, classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(channels, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU()]
+        inp = 32
+        for expand, oup, blocks, stride, kernel in self.STAGES:
+            for i in range(blocks):
+                layers.append(MBConv(inp, oup, expand, kernel, stride if i == 0 else 1))
+                inp = oup
+        layers += [nn.Conv2d(inp, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.SiLU()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(1280, classes)
+        _init_vision(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).mean((2, 3)))
+
+
+# --- SqueezeNet 1.1: fire modules (1x1 squeeze, concatenated 1x1 and 3x3 expands), no fully connected layer ---
+
+class Fire(nn.Module):
+    def __init__(self, inp: int, squeeze: int, expand: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(inp, squeeze, 1)
+        self.expand1 = nn.Conv2d(squeeze, expand, 1)
+        self.expand3 = nn.Conv2d(squeeze, expand, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.squeeze(x))
+        return torch.cat((F.relu(self.expand1(x)), F.relu(self.expand3(x))), 1)
+
+
+class SqueezeNet(nn.Module):
+    """SqueezeNet 1.1 (Iandola et al. 2016), without dropout: class scores from a 1x1 convolution, averaged."""
+
+    def __init__(self, channels: int, classes: int = 1000) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 64, 3, 2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True),
+            Fire(64, 16, 64), Fire(128, 16, 64), nn.MaxPool2d(3, 2, ceil_mode=True),
+            Fire(128, 32, 128), Fire(256, 32, 128), nn.MaxPool2d(3, 2, ceil_mode=True),
+            Fire(256, 48, 192), Fire(384, 48, 192), Fire(384, 64, 256), Fire(512, 64, 256))
+        self.classifier = nn.Conv2d(512, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.classifier(self.features(x))).mean((2, 3))
+
+
+# --- A GRU keyword spotter: stacked GRU layers over frames of audio features, the last frame's class logits ----
+
+class GruClassifier(nn.Module):
+    def __init__(self, features: int, hidden: int = 256, layers: int = 2, classes: int = 12) -> None:
+        super().__init__()
+        self.gru = nn.GRU(features, hidden, layers, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        output, _ = self.gru(features)
+        return self.head(output[:, -1])
+
+
+# --- A small GPT-style decoder: causal self-attention, pre-norm blocks, the last position's next-token logits --
+
+class GptBlock(nn.Module):
+    def __init__(self, hidden: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.heads, self.seq, self.hidden = heads, seq, hidden  # constant shapes: the export infers them
+        self.attention_norm = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.projection = nn.Linear(hidden, hidden)
+        self.mlp_norm = nn.LayerNorm(hidden)
+        self.expand = nn.Linear(hidden, 4 * hidden)
+        self.contract = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+        seq, hidden = self.seq, self.hidden
+        q, k, v = self.qkv(self.attention_norm(x)).reshape(-1, seq, 3, self.heads, hidden // self.heads).permute(
+            2, 0, 3, 1, 4)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hidden // self.heads) + causal
+        context = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(-1, seq, hidden)
+        x = x + self.projection(context)
+        return x + self.contract(F.gelu(self.expand(self.mlp_norm(x))))
+
+
+class GptDecoder(nn.Module):
+    """A GPT-2-style decoder (Radford et al. 2019): token and learned position embeddings, pre-norm blocks with a
+    causal mask (an additive constant), a final norm and an output layer tied to the token embeddings."""
+
+    def __init__(self, seq: int, vocab: int, hidden: int = 256, layers: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, hidden)
+        self.positions = nn.Parameter(torch.randn(seq, hidden) * 0.01)
+        self.blocks = nn.ModuleList(GptBlock(hidden, heads, seq) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
+        self.register_buffer("causal", torch.full((seq, seq), -1e9).triu(1))
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0, 0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(input_ids) + self.positions
+        for block in self.blocks:
+            x = block(x, self.causal)
+        return torch.matmul(self.norm(x[:, -1]), self.tokens.weight.t())
+
+
+# --- M5: a 1-D CNN over raw audio (a wide strided first convolution, then 3-wide ones, each pooled by 4) -------
+
+class M5(nn.Module):
+    """M5 (Dai et al. 2017): four Conv1d + BatchNorm + ReLU + max-pool stages, global average, class logits."""
+
+    WIDTHS = (128, 128, 256, 512)
+
+    def __init__(self, channels: int, classes: int = 35) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for i, (inp, oup) in enumerate(zip((channels, *self.WIDTHS[:-1]), self.WIDTHS)):
+            layers += [nn.Conv1d(inp, oup, 80 if i == 0 else 3, 4 if i == 0 else 1), nn.BatchNorm1d(oup), nn.ReLU(),
+                       nn.MaxPool1d(4)]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(self.WIDTHS[-1], classes)
+
+    @staticmethod
+    def output_length(samples: int) -> int:
+        """The time steps left after the four stages for an input of ``samples``."""
+        length = (samples - 80) // 4 + 1
+        for _ in M5.WIDTHS[1:]:
+            length = length // 4 - 2
+        return length // 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).mean(2))
+
+
 # --- Factories: per-sample input shapes in, module out -----------------------------------------------------
 
 def build(factory: str, shapes: Shapes, bounds: Bounds) -> nn.Module:
@@ -642,3 +815,31 @@ def unet_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
 
 def lstm_lm(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return LstmLanguageModel(vocab=bounds["input_ids"])
+
+
+def efficientnet_b0(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return EfficientNet(_image(shapes, 32, "five stride-2 stages")[0])
+
+
+def squeezenet(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    channels, height, width = shapes["input"]
+    if min(height, width) < 17:
+        raise ValueError(f"height and width must be at least 17 (a stride-2 convolution and three poolings), "
+                         f"got {height}x{width}")
+    return SqueezeNet(channels)
+
+
+def gru_kws(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return GruClassifier(features=shapes["features"][1])
+
+
+def gpt_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return GptDecoder(seq=shapes["input_ids"][0], vocab=bounds["input_ids"])
+
+
+def m5_audio(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    channels, samples = shapes["audio"]
+    if M5.output_length(samples) < 1:
+        raise ValueError(f"the audio needs at least 1772 samples (a stride-4 convolution and four poolings by 4), "
+                         f"got {samples}")
+    return M5(channels)
