@@ -1,12 +1,13 @@
 """How the learned model's error on a never-measured model falls with the number of model architectures it learns from.
 
-Leave-one-model-out on one machine's rows (``--machine``), as ``modak model eval`` does it, but with only ``k`` of the
-other models in training (every machine's rows of them; each held-out model's fold draws its own random subset, ``--draws`` times). Per ``k``: MAPE, median Kendall tau and hit
-rate (``modak.predict.evaluate.score``), mean over the draws [min–max]. Then the learning curve's usual form, MAPE
-~ a k^-alpha, fit by least squares in log-log on every draw's point, and the slope between the two largest sizes in
-points per doubling: how many architectures each, continued, would need for ``--target`` (#13's 15%).
+Leave-one-model-out on one machine's rows (``--machine``), as ``modak model eval`` does it, but with only ``k`` of
+the other models in training (every machine's rows of them; each held-out model's fold draws its own random subset,
+``--draws`` times). Per ``k``: MAPE, median Kendall tau and hit rate (``modak.predict.evaluate.score``), mean over
+the draws [min–max]. Then the learning curve's usual form, MAPE ~ a k^-alpha, fit by least squares in log-log on
+every draw's point, and the slope between the two largest sizes in points per doubling: how many architectures
+each, continued, would need for ``--target`` (#13's 15%).
 
-    python benchmarks/learning_curve.py --machine ci-zen3-2c --sizes 2 4 8 15 --draws 3
+    python benchmarks/learning_curve.py --machine ci-zen3-2c --sizes 2 4 8 16 20 --draws 3
 
 ``--without`` and ``--held-out`` check the curve on models added later: the older models' scores with the data as
 it was (``--without NEW...``) against the same scores with the new models' rows in training (``--held-out OLD...``).
@@ -68,7 +69,8 @@ def main() -> None:
     args = parser.parse_args()
     catalog = load_catalog()
     rows = [r for r in ok_rows(shipped_rows()) if r.model not in args.without]
-    held_out = sorted({r.model for r in rows if r.machine == args.machine and r.model in (args.held_out or [r.model])})
+    held_out = sorted({r.model for r in rows if r.machine == args.machine
+                       and (args.held_out is None or r.model in args.held_out)})
     if not held_out:
         raise SystemExit(f"no shipped row of machine '{args.machine}' to hold out")
     available = len({r.model for r in rows}) - 1
@@ -81,8 +83,8 @@ def main() -> None:
         scores = [curve_point(rows, args.machine, held_out, k, draw, catalog) for draw in range(args.draws)]
         points += [(k, s.mape) for s in scores]
         print(f"  {k:>3}  {cell([s.mape for s in scores], '.1%'):<24}"
-              f"{cell([s.kendall_tau_median for s in scores], '.2f'):<18}{cell([s.hit_rate for s in scores], '.0%'):<20}",
-              flush=True)
+              f"{cell([s.kendall_tau_median for s in scores], '.2f'):<18}"
+              f"{cell([s.hit_rate for s in scores], '.0%'):<20}", flush=True)
     if len(sizes) < 2:
         return
     # A learning curve's usual form: error ~ a * k^-alpha, a line in log-log, fit on every draw's point.
@@ -95,6 +97,7 @@ def main() -> None:
     print(f"  between the two largest sizes: {100 * local:+.1f} points per doubling"
           + (f"; continued, {args.target:.0%} at k ~ {sizes[-1] * 2 ** ((args.target - last[1]) / local):.0f}"
              if local < 0 else ""))
+
 
 if __name__ == "__main__":
     main()
