@@ -31,6 +31,14 @@ def _init_vision(module: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+def _init_transformer(module: nn.Module) -> None:
+    """BERT's and GPT-2's initialization: N(0, 0.02) linear and embedding weights, zero biases."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0, 0.02)
+        if isinstance(m, nn.Linear):
+            nn.init.zeros_(m.bias)
+
 class MnistCNN(nn.Module):
     """Two 3x3 conv + ReLU + 2x2 max-pool stages, then two fully connected layers."""
 
@@ -238,11 +246,7 @@ class BertClassifier(nn.Module):
         self.layers = nn.ModuleList(BertLayer(hidden, heads, ffn, seq) for _ in range(layers))
         self.pooler = nn.Linear(hidden, hidden)
         self.classifier = nn.Linear(hidden, classes)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0, 0.02)
-            if isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        _init_transformer(self)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # Positions count along the sequence, derived from the ids so that the whole table stays a weight.
@@ -673,11 +677,7 @@ class GptDecoder(nn.Module):
         self.blocks = nn.ModuleList(GptBlock(hidden, heads, seq) for _ in range(layers))
         self.norm = nn.LayerNorm(hidden)
         self.register_buffer("causal", torch.full((seq, seq), -1e9).triu(1))
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0, 0.02)
-            if isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        _init_transformer(self)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(input_ids) + self.positions
