@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 
 import modak
+from modak import schedulers
 from modak.scaling import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.render.package import wheel_name
@@ -172,13 +173,12 @@ def cpuset(cores: list[int] | tuple[int, ...]) -> str:
 class JobScript:
     """What the scheduler script needs: directives, the engine and how to start the image."""
 
-    scheduler: str  # slurm, pbs or none
+    scheduler: str  # a registered scheduler's name (modak.schedulers)
     name: str
     partition: str | None
     account: str | None
     qos: str | None
-    time_limit: str  # Slurm syntax, as in the target
-    walltime: str  # the same limit as PBS's HH:MM:SS
+    time_limit: str  # the target's, in the scheduler's syntax
     nodes: int
     cpus_per_task: int
     gpus: int
@@ -199,11 +199,6 @@ class JobScript:
     scaling_summary: str = ""  # one line: the chosen worker count and its predicted efficiency
     rendezvous_port: int = RENDEZVOUS_PORT
     sharing: Sharing | None = None  # how it shares its node or GPU with other jobs (``modak pack``); None: it does not
-
-    @property
-    def family(self) -> str:
-        """The job script template: slurm, pbs or bash."""
-        return "bash" if self.scheduler == "none" else self.scheduler
 
 
 @dataclass(frozen=True)
@@ -388,25 +383,25 @@ def _base_image(logical: str, loaded: LoadedJob) -> BaseImage:
 def _job_script(plan: Plan, image: Image, command: tuple[str, ...], sharing: Sharing | None = None) -> JobScript:
     loaded = plan.loaded
     job, target = loaded.job, loaded.target
-    scheduler, engine = target.scheduler, target.container.engine
-    log = {"slurm": f"{job.name}-%j.out", "pbs": f"{job.name}.out", "none": f"{job.name}.log"}[scheduler.kind]
+    settings, engine = target.scheduler, target.container.engine
+    scheduler = schedulers.scheduler(settings.kind)
     gpu = plan.choice.candidate.device == "gpu"
     script = JobScript(
-        scheduler=scheduler.kind, name=job.name, partition=scheduler.partition, account=scheduler.account,
-        qos=scheduler.qos, time_limit=scheduler.time_limit, walltime=_pbs_walltime(scheduler.time_limit),
+        scheduler=settings.kind, name=job.name, partition=settings.partition, account=settings.account,
+        qos=settings.qos, time_limit=scheduler.time_limit(settings.time_limit),
         nodes=1,  # the plan runs one process on one node
         cpus_per_task=plan.ceilings.cores,
         gpus=(1 if sharing and sharing.gpu else plan.ceilings.gpu_count) if gpu else 0,
-        engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data, log_file=log,
-        default_command=_job_command(job, loaded.files.data), sharing=sharing)
+        engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data,
+        log_file=scheduler.log_file(job.name), default_command=_job_command(job, loaded.files.data), sharing=sharing)
     if job.scaling is None or sharing is not None:  # a job sharing a node or GPU (modak pack) runs one process
         return script
     # A job script without a scheduler runs on the node it is started on: one node at most.
-    chosen = advise(plan, single_node=scheduler.kind == "none").chosen
+    chosen = advise(plan, single_node=not scheduler.multi_node).chosen
     summary = (f"{chosen.workers} data-parallel worker(s), {chosen.nodes} node(s) x {chosen.per_node}: predicted "
                f"efficiency {chosen.efficiency:.2f} (min_efficiency {job.scaling.min_efficiency:g}; modak scale)"
                + ("; one node at most: without a scheduler, the script starts no processes on other nodes"
-                  if scheduler.kind == "none" and target.nodes > 1 else ""))
+                  if not scheduler.multi_node and target.nodes > 1 else ""))
     if chosen.workers == 1:
         return replace(script, scaling_summary=summary)
     return replace(script, nodes=chosen.nodes, gpus=chosen.per_node if gpu else 0, workers=chosen.workers,
@@ -427,21 +422,6 @@ def _job_command(job: Any, data: DataBind | None) -> tuple[str, ...]:
 def _serves(job: Any) -> bool:
     """Whether the image's default command is the server (an inference job without a command of its own)."""
     return job.task.value == "inference" and not (job.entrypoint and job.entrypoint.command)
-
-
-def _pbs_walltime(limit: str) -> str:
-    """A Slurm time limit (``M:S``, ``H:M:S``, ``D-H:M`` or ``D-H:M:S``) as PBS ``H:MM:SS``."""
-    days, _, clock = limit.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:
-        hours, minutes, seconds = (parts + [0])[:3]
-        hours += 24 * int(days)
-    elif len(parts) == 2:
-        hours, minutes, seconds = 0, *parts
-    else:
-        hours, minutes, seconds = parts
-    total = (hours * 60 + minutes) * 60 + seconds
-    return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
 def _compact(requirement: str) -> str:

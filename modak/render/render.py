@@ -44,6 +44,7 @@ from typing import Any
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, StrictUndefined, TemplateError
 
 import modak
+from modak import schedulers
 from modak.errors import InputError
 from modak.paths import data_dir
 from modak.render.ir import CONTEXT_ENTRIES, BuildDescription, ContextItem
@@ -125,14 +126,16 @@ def environment(family: str, site: tuple[Path, ...] = ()) -> Environment:
 def render_text(ir: BuildDescription, output: str, site: tuple[Path, ...] = ()) -> str:
     """The text of one generated build file (any of :data:`OUTPUTS` but ``plan.json``), with the templates of
     the ``site`` folders in front of modak's; a site template's error is an input error."""
+    scheduler = schedulers.scheduler(ir.job.scheduler)
     family, template = {
         "Dockerfile": ("dockerfile", "dockerfile/Dockerfile.j2"),
         "Singularity.def": ("singularity", "singularity/Singularity.def.j2"),
         "entrypoint.sh": ("shell", "entrypoint/entrypoint.sh.j2"),
-        "job.sh": ("shell", f"jobscript/{ir.job.family}.sh.j2"),
+        "job.sh": ("shell", scheduler.template),
     }[output]
     try:
-        return environment(family, site).get_template(template).render(ir=ir, job=ir.job, version=modak.__version__)
+        return environment(family, site).get_template(template).render(ir=ir, job=ir.job, scheduler=scheduler,
+                                                                        version=modak.__version__)
     except (TemplateError, RecursionError) as exc:
         if not site:
             raise

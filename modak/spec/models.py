@@ -7,9 +7,11 @@ safe alphabet (names, image references, scheduler fields) or escaped by the rend
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from modak.schedulers import SCHEDULERS
 
 API_VERSION = "modak/v1"
 
@@ -35,6 +37,15 @@ def _no_nul(value: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+# A target's scheduler.kind: a registered scheduler (modak.schedulers); a Literal of their names for pydantic (its
+# errors and the JSON Schema's enum list them), a string for static type checkers.
+if TYPE_CHECKING:
+    SchedulerKind = str
+else:
+    SchedulerKind = Literal[SCHEDULERS.names()]
+# A target's container.engine: the one home of the engines' names; modak.build.engines registers an implementation
+# of each (it is a higher layer: tests/test_registries.py checks that it registers exactly these).
+EngineName = Literal["docker", "podman", "apptainer"]
 Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: are a job's cores its own?
 AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.plan.choose_batch)
 
@@ -277,7 +288,7 @@ class Network(Strict):
 
 
 class Scheduler(Strict):
-    kind: Literal["slurm", "pbs", "none"] = "none"
+    kind: SchedulerKind = "none"
     allocation: Allocation = Field(
         "exclusive", description="exclusive: a job's cores are its own (Slurm/PBS core binding, --exclusive, "
                                  "Kubernetes' static CPU manager); shared: other work runs on them (oversubscribed "
@@ -305,7 +316,7 @@ class Scheduler(Strict):
 
 
 class Container(Strict):
-    engine: Literal["docker", "podman", "apptainer"] = "podman"
+    engine: EngineName = "podman"
     registry: ImageRef | None = Field(None, description="Registry/namespace images are pushed to.")
     base_images: dict[Name, ImageRef] = Field(
         default_factory=dict, description="Site mirrors for the logical base images of recipes (e.g. debian, cuda).")
