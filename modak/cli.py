@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from modak.bench.dispatch import dispatch_names
 from modak.documents import document
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
+from modak.spec.names import ENGINE_NAMES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,8 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     job_args(sub)
     sub.add_argument("--budget", type=float, default=600.0, help="wall-clock seconds for the race (default 600)")
     sub.add_argument("--trials", type=int, default=8, help="candidates raced, at most (default 8)")
-    sub.add_argument("--dispatch", choices=["local", "slurm"], default="local",
-                     help="run launches here (default) or as Slurm job arrays on the target's partition")
+    sub.add_argument("--dispatch", choices=dispatch_names(), default="local",
+                     help="run launches here (default) or as job arrays of that scheduler on the target's partition")
     sub.add_argument("--min-seconds", type=float, default=1.0, help="timed seconds per launch, at least (1)")
     sub.add_argument("--seed", type=int, default=None, help="seed of the rounds' order (default: random)")
     sub.add_argument("--json", action="store_true", help="print the race as JSON")
@@ -125,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("build", _cmd_build, "render, build, label, smoke-test and optionally push and submit the image")
     job_args(sub)
     sub.add_argument("-o", "--output", type=Path, help="output folder (default out/<job name>)")
-    sub.add_argument("--engine", choices=["docker", "podman", "apptainer"],
+    sub.add_argument("--engine", choices=ENGINE_NAMES,
                      help="container engine (default: the target's container.engine)")
     sub.add_argument("--push", action="store_true", help="push to the target's registry, pull back, check labels")
     sub.add_argument("--no-smoke", dest="smoke", action="store_false", help="skip the image's self-test")
@@ -520,8 +522,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     settings = TuneSettings(budget_s=args.budget, trials=args.trials,
                             protocol=BenchSettings(min_seconds=args.min_seconds, seed=args.seed))
     plan = _plan(args)
-    dispatcher = (dispatch.SlurmDispatcher(partition=plan.loaded.target.scheduler.partition)
-                  if args.dispatch == "slurm" else dispatch.LocalDispatcher())
+    dispatcher = dispatch.dispatcher(args.dispatch, plan.loaded.target.scheduler.partition)
     console = _console(stderr=True)
 
     def round_done(index: int, alive: list[str], dropped: list[str]) -> None:

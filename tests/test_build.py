@@ -34,11 +34,13 @@ from typing import Any
 import pytest
 import yaml
 
-from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test, split_ref
+from modak.build.credentials import split_ref
+from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test
 from modak.build.pipeline import LOCK_LABEL, OUT_DIR_LOCK, out_dir_lock, tuned_artifacts
-from modak.build.submit import Submission, output_file, parse_job_id, wait
+from modak.build.submit import Submission, wait
 from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED,
                           EXIT_PUSH_FAILED, EngineUnavailable, SubmitFailed)
+from modak.schedulers import scheduler
 from onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -778,23 +780,23 @@ def test_the_job_script_runs_batch_inference_into_its_results_folder(cnn: Built,
 
 # --- pieces without an engine --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("scheduler, stdout, expected", [
+@pytest.mark.parametrize("kind, stdout, expected", [
     ("slurm", "12345\n", "12345"), ("slurm", "12345;cluster\n", "12345"),
     ("pbs", "4711.pbs-server\n", "4711.pbs-server"), ("pbs", "4711[].server\n", "4711[].server"),
 ])
-def test_job_id_parsing(scheduler: str, stdout: str, expected: str) -> None:
-    assert parse_job_id(scheduler, stdout) == expected
+def test_job_id_parsing(kind: str, stdout: str, expected: str) -> None:
+    assert scheduler(kind).parse_job_id(stdout) == expected
 
 
-@pytest.mark.parametrize("scheduler, stdout", [("slurm", ""), ("slurm", "Submitted batch job 1\n"), ("pbs", "x y")])
-def test_job_id_parsing_rejects_other_output(scheduler: str, stdout: str) -> None:
+@pytest.mark.parametrize("kind, stdout", [("slurm", ""), ("slurm", "Submitted batch job 1\n"), ("pbs", "x y")])
+def test_job_id_parsing_rejects_other_output(kind: str, stdout: str) -> None:
     with pytest.raises(SubmitFailed):
-        parse_job_id(scheduler, stdout)
+        scheduler(kind).parse_job_id(stdout)
 
 
 def test_output_file_names(tmp_path: Path) -> None:
-    assert output_file("slurm", "job-%j.out", "42", tmp_path) == tmp_path / "job-42.out"
-    assert output_file("pbs", "job.out", "42.server", tmp_path) == tmp_path / "job.out"
+    assert scheduler("slurm").output_file("job-%j.out", "42", tmp_path) == tmp_path / "job-42.out"
+    assert scheduler("pbs").output_file("job.out", "42.server", tmp_path) == tmp_path / "job.out"
 
 
 def test_build_log_tracks_steps(tmp_path: Path) -> None:

@@ -13,10 +13,12 @@ PACKAGE = Path(modak.__file__).resolve().parent
 # Rank of each top-level part of modak: a module may import its own part or a part of lower rank.
 LAYERS = {
     "": 0, "errors": 0, "paths": 0,
+    "registry": 0.5,  # named implementations of an extension point (stdlib only; not copied into images yet)
     "image": 1,
     "runtime": 1.2,  # the image's public API and commands, over the deployment and the runtime adapters
     "documents": 1.5,  # host-side foundation: not copied into images
     "limits": 1.5,  # the bounds on every input file (host side)
+    "schedulers": 1.8,  # Slurm, PBS, bash: below the spec, whose scheduler.kind lists the registered ones
     "spec": 2,
     "hardware": 3,
     "workload": 4,

@@ -1,13 +1,13 @@
-"""Where a round's launches run: here, one after another (:class:`LocalDispatcher`), or as a Slurm job array on
-the target's partition (:class:`SlurmDispatcher`). A dispatcher returns one result per task, in order; a launch
-that failed, timed out or never ran is a result with ``status: error`` and the reason, never a partial row."""
+"""Where a round's launches run: here, one after another (:class:`LocalDispatcher`), or as a job array of a
+scheduler that runs them (:class:`ArrayDispatcher`, e.g. Slurm's) on the target's partition. A dispatcher returns
+one result per task, in order; a launch that failed, timed out or never ran is a result with ``status: error`` and
+the reason, never a partial row."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from modak.errors import InputError
+from modak.schedulers import SCHEDULERS, ArrayScheduler, scheduler
 
 
 @dataclass(frozen=True)
@@ -93,24 +94,24 @@ def task_from_spec(spec: dict) -> LaunchTask:
                       Path(spec["folder"]))
 
 
-class SlurmDispatcher:
-    """Launches run as one Slurm job array per round, one array task per launch, each with a node to itself
-    (``--exclusive``), on ``partition`` (Slurm's default if None).
+class ArrayDispatcher:
+    """Launches run as one job array of ``scheduler`` per round, one array task per launch, each with a node to
+    itself, on ``partition`` (the scheduler's default if None); ``extra``: options of its submit command.
 
     An array task runs ``sys.executable -m modak.bench.task SPEC`` (:mod:`modak.bench.task`), which writes its
     result atomically beside its spec, so the compute nodes must see the same Python environment and files, and
     the tasks' folders must be on a file system they share (a round's files go beside them). A task without a
     result, or whose result is an error, runs again in a new array up to ``requeue`` times; then its result is an
-    error naming its Slurm state. Slurm's time limit (``--time``) is ``time_limit_s``, or the tasks' longest
-    timeout plus a minute, in whole minutes: the task's own timeout ends the launch first, Slurm's ends a task
-    that hangs past it. A round that has not ended after every task's time limit, one after another, plus a
-    margin, is cancelled (``scancel``), as it is on Ctrl-C, so nothing stays queued."""
+    error naming its state in the scheduler. The scheduler's time limit is ``time_limit_s``, or the tasks' longest
+    timeout plus a minute, in whole minutes: the task's own timeout ends the launch first, the scheduler's ends a
+    task that hangs past it. A round that has not ended after every task's time limit, one after another, plus a
+    margin, is cancelled, as it is on Ctrl-C, so nothing stays queued."""
 
     MARGIN_S = 120.0  # scheduling on top of the tasks' time limits
 
-    def __init__(self, partition: str | None = None, time_limit_s: float | None = None, extra: Sequence[str] = (),
-                 poll_s: float = 1.0, requeue: int = 1) -> None:
-        self.partition, self.time_limit_s, self.extra = partition, time_limit_s, list(extra)
+    def __init__(self, scheduler: ArrayScheduler, partition: str | None = None, time_limit_s: float | None = None,
+                 extra: Sequence[str] = (), poll_s: float = 1.0, requeue: int = 1) -> None:
+        self.scheduler, self.partition, self.time_limit_s, self.extra = scheduler, partition, time_limit_s, list(extra)
         self.poll_s, self.requeue = poll_s, requeue
 
     def run(self, tasks: Sequence[LaunchTask]) -> list[dict]:
@@ -125,21 +126,22 @@ class SlurmDispatcher:
         for index in pending:
             failure = results[index]
             times = {1: "once", 2: "twice"}.get(self.requeue + 1, f"{self.requeue + 1} times")
-            results[index] = {"status": "error",
-                              "error": f"slurm task {failure['slurm_task']} failed {times}: {failure['error']}"}
+            results[index] = {"status": "error", "error": f"{self.scheduler.name} task {failure['array_task']} "
+                                                          f"failed {times}: {failure['error']}"}
         return results
 
     def _array(self, tasks: Sequence[LaunchTask]) -> list[dict]:
-        """Run ``tasks`` as one job array; their results, a failed task's naming its Slurm task (``slurm_task``)."""
-        folder = Path(tempfile.mkdtemp(prefix="slurm-round-", dir=tasks[0].folder.parent))
+        """Run ``tasks`` as one job array; their results, a failed task's naming its array task (``array_task``)."""
+        folder = Path(tempfile.mkdtemp(prefix=f"{self.scheduler.name}-round-", dir=tasks[0].folder.parent))
         for index, task in enumerate(tasks):
             (folder / f"{index}.json").write_text(json.dumps(task_spec(task)))
         limit_s = self.time_limit_s or max(t.timeout_s for t in tasks) + 60
         script = folder / "array.sh"
-        script.write_text(self._script(folder, len(tasks), math.ceil(limit_s / 60)))
-        job = self._submit(script)
+        script.write_text(self.scheduler.array_script(len(tasks), math.ceil(limit_s / 60), folder, self.partition,
+                                                      (sys.executable, "-m", "modak.bench.task")))
+        job = self.scheduler.submit_array(script, self.extra)
         finished = self._wait(job, len(tasks) * limit_s + self.MARGIN_S)
-        states = _task_states(job)
+        states = self.scheduler.task_states(job)
         results = []
         for index in range(len(tasks)):
             result = _read_result(folder / f"{index}.result.json")
@@ -149,73 +151,38 @@ class SlurmDispatcher:
                     reason = f"the array did not end within {len(tasks) * limit_s + self.MARGIN_S:.0f} s; {reason}"
                 result = {"status": "error", "error": reason}
             if result.get("status") == "error":
-                result["slurm_task"] = f"{job}_{index}"
+                result["array_task"] = self.scheduler.task_name(job, index)
             results.append(result)
         return results
-
-    def _script(self, folder: Path, count: int, minutes: int) -> str:
-        # --exclusive: a measurement needs its node to itself, so two launches never share one.
-        directives = [f"--array=0-{count - 1}", "--exclusive", f"--time={minutes}", "--job-name=modak-bench",
-                      f"--output={folder}/%a.out"] + ([f"--partition={self.partition}"] if self.partition else [])
-        spec = f"{shlex.quote(str(folder))}/$SLURM_ARRAY_TASK_ID.json"
-        return "\n".join(["#!/bin/bash", *(f"#SBATCH {d}" for d in directives),
-                          f"exec {shlex.quote(sys.executable)} -m modak.bench.task {spec}", ""])
-
-    def _submit(self, script: Path) -> str:
-        """Submit ``script``; the job id."""
-        argv = ["sbatch", "--parsable", *self.extra, str(script)]
-        try:
-            process = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
-        except FileNotFoundError:
-            raise InputError("sbatch not found on PATH: --dispatch slurm needs a Slurm client") from None
-        job = process.stdout.strip().split(";")[0]
-        if process.returncode != 0 or not job.isdigit():
-            reason = " ".join((process.stderr or process.stdout).split())[:400] or f"exit status {process.returncode}"
-            raise InputError(f"{' '.join(argv)}: {reason}")
-        return job
 
     def _wait(self, job: str, timeout_s: float) -> bool:
         """Wait until the array ``job`` has left the queue (True) or ``timeout_s`` passed (False, cancelled)."""
         deadline = time.monotonic() + timeout_s
         try:
-            while _queued(job):
+            while self.scheduler.queued(job):
                 if time.monotonic() > deadline:
-                    _cancel(job)
+                    self.scheduler.cancel(job)
                     return False
                 time.sleep(self.poll_s)
         except BaseException:
-            _cancel(job)
+            self.scheduler.cancel(job)
             raise
         return True
 
 
-def _queued(job: str) -> bool:
-    """Whether any task of ``job`` is pending or running (an unreachable controller counts as queued)."""
-    process = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True)
-    if process.returncode != 0:
-        return "Invalid job id" not in process.stderr  # purged: it ended long ago
-    return bool(process.stdout.strip())
+def dispatch_names() -> tuple[str, ...]:
+    """What ``modak tune --dispatch`` takes: ``local``, or a scheduler that runs job arrays."""
+    return ("local", *(name for name in SCHEDULERS.names() if issubclass(SCHEDULERS.get(name), ArrayScheduler)))
 
 
-def _cancel(job: str, wait_s: float = 60.0) -> None:
-    """Cancel ``job`` and wait (up to ``wait_s``) until its tasks have left the queue."""
-    subprocess.run(["scancel", job], capture_output=True)
-    deadline = time.monotonic() + wait_s
-    while _queued(job) and time.monotonic() < deadline:
-        time.sleep(0.5)
-
-
-def _task_states(job: str) -> dict[str, str]:
-    """Each array task's final state and reason, by task index, from ``scontrol`` (it needs no accounting and
-    keeps ended jobs for ``MinJobAge``)."""
-    process = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
-    states = {}
-    for line in process.stdout.splitlines():
-        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-        reason = fields.get("Reason", "None")
-        states[fields.get("ArrayTaskId", "")] = (fields.get("JobState", "UNKNOWN") + f" exit {fields.get('ExitCode')}"
-                                                 + (f" ({reason})" if reason != "None" else ""))
-    return states
+def dispatcher(name: str, partition: str | None = None) -> Dispatcher:
+    """The dispatcher called ``name`` (one of :func:`dispatch_names`); ``partition``: a job array's."""
+    if name == "local":
+        return LocalDispatcher()
+    where = scheduler(name)
+    if not isinstance(where, ArrayScheduler):
+        raise InputError(f"the {name} scheduler runs no job arrays (--dispatch takes {', '.join(dispatch_names())})")
+    return ArrayDispatcher(where, partition)
 
 
 def _read_result(path: Path) -> dict | None:

@@ -1,4 +1,4 @@
-"""One array task of :class:`modak.bench.dispatch.SlurmDispatcher`: ``python -m modak.bench.task SPEC`` runs the
+"""One array task of :class:`modak.bench.dispatch.ArrayDispatcher`: ``python -m modak.bench.task SPEC`` runs the
 launch that ``SPEC`` describes and writes its result atomically to ``SPEC`` with the suffix ``.result.json``, so
 the dispatcher finds a whole result or none."""
 

@@ -66,7 +66,7 @@ OUT_DIR_LOCK = ".modak-build.lock"  # held while a build uses its output folder 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    engine: str | None = None  # docker | podman | apptainer; default: the target's container.engine
+    engine: str | None = None  # a registered engine's name (modak.build.engines); default: the target's
     push: bool = False
     smoke: bool = True
     oci_archive: Path | None = None

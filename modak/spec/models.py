@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from modak.schedulers import SCHEDULERS
+from modak.spec.names import EngineName
 
 API_VERSION = "modak/v1"
 
@@ -43,9 +44,6 @@ if TYPE_CHECKING:
     SchedulerKind = str
 else:
     SchedulerKind = Literal[SCHEDULERS.names()]
-# A target's container.engine: the one home of the engines' names; modak.build.engines registers an implementation
-# of each (it is a higher layer: tests/test_registries.py checks that it registers exactly these).
-EngineName = Literal["docker", "podman", "apptainer"]
 Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: are a job's cores its own?
 AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.plan.choose_batch)
 

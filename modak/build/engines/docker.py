@@ -1,16 +1,6 @@
-"""Container engines behind one interface.
-
-* :class:`DockerEngine` talks the Docker Engine API through the ``docker`` SDK. The same code drives Docker
-  and Podman's Docker-compatible service (``podman system service``). The endpoint is ``DOCKER_HOST`` when
-  set; otherwise Docker's default socket for ``docker`` and :data:`PODMAN_SOCKET` for ``podman``.
-* :class:`ApptainerEngine` runs the ``apptainer`` (or ``singularity``) command line, unprivileged
-  (``--fakeroot``), with ``--nv`` for GPUs.
-
-Builds stream their log line by line into a :class:`BuildLog` (a file plus callbacks for progress), never
-waiting for the whole build. A build produces an *untagged* image; the caller tags it only once everything it
-checks has passed, so a failed or interrupted build never leaves a tag behind (Podman may finish a build whose
-client went away, but nothing names the result).
-"""
+"""Docker, and Podman's Docker-compatible service (``podman system service``), through the Docker Engine API (the
+``docker`` SDK). The endpoint is ``DOCKER_HOST`` when set; otherwise Docker's default socket for ``docker`` and
+:data:`PODMAN_SOCKET` for ``podman``."""
 
 from __future__ import annotations
 
@@ -19,207 +9,27 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import time
-from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any
 from urllib.parse import quote
 
 from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
 
 from modak.build.credentials import Credentials, split_ref
+from modak.build.engines.base import ENGINES, BuildLog, Engine, ImageInfo, RunResult, shorten
 
-if TYPE_CHECKING:
-    from modak.render.ir import BuildDescription
-
-ENGINES = ("docker", "podman", "apptainer")
 PODMAN_SOCKET = "unix:///run/modak/podman.sock"
 START_HINT = {
     "podman": "start Podman's Docker-compatible service with `.ci/provision.sh podman_service` "
               "(or `podman system service --time=0 unix:///run/modak/podman.sock &`) or point DOCKER_HOST at one",
     "docker": "start Docker with `systemctl start docker` or point DOCKER_HOST at a running daemon",
-    "apptainer": "install Apptainer (https://apptainer.org/docs/admin/main/installation.html), or build with "
-                 "--engine podman and convert: `modak build --oci-archive image.tar` then "
-                 "`apptainer build image.sif docker-archive://image.tar`",
 }
-_STEP = re.compile(r"^(?:STEP|Step) (\d+)/(\d+) ?: ?(.*)$")
 _BUILT = re.compile(r"^Successfully built ([0-9a-f]{12,64})\s*$")
 _DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
-
-
-@dataclass(frozen=True)
-class Step:
-    number: int
-    total: int
-    instruction: str
-
-    def __str__(self) -> str:
-        return f"step {self.number}/{self.total} ({_shorten(self.instruction, 120)})"
-
-
-class BuildLog:
-    """The full log of one build: appended to ``path`` as it arrives, the current step tracked.
-
-    ``on_line`` sees every line, ``on_step`` every new step (number, total, instruction).
-    """
-
-    def __init__(self, path: Path | None = None, on_line: Callable[[str], None] | None = None,
-                 on_step: Callable[[Step], None] | None = None) -> None:
-        self.path = path
-        self.on_line = on_line
-        self.on_step = on_step
-        self.step: Step | None = None
-        self.steps: list[Step] = []
-        self.tail: deque[str] = deque(maxlen=40)
-        self._partial = ""
-        self._file: TextIO | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("w", encoding="utf-8")
-
-    def write(self, text: str) -> None:
-        if self._file:
-            self._file.write(text)
-            self._file.flush()
-        self._partial += text
-        *lines, self._partial = self._partial.split("\n")
-        for line in lines:
-            self._line(line)
-
-    def note(self, text: str) -> None:
-        """A line of modak's own (``# modak: ...``)."""
-        self.write(f"# modak: {text}\n")
-
-    def _line(self, line: str) -> None:
-        line = line.rstrip("\r")
-        self.tail.append(line)
-        match = _STEP.match(line)
-        if match:
-            self.step = Step(int(match[1]), int(match[2]), match[3].strip())
-            self.steps.append(self.step)
-            if self.on_step:
-                self.on_step(self.step)
-        if self.on_line:
-            self.on_line(line)
-
-    def close(self) -> None:
-        if self._partial:
-            self._line(self._partial)
-            self._partial = ""
-        if self._file:
-            self._file.close()
-            self._file = None
-
-    def where(self) -> str:
-        return str(self.step) if self.step else "before the first step"
-
-    def failure(self, reason: str) -> BuildFailed:
-        """A :class:`BuildFailed` naming the current step, the reason and the log file."""
-        log = f"; full log: {self.path}" if self.path else ""
-        return BuildFailed(f"build failed at {self.where()}: {_shorten(reason, 400)}{log}",
-                           step=str(self.step) if self.step else None, log=self.path)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    exit_code: int
-    stdout: str
-    stderr: str
-    timed_out: bool = False
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    id: str
-    tags: tuple[str, ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-    size: int | None = None
-    repo_digests: tuple[str, ...] = ()
-
-
-class Engine(ABC):
-    """A container engine: build a context into an image, run it, and move it between places.
-
-    The interface speaks of images and runs, not of any engine's options: each engine translates them (its own
-    definition file in the rendered context, GPUs, network, where its images live).
-    """
-
-    name: str
-
-    @abstractmethod
-    def check(self) -> None:
-        """Raise :class:`EngineUnavailable` (one line, with how to start one) when the engine cannot be used."""
-
-    @abstractmethod
-    def endpoint(self) -> str:
-        """Where the engine is (a socket URL or a binary), for messages and reports."""
-
-    @abstractmethod
-    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
-        """Build the engine's definition file in ``context`` and return the new image's id (untagged); failures
-        raise :class:`BuildFailed`. ``no_cache``: rebuild what the engine would take from its cache."""
-
-    def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
-        """The name a finished build gets (:meth:`tag`): the plan's image reference."""
-        return ir.image.ref
-
-    @abstractmethod
-    def tag(self, image: str, ref: str) -> None:
-        """Name ``image`` ``ref``."""
-
-    @abstractmethod
-    def inspect(self, ref: str) -> ImageInfo | None:
-        """The image, or None when there is none by that name."""
-
-    @abstractmethod
-    def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-            timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
-        """Run ``image`` (its entrypoint, with ``command`` instead of its default one) and wait for it.
-
-        ``env``: extra environment variables; ``timeout``: seconds before the run is killed (exit code 124,
-        ``timed_out``); ``gpus``: how many GPUs the run uses (0: none; otherwise the host's GPUs are made
-        available); ``network``: whether the run may reach the network, where the engine can cut it off.
-        """
-
-    @abstractmethod
-    def read_file(self, image: str, path: str) -> bytes | None:
-        """A file's content from the image, or None when the image has no such file."""
-
-    @abstractmethod
-    def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
-        """``image`` with extra labels and files (image path -> host path) on top; the new image's id, or
-        ``image`` itself for an engine whose images cannot change after their build (it says so in ``log``)."""
-
-    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
-        """Push ``ref`` to its registry (logging in with ``credentials``, if any); the manifest digest when the
-        engine reports it. Nothing it logs or raises contains the password."""
-        raise PushFailed(f"the {self.name} engine cannot push images")
-
-    def pull(self, ref: str, credentials: Credentials | None = None) -> ImageInfo:
-        """Pull ``ref`` from its registry (logging in with ``credentials``, if any)."""
-        raise PushFailed(f"the {self.name} engine cannot pull images")
-
-    def save(self, ref: str, path: Path) -> None:
-        """Write ``ref`` as a docker-archive tar file (what ``apptainer build x.sif docker-archive://`` reads)."""
-        raise ModakError(f"the {self.name} engine cannot save images as archives")
-
-    def remove(self, ref: str) -> None:
-        """Remove the name ``ref`` (and the image when nothing else names it); nothing when absent."""
-
-
-def make_engine(name: str) -> Engine:
-    """The engine called ``name`` (docker, podman or apptainer)."""
-    if name in ("docker", "podman"):
-        return DockerEngine(name)
-    if name == "apptainer":
-        return ApptainerEngine()
-    raise ModakError(f"unknown container engine {name!r} (one of {', '.join(ENGINES)})")
 
 
 WAIT_POLL_S = 0.25  # how often a run's container is inspected until it exits
@@ -241,6 +51,7 @@ def _exit_code(container: Any, timeout: float) -> int | None:
         time.sleep(WAIT_POLL_S)
 
 
+@ENGINES.register("docker", "podman")
 class DockerEngine(Engine):
     """Docker, or Podman's Docker-compatible service, through the Docker Engine API."""
 
@@ -272,7 +83,7 @@ class DockerEngine(Engine):
             client.ping()
         except Exception as exc:  # DockerException, requests' ConnectionError, ...
             raise EngineUnavailable(f"{self.name} engine not reachable at {self.endpoint()} "
-                                    f"({_shorten(_reason(exc), 200)}); {START_HINT[self.name]}") from None
+                                    f"({shorten(_reason(exc), 200)}); {START_HINT[self.name]}") from None
         self._client = client
 
     def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
@@ -445,7 +256,7 @@ class DockerEngine(Engine):
             for chunk in chunks:
                 if "error" in chunk or "errorDetail" in chunk:
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
-                    raise PushFailed(f"pushing {ref} failed: {_shorten(redact(str(message)).strip(), 400)}"
+                    raise PushFailed(f"pushing {ref} failed: {shorten(redact(str(message)).strip(), 400)}"
                                      + _login_hint(ref, credentials, str(message)))
                 aux = chunk.get("aux")
                 if isinstance(aux, Mapping) and aux.get("Digest"):
@@ -458,7 +269,7 @@ class DockerEngine(Engine):
                     text = redact(text)
                     log.write(text if text.endswith("\n") else text + "\n")
         except docker.errors.DockerException as exc:
-            raise PushFailed(f"pushing {ref} failed: {_shorten(redact(_reason(exc)), 400)}"
+            raise PushFailed(f"pushing {ref} failed: {shorten(redact(_reason(exc)), 400)}"
                              + _login_hint(ref, credentials, _reason(exc))) from None
         return digest
 
@@ -480,10 +291,10 @@ class DockerEngine(Engine):
             for chunk in chunks:
                 if chunk.get("error") or chunk.get("errorDetail"):
                     message = chunk.get("error") or (chunk.get("errorDetail") or {}).get("message")
-                    raise PushFailed(f"pulling {ref} failed: {_shorten(redact(str(message)).strip(), 400)}"
+                    raise PushFailed(f"pulling {ref} failed: {shorten(redact(str(message)).strip(), 400)}"
                                      + _login_hint(ref, credentials, str(message)))
         except docker.errors.DockerException as exc:
-            raise PushFailed(f"pulling {ref} failed: {_shorten(redact(_reason(exc)), 400)}"
+            raise PushFailed(f"pulling {ref} failed: {shorten(redact(_reason(exc)), 400)}"
                              + _login_hint(ref, credentials, _reason(exc))) from None
         info = self.inspect(ref)
         if info is None:
@@ -510,132 +321,6 @@ class DockerEngine(Engine):
             pass
 
 
-class ApptainerEngine(Engine):
-    """Apptainer (or SingularityCE) through its command line, unprivileged: ``build --fakeroot``, ``--nv``.
-
-    Images are SIF files; "tagging" moves a finished build from its temporary name to the final one.
-    """
-
-    name = "apptainer"
-
-    def __init__(self, binary: str | None = None) -> None:
-        self.binary = binary or shutil.which("apptainer") or shutil.which("singularity")
-
-    def endpoint(self) -> str:
-        return self.binary or "apptainer (not found)"
-
-    def check(self) -> None:
-        if not self.binary:
-            raise EngineUnavailable(f"neither apptainer nor singularity is on PATH; {START_HINT['apptainer']}")
-
-    def _stream(self, argv: Sequence[str], log: BuildLog, cwd: Path | None = None) -> int:
-        log.note("$ " + " ".join(argv))
-        process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   errors="replace", stdin=subprocess.DEVNULL)
-        try:
-            assert process.stdout is not None
-            for line in process.stdout:
-                log.write(line)
-            return process.wait()
-        except BaseException:
-            process.terminate()
-            process.wait()
-            raise
-
-    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
-        """Build ``context/Singularity.def`` into a SIF file beside it (its path is the image's id). A SIF build
-        has no layer cache: ``no_cache`` changes nothing."""
-        self.check()
-        assert self.binary
-        handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=context)
-        os.close(handle)
-        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, "Singularity.def"], log,
-                            cwd=context)
-        if code != 0:
-            Path(partial).unlink(missing_ok=True)
-            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
-        return partial
-
-    def build_from_archive(self, archive: Path, sif: Path, log: BuildLog) -> None:
-        """A SIF from a docker-archive tar (``modak build --oci-archive`` on a machine with Podman or Docker)."""
-        self.check()
-        assert self.binary
-        code = self._stream([self.binary, "build", "--fakeroot", "--force", str(sif), f"docker-archive://{archive}"],
-                            log)
-        if code != 0:
-            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
-
-    def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
-        """The SIF file the job script runs."""
-        return str(out_dir / ir.job.sif)
-
-    def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
-        """``image`` unchanged: a SIF's labels and files come from its definition file alone."""
-        log.note(f"a SIF file cannot change after its build: not adding the labels {', '.join(sorted(labels))}"
-                 + (f" or the files {', '.join(sorted(files))}" if files else ""))
-        return image
-
-    def tag(self, image: str, ref: str) -> None:
-        Path(image).replace(ref)
-
-    def inspect(self, ref: str) -> ImageInfo | None:
-        if not Path(ref).is_file():
-            return None
-        self.check()
-        assert self.binary
-        result = subprocess.run([self.binary, "inspect", "--json", "--labels", ref], capture_output=True, text=True)
-        labels: dict[str, str] = {}
-        if result.returncode == 0:
-            try:
-                data = json.loads(result.stdout)
-                labels = data.get("data", {}).get("attributes", {}).get("labels", {}) or {}
-            except json.JSONDecodeError:
-                pass
-        return ImageInfo(id=str(Path(ref).resolve()), tags=(ref,), labels=labels, size=Path(ref).stat().st_size)
-
-    def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-            timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
-        """``apptainer run --containall``, with ``--nv`` for GPUs. The run shares the host's network either way:
-        an unprivileged Apptainer cannot rely on network namespaces, which many sites disable."""
-        self.check()
-        assert self.binary
-        argv = [self.binary, "run", "--containall", *(["--nv"] if gpus else [])]
-        for key, value in (env or {}).items():
-            argv += ["--env", f"{key}={value}"]
-        argv += [image, *(command or ())]
-        try:
-            result = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
-                                    stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            return RunResult(124, _text(exc.stdout), _text(exc.stderr), True)
-        return RunResult(result.returncode, result.stdout, result.stderr)
-
-    def read_file(self, image: str, path: str) -> bytes | None:
-        self.check()
-        assert self.binary
-        result = subprocess.run([self.binary, "exec", image, "cat", path], capture_output=True)
-        return result.stdout if result.returncode == 0 else None
-
-    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
-        raise PushFailed("pushing SIF files is not supported by modak; use `apptainer push FILE.sif oras://...`")
-
-    def remove(self, ref: str) -> None:
-        Path(ref).unlink(missing_ok=True)
-
-
-def parse_self_test(stdout: str) -> dict[str, Any] | None:
-    """The self-test's JSON object: the last stdout line that is one."""
-    for line in reversed(stdout.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
-
 
 def _login_hint(ref: str, credentials: Credentials | None, message: str) -> str:
     """What to do about a registry that wants a login: how to give modak credentials, or that those it used were
@@ -655,15 +340,4 @@ def _reason(exc: BaseException) -> str:
     explanation = getattr(exc, "explanation", None)
     text = str(explanation or exc) or type(exc).__name__
     return " ".join(text.split())
-
-
-def _shorten(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 

@@ -1,0 +1,144 @@
+"""Apptainer (or SingularityCE) through its command line, unprivileged (``--fakeroot``), with ``--nv`` for GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modak.errors import EngineUnavailable, PushFailed
+
+from modak.build.credentials import Credentials
+from modak.build.engines.base import ENGINES, BuildLog, Engine, ImageInfo, RunResult
+
+if TYPE_CHECKING:
+    from modak.render.ir import BuildDescription
+
+START_HINT = ("install Apptainer (https://apptainer.org/docs/admin/main/installation.html), or build with --engine "
+              "podman and convert: `modak build --oci-archive image.tar` then "
+              "`apptainer build image.sif docker-archive://image.tar`")
+
+
+@ENGINES.register("apptainer")
+class ApptainerEngine(Engine):
+    """Apptainer (or SingularityCE) through its command line, unprivileged: ``build --fakeroot``, ``--nv``.
+
+    Images are SIF files; "tagging" moves a finished build from its temporary name to the final one.
+    """
+
+    def __init__(self, name: str = "apptainer", binary: str | None = None) -> None:
+        self.name = name
+        self.binary = binary or shutil.which("apptainer") or shutil.which("singularity")
+
+    def endpoint(self) -> str:
+        return self.binary or "apptainer (not found)"
+
+    def check(self) -> None:
+        if not self.binary:
+            raise EngineUnavailable(f"neither apptainer nor singularity is on PATH; {START_HINT}")
+
+    def _stream(self, argv: Sequence[str], log: BuildLog, cwd: Path | None = None) -> int:
+        log.note("$ " + " ".join(argv))
+        process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   errors="replace", stdin=subprocess.DEVNULL)
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+            return process.wait()
+        except BaseException:
+            process.terminate()
+            process.wait()
+            raise
+
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build ``context/Singularity.def`` into a SIF file beside it (its path is the image's id). A SIF build
+        has no layer cache: ``no_cache`` changes nothing."""
+        self.check()
+        assert self.binary
+        handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=context)
+        os.close(handle)
+        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, "Singularity.def"], log,
+                            cwd=context)
+        if code != 0:
+            Path(partial).unlink(missing_ok=True)
+            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+        return partial
+
+    def build_from_archive(self, archive: Path, sif: Path, log: BuildLog) -> None:
+        """A SIF from a docker-archive tar (``modak build --oci-archive`` on a machine with Podman or Docker)."""
+        self.check()
+        assert self.binary
+        code = self._stream([self.binary, "build", "--fakeroot", "--force", str(sif), f"docker-archive://{archive}"],
+                            log)
+        if code != 0:
+            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+
+    def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
+        """The SIF file the job script runs."""
+        return str(out_dir / ir.job.sif)
+
+    def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
+        """``image`` unchanged: a SIF's labels and files come from its definition file alone."""
+        log.note(f"a SIF file cannot change after its build: not adding the labels {', '.join(sorted(labels))}"
+                 + (f" or the files {', '.join(sorted(files))}" if files else ""))
+        return image
+
+    def tag(self, image: str, ref: str) -> None:
+        Path(image).replace(ref)
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        if not Path(ref).is_file():
+            return None
+        self.check()
+        assert self.binary
+        result = subprocess.run([self.binary, "inspect", "--json", "--labels", ref], capture_output=True, text=True)
+        labels: dict[str, str] = {}
+        if result.returncode == 0:
+            try:
+                data = json.loads(result.stdout)
+                labels = data.get("data", {}).get("attributes", {}).get("labels", {}) or {}
+            except json.JSONDecodeError:
+                pass
+        return ImageInfo(id=str(Path(ref).resolve()), tags=(ref,), labels=labels, size=Path(ref).stat().st_size)
+
+    def run(self, image: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 600, gpus: int = 0, network: bool = False) -> RunResult:
+        """``apptainer run --containall``, with ``--nv`` for GPUs. The run shares the host's network either way:
+        an unprivileged Apptainer cannot rely on network namespaces, which many sites disable."""
+        self.check()
+        assert self.binary
+        argv = [self.binary, "run", "--containall", *(["--nv"] if gpus else [])]
+        for key, value in (env or {}).items():
+            argv += ["--env", f"{key}={value}"]
+        argv += [image, *(command or ())]
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
+                                    stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            return RunResult(124, _text(exc.stdout), _text(exc.stderr), True)
+        return RunResult(result.returncode, result.stdout, result.stderr)
+
+    def read_file(self, image: str, path: str) -> bytes | None:
+        self.check()
+        assert self.binary
+        result = subprocess.run([self.binary, "exec", image, "cat", path], capture_output=True)
+        return result.stdout if result.returncode == 0 else None
+
+    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
+        raise PushFailed("pushing SIF files is not supported by modak; use `apptainer push FILE.sif oras://...`")
+
+    def remove(self, ref: str) -> None:
+        Path(ref).unlink(missing_ok=True)
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
