@@ -22,8 +22,9 @@ nothing (Triton's and Ray Serve's default): a lone request runs at once, and req
 runs form the next batch. ``--max-queue-delay-ms`` waits at most that long after the oldest arrived for a fuller
 batch; ``--max-batch 1`` turns batching off (one request per step). The batch runs as ONE
 :meth:`Model.run` in a single worker thread (a session is not assumed thread-safe; the runtime's own threads do
-the parallel work) and its outputs are split back. A request larger than ``--max-batch`` runs alone (:meth:`Model.run` cuts it into steps).
-When a batch of several requests fails, each is run again alone, so that only the faulty one gets the error.
+the parallel work) and its outputs are split back. A request larger than ``--max-batch`` runs alone
+(:meth:`Model.run` cuts it into steps). When a batch of several requests fails, each is run again alone, so that
+only the faulty one gets the error.
 
 Limits: bodies over ``--max-body-mb`` are refused with 413 (a declared Content-Length at once; a chunked body as
 soon as it passes the limit; the rest is discarded unread); so are requests with more samples than

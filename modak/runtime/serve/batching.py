@@ -144,4 +144,3 @@ class DynamicBatcher:
             results.append({name: out[offset:offset + pending.samples] for name, out in outputs.items()})
             offset += pending.samples
         return results
-

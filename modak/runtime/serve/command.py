@@ -88,11 +88,9 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_OK if server.started else EXIT_RUN_FAILED
 
 
-
 def _plan_job_name() -> str | None:
     try:
         name = json.loads(Path(location(PLAN_VARIABLE)).read_text(encoding="utf-8")).get("job")
     except (OSError, ValueError, AttributeError):
         return None
     return name if isinstance(name, str) and _NAME.fullmatch(name) else None
-
