@@ -87,8 +87,8 @@ class Model:
         missing, unknown = sorted(set(expected) - set(feeds)), sorted(set(feeds) - set(expected))
         if missing or unknown:
             raise FeedError(f"the model's inputs are {', '.join(expected)}"
-                             + (f"; missing {', '.join(missing)}" if missing else "")
-                             + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+                            + (f"; missing {', '.join(missing)}" if missing else "")
+                            + (f"; unknown {', '.join(unknown)}" if unknown else ""))
         arrays: dict[str, np.ndarray] = {}
         for name, spec in expected.items():
             array = np.asarray(feeds[name])
@@ -97,12 +97,12 @@ class Model:
             if array.ndim != len(spec.shape) + 1 or any(
                     want not in (-1, got) for want, got in zip(spec.shape, array.shape[1:])):
                 raise FeedError(f"input {name}: shape {list(array.shape)} does not fit [batch, "
-                                 f"{', '.join(map(str, spec.shape))}]")
+                                f"{', '.join(map(str, spec.shape))}]")
             arrays[name] = array.astype(spec.dtype, copy=False)
         counts = {len(a) for a in arrays.values()}
         if len(counts) != 1 or 0 in counts:
             raise FeedError(f"every input needs the same number of samples (at least 1); got "
-                             f"{ {n: len(a) for n, a in arrays.items()} }")
+                            f"{ {n: len(a) for n, a in arrays.items()} }")
         return arrays
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
