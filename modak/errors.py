@@ -7,11 +7,12 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-# Documented exit codes (README, "Exit codes").
+# Documented exit codes (README, "Exit codes"); the image's commands (modak.runtime.cli) use 0, 2, 3, 130 and
+# their own below.
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
-EXIT_MEASUREMENT_FAILED = 3  # the runner: a measured candidate failed
+EXIT_RUN_FAILED = 3  # in the image: the model or its deployment failed (modak bench: a failed candidate)
 EXIT_ENGINE_UNAVAILABLE = 4  # no container engine to talk to
 EXIT_BUILD_FAILED = 5  # a build step failed (the log names it)
 EXIT_SMOKE_FAILED = 6  # the built image's self-test failed or ran another runtime
@@ -19,6 +20,10 @@ EXIT_SUBMIT_FAILED = 7  # the scheduler refused the job script
 EXIT_PUSH_FAILED = 8  # the registry refused the image (or pulling it back failed)
 EXIT_REGRESSION = 9  # `modak check`: the step time regressed beyond the threshold against the baseline
 EXIT_INTERRUPTED = 130
+# The image's own: `modak run --keep-going` found bad input files (the others done), and the launcher could not
+# start its command (the shell's code).
+EXIT_SOME_INPUTS_BAD = 4
+EXIT_CANNOT_EXECUTE = 127
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # written as escapes, so that an error stays one line
 

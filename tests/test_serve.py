@@ -28,10 +28,14 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
+import modak  # noqa: E402
 from modak.image.deployment import Deployment  # noqa: E402
 from modak.image.runtimes.base import RunRequest  # noqa: E402
 from modak.runtime import Model, TensorSpec, open_model  # noqa: E402
 from modak.runtime import serve  # noqa: E402
+from modak.runtime.serve.app import bind  # noqa: E402
+from modak.runtime.serve.settings import resolve  # noqa: E402
+from modak.runtime.serve.smoke import SELF_CHECK_SAMPLES  # noqa: E402
 
 BATCH = 4
 SHAPE = [1, 28, 28]  # mnist_cnn's input, per sample
@@ -62,7 +66,7 @@ class Server:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "plan.json").write_text(json.dumps({"deployment": deployment.to_dict()}))
         env = {**os.environ, "MODAK_PLAN": str(folder / "plan.json"), "MODAK_MODEL": onnx_path,
-               "MODAK_WORKDIR": str(folder), "PYTHONPATH": str(Path(serve.__file__).parents[2])}
+               "MODAK_WORKDIR": str(folder), "PYTHONPATH": str(Path(modak.__file__).parents[1])}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m", "modak.runtime", "serve", "--host", "127.0.0.1",
              "--port", "0", *options], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -385,7 +389,7 @@ def fake_model(session: FakeSession, batch_size: int = 4) -> Model:
 def in_thread(model: Model, settings: serve.Settings) -> Iterator[str]:
     import uvicorn
 
-    sock = serve.bind("127.0.0.1", 0)
+    sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(serve.build_app(model, settings), log_config=None, log_level="critical"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -493,7 +497,7 @@ def test_settings_out_of_range_are_refused():
     model = fake_model(FakeSession())
     with pytest.raises(ValueError, match="capacity, 4"):
         serve.build_app(model, serve.Settings(max_batch=5))
-    limits = serve.resolve(model, serve.Settings(max_body_mb=1))
+    limits = resolve(model, serve.Settings(max_body_mb=1))
     assert (limits.max_batch, limits.max_request_samples) == (4, (1 << 20) // (3 * 4 + 2 * 8 + 3 * 4))
 
 
@@ -503,7 +507,7 @@ def test_self_check(onnx_path, tmp_path):
                          input_shapes={"input": SHAPE}, workdir=str(tmp_path))
     result = serve.self_check(open_model(request))
     assert result["status"] == "ok", result
-    assert result["outputs"] == {"output": [serve.SELF_CHECK_SAMPLES, 10]} and result["latency_s"] > 0
+    assert result["outputs"] == {"output": [SELF_CHECK_SAMPLES, 10]} and result["latency_s"] > 0
     broken = serve.self_check(fake_model(FakeSession(noise=True)))  # answers that differ from Model.run's
     assert broken["status"] == "error" and "differs" in broken["error"]
 

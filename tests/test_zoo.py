@@ -32,6 +32,15 @@ def test_registry():
         assert set(entry.input_shapes) == set(entry.input_dtypes)
 
 
+def test_the_catalog_and_the_factory_registry_agree():
+    from modak.image import zoo_models
+
+    assert {entry.factory for entry in entries.ZOO.values()} == set(zoo_models.FACTORIES)
+    assert all(function.__name__ == name for name, function in zoo_models.FACTORIES.items())
+    with pytest.raises(ValueError, match="two zoo factories are named mlp"):
+        zoo_models.factory(zoo_models.FACTORIES["mlp"])
+
+
 def test_unknown_name_suggests_close_match():
     with pytest.raises(InputError, match="unknown zoo model 'resnet_50'; did you mean 'resnet50'"):
         entries.get_entry("resnet_50")

@@ -12,9 +12,8 @@ import json
 import os
 import sys
 
+from modak.errors import EXIT_BAD_INPUT, EXIT_CANNOT_EXECUTE, EXIT_OK, EXIT_RUN_FAILED
 from modak.image.deployment import PLAN_VARIABLE, DeploymentError, environment, location, policy, read_deployment
-
-EXIT_LAUNCH_FAILED = 3  # as a failed candidate: the harness records the message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,17 +25,17 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
     if not show and not args:
         print("usage: python -m modak.image.launch [--print] [-- COMMAND ...]", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     plan = location(PLAN_VARIABLE)
     try:
         deployment = read_deployment(plan)
         env = environment(deployment)
     except DeploymentError as exc:
         print(f"modak: {exc}", file=sys.stderr)
-        return EXIT_LAUNCH_FAILED
+        return EXIT_RUN_FAILED  # as a failed candidate: the harness records the message
     if show:
         print(json.dumps(env, sort_keys=True))
-        return 0
+        return EXIT_OK
     if os.environ.get("MODAK_VERBOSE") == "1":
         print(f"modak: {env['MODAK_CPUS']} CPUs ({env['MODAK_CPUS_FROM']}), threads policy {policy(deployment)}: "
               f"{env['MODAK_THREADS']} "
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execvpe(args[0], args, {**os.environ, PLAN_VARIABLE: plan, **env})
     except OSError as exc:
         print(f"modak: cannot run {args[0]!r}: {exc.strerror}", file=sys.stderr)
-        return 127
+        return EXIT_CANNOT_EXECUTE
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ class ZooEntry:
     input_shapes: Mapping[str, tuple[int, ...]]
     input_dtypes: Mapping[str, str]
     tasks: tuple[str, ...]  # training, inference
-    factory: str  # function in modak.image.zoo_models
+    factory: str  # its factory's name in modak.image.zoo_models.FACTORIES
     index_bounds: Mapping[str, int] | None = None  # exclusive upper bound of integer inputs (vocabulary, rows)
 
     def shapes(self, overrides: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:

@@ -1,15 +1,17 @@
 """PyTorch definitions of the zoo architectures, written out by hand (no torchvision or transformers).
 
 Imported only when a zoo model is built or exported: importing this module imports torch. Every factory at
-the bottom takes the per-sample input shapes (``{input name: shape}``) and the index bounds of its integer
-inputs (``{input name: table size}``, the zoo entry's) and returns a freshly initialized
-module; :mod:`modak.image.zoo` seeds the random generator around the call.
+the bottom is registered under its name with :func:`factory` (a zoo entry names its factory), takes the per-sample
+input shapes (``{input name: shape}``) and the index bounds of its integer inputs (``{input name: table size}``,
+the zoo entry's) and returns a freshly initialized module; :mod:`modak.image.zoo` seeds the random generator
+around the call.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -716,8 +718,21 @@ class M5(nn.Module):
 
 # --- Factories: per-sample input shapes in, module out -----------------------------------------------------
 
-def build(factory: str, shapes: Shapes, bounds: Bounds) -> nn.Module:
-    """The module made by the factory function ``factory`` for per-sample input ``shapes`` and the zoo entry's
+Factory = Callable[[Shapes, Bounds], nn.Module]
+_FACTORIES: dict[str, Factory] = {}
+FACTORIES: Mapping[str, Factory] = MappingProxyType(_FACTORIES)  # name -> factory, as registered by @factory
+
+
+def factory(function: Factory) -> Factory:
+    """Register ``function`` as the factory of its name, which zoo entries give as their ``factory``."""
+    if function.__name__ in _FACTORIES:
+        raise ValueError(f"two zoo factories are named {function.__name__}")
+    _FACTORIES[function.__name__] = function
+    return function
+
+
+def build(name: str, shapes: Shapes, bounds: Bounds) -> nn.Module:
+    """The module made by the factory registered as ``name`` for per-sample input ``shapes`` and the zoo entry's
     index ``bounds`` (the sizes of the tables its integer inputs index), its constant tensors made distinct.
 
     Floating-point parameters and buffers whose elements are all equal (norm scales and shifts, zero biases,
@@ -725,7 +740,7 @@ def build(factory: str, shapes: Shapes, bounds: Bounds) -> nn.Module:
     merges equal initializers into one, which would hide parameters, and identity normalizations would let an
     ONNX Runtime comparison miss them.
     """
-    model = globals()[factory](shapes, bounds)
+    model = FACTORIES[name](shapes, bounds)
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
             if tensor.is_floating_point() and tensor.numel() > 1 and bool((tensor == tensor.flatten()[0]).all()):
@@ -733,6 +748,7 @@ def build(factory: str, shapes: Shapes, bounds: Bounds) -> nn.Module:
     return model
 
 
+@factory
 def mnist_cnn(shapes: Shapes, bounds: Bounds) -> nn.Module:
     channels, height, width = shapes["input"]
     if height < 4 or width < 4:
@@ -740,34 +756,42 @@ def mnist_cnn(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return MnistCNN(channels, height, width)
 
 
+@factory
 def mlp(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return MLP(shapes["input"][0])
 
 
+@factory
 def resnet18(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return ResNet(BasicBlock, [2, 2, 2, 2], channels=shapes["input"][0])
 
 
+@factory
 def mlp_large(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return MLP(shapes["input"][0], hidden=4096)
 
 
+@factory
 def resnet34(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return ResNet(BasicBlock, [3, 4, 6, 3], channels=shapes["input"][0])
 
 
+@factory
 def resnet50(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return ResNet(Bottleneck, [3, 4, 6, 3], channels=shapes["input"][0])
 
 
+@factory
 def mobilenet_v2(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return MobileNetV2(channels=shapes["input"][0])
 
 
+@factory
 def bert_base(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return BertClassifier(seq=shapes["input_ids"][0], vocab=bounds["input_ids"])
 
 
+@factory
 def bert_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return BertClassifier(seq=shapes["input_ids"][0], vocab=bounds["input_ids"], hidden=512, layers=4,
                           heads=8, ffn=2048)
@@ -781,46 +805,57 @@ def _image(shapes: Shapes, multiple: int, why: str) -> tuple[int, int, int]:
     return channels, height, width
 
 
+@factory
 def vit_tiny(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return VisionTransformer(*_image(shapes, 16, "the patch size"))
 
 
+@factory
 def yolo_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return YoloSmall(_image(shapes, 32, "the coarsest stride")[0])
 
 
+@factory
 def dlrm_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return DLRM(dense=shapes["dense"][0], tables=shapes["sparse"][0], rows=bounds["sparse"])
 
 
+@factory
 def ncf(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return NeuMF(users=bounds["user"], items=bounds["item"])
 
 
+@factory
 def chain4(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return LayerChain(shapes["input"][0], layers=4)
 
 
+@factory
 def chain64(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return LayerChain(shapes["input"][0], layers=64)
 
 
+@factory
 def convnext_atto(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return ConvNeXt(_image(shapes, 32, "the stem and three downsamplings")[0])
 
 
+@factory
 def unet_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return UNet(_image(shapes, 16, "four poolings")[0])
 
 
+@factory
 def lstm_lm(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return LstmLanguageModel(vocab=bounds["input_ids"])
 
 
+@factory
 def efficientnet_b0(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return EfficientNet(_image(shapes, 32, "five stride-2 stages")[0])
 
 
+@factory
 def squeezenet(shapes: Shapes, bounds: Bounds) -> nn.Module:
     channels, height, width = shapes["input"]
     if min(height, width) < 17:
@@ -829,14 +864,17 @@ def squeezenet(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return SqueezeNet(channels)
 
 
+@factory
 def gru_kws(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return GruClassifier(features=shapes["features"][1])
 
 
+@factory
 def gpt_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
     return GptDecoder(seq=shapes["input_ids"][0], vocab=bounds["input_ids"])
 
 
+@factory
 def m5_audio(shapes: Shapes, bounds: Bounds) -> nn.Module:
     channels, samples = shapes["audio"]
     if M5.output_length(samples) < 1:

@@ -34,11 +34,12 @@ from modak.image.deployment import (MODEL_VARIABLE, PLAN_VARIABLE, PRELOAD, WORK
 from modak.image.runtimes.base import (TOLERANCE, RunRequest, Session, load_runtime, make_inputs,
                                       relative_error)
 
-__all__ = ["InputError", "Model", "TensorSpec", "load", "request_from_environment"]
+__all__ = ["FeedError", "Model", "TensorSpec", "load", "request_from_environment"]
 
 
-class InputError(ValueError):
-    """Inputs that do not fit the model (names, shapes, dtypes): the caller's mistake, with what was expected."""
+class FeedError(ValueError):
+    """Feeds (arrays by input name) that do not fit the model's inputs (names, shapes, dtypes): the caller's
+    mistake, with what was expected. Not :class:`modak.errors.InputError`, a located error in a file modak reads."""
 
 
 @dataclass(frozen=True)
@@ -80,28 +81,28 @@ class Model:
         return self.batch_size * self.batches_per_step
 
     def check(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """``feeds`` as arrays of the model's dtypes, all with the same number of samples; :class:`InputError`
+        """``feeds`` as arrays of the model's dtypes, all with the same number of samples; :class:`FeedError`
         names what does not fit."""
         expected = {spec.name: spec for spec in self.inputs}
         missing, unknown = sorted(set(expected) - set(feeds)), sorted(set(feeds) - set(expected))
         if missing or unknown:
-            raise InputError(f"the model's inputs are {', '.join(expected)}"
-                             + (f"; missing {', '.join(missing)}" if missing else "")
-                             + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+            raise FeedError(f"the model's inputs are {', '.join(expected)}"
+                            + (f"; missing {', '.join(missing)}" if missing else "")
+                            + (f"; unknown {', '.join(unknown)}" if unknown else ""))
         arrays: dict[str, np.ndarray] = {}
         for name, spec in expected.items():
             array = np.asarray(feeds[name])
             if not np.can_cast(array.dtype, spec.dtype, "same_kind"):
-                raise InputError(f"input {name}: dtype {array.dtype} cannot be converted to the model's {spec.dtype}")
+                raise FeedError(f"input {name}: dtype {array.dtype} cannot be converted to the model's {spec.dtype}")
             if array.ndim != len(spec.shape) + 1 or any(
                     want not in (-1, got) for want, got in zip(spec.shape, array.shape[1:])):
-                raise InputError(f"input {name}: shape {list(array.shape)} does not fit [batch, "
-                                 f"{', '.join(map(str, spec.shape))}]")
+                raise FeedError(f"input {name}: shape {list(array.shape)} does not fit [batch, "
+                                f"{', '.join(map(str, spec.shape))}]")
             arrays[name] = array.astype(spec.dtype, copy=False)
         counts = {len(a) for a in arrays.values()}
         if len(counts) != 1 or 0 in counts:
-            raise InputError(f"every input needs the same number of samples (at least 1); got "
-                             f"{ {n: len(a) for n, a in arrays.items()} }")
+            raise FeedError(f"every input needs the same number of samples (at least 1); got "
+                            f"{ {n: len(a) for n, a in arrays.items()} }")
         return arrays
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:

@@ -47,14 +47,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from modak.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_SOME_INPUTS_BAD
+
 if TYPE_CHECKING:
     from modak.runtime import Model, TensorSpec
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_FAILED = 3
-EXIT_SOME_FAILED = 4
-EXIT_INTERRUPTED = 130
 SUFFIXES = (".npy", ".npz")
 READ_AHEAD = 2  # items read ahead of the model (each at most --max-file-mb)
 EPILOG = """\
@@ -140,9 +137,9 @@ def main(args: argparse.Namespace) -> int:
         try:
             code = _run(args, summary, stop)
         except UsageError as exc:
-            summary.status, summary.error, code = "error", str(exc), EXIT_USAGE
+            summary.status, summary.error, code = "error", str(exc), EXIT_BAD_INPUT
         except Failed as exc:
-            summary.status, summary.error, code = "error", str(exc), EXIT_FAILED
+            summary.status, summary.error, code = "error", str(exc), EXIT_RUN_FAILED
         except KeyboardInterrupt:
             summary.status, code = "interrupted", EXIT_INTERRUPTED
     if summary.error:
@@ -189,7 +186,7 @@ def _run(args: argparse.Namespace, summary: Summary, stop: _StopRequest) -> int:
         summary.done += 1
         summary.samples += samples
 
-    batcher = Batcher(model, done, bar.update)
+    batcher = ItemBatcher(model, done, bar.update)
     start = time.perf_counter()
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modak-read")
     try:
@@ -209,7 +206,7 @@ def _run(args: argparse.Namespace, summary: Summary, stop: _StopRequest) -> int:
                     continue
                 summary.status = "stopped"
                 batcher.flush()
-                return EXIT_USAGE
+                return EXIT_BAD_INPUT
             batcher.add(item, arrays, batched, stop)
         if not stop.requested:
             batcher.flush()
@@ -222,7 +219,7 @@ def _run(args: argparse.Namespace, summary: Summary, stop: _StopRequest) -> int:
         return EXIT_INTERRUPTED
     if summary.failures:
         summary.status = "failed"
-        return EXIT_SOME_FAILED
+        return EXIT_SOME_INPUTS_BAD
     return EXIT_OK
 
 
@@ -273,7 +270,7 @@ def prepare_output(folder: Path, inputs_folder: Path) -> None:
 def read_item(path: Path, model: Model, max_bytes: int) -> tuple[dict[str, np.ndarray], bool]:
     """The arrays of one input file by input name, checked against the model (each with a leading sample dimension,
     in the model's dtypes), and whether the file had that dimension; :class:`BadInput` says what is wrong."""
-    from modak.runtime import InputError
+    from modak.runtime import FeedError
 
     names = ", ".join(spec.name for spec in model.inputs)
     try:
@@ -309,7 +306,7 @@ def read_item(path: Path, model: Model, max_bytes: int) -> tuple[dict[str, np.nd
         arrays = {name: np.asarray(a)[np.newaxis] if name in specs else a for name, a in arrays.items()}
     try:
         return model.check(arrays), batched
-    except InputError as exc:
+    except FeedError as exc:
         raise BadInput(str(exc)) from None
 
 
@@ -334,7 +331,7 @@ def write_outputs(path: Path, outputs: Mapping[str, np.ndarray], npy: bool = Fal
         raise
 
 
-class Batcher:
+class ItemBatcher:
     """Queues the samples of items and runs the model on ``capacity`` samples at a time, across items; hands each
     item's outputs to ``done`` once all its samples ran."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXIT_INTERRUPTED = 130
+from modak.errors import EXIT_INTERRUPTED
 
 
 def parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from modak.errors import EXIT_OK, EXIT_RUN_FAILED
 from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE
 from modak.image.runtimes.base import TOLERANCE, RunRequest, relative_error
 from modak.runtime import Model, open_model, request_from_environment
@@ -316,7 +317,8 @@ def _chosen_candidate() -> dict[str, Any] | None:
 
 
 def run_reported(action: Any) -> int:
-    """Run ``action`` and print its JSON report (a failure becomes a report too); exit 0 when it says ok, else 3."""
+    """Run ``action`` and print its JSON report (a failure becomes a report too); exit 0 when it says ok, else 3
+    (:data:`~modak.errors.EXIT_RUN_FAILED`)."""
     try:
         result = action()
     except Exception as exc:  # reported as data: the harness and the build record the failure
@@ -324,4 +326,4 @@ def run_reported(action: Any) -> int:
         result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000],
                   "where": f"{Path(last.filename).name}:{last.lineno}", "versions": _versions()}
     print(json.dumps(result, sort_keys=True), flush=True)
-    return 0 if result["status"] == "ok" else 3
+    return EXIT_OK if result["status"] == "ok" else EXIT_RUN_FAILED
