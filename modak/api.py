@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from modak.plan import Plan
     from modak.predict.base import Predictor
     from modak.predict.evaluate import Scores
+    from modak.predict.learned import TrainingData
     from modak.render.ir import BuildDescription
     from modak.render.sharing import Sharing
     from modak.scaling import ScaleAdvice
@@ -221,7 +222,9 @@ class ModelEvaluation:
     scores: tuple[Scores, ...]
 
 
-def _measured_rows(store: Path | None) -> tuple:
+def _measured_rows(store: Path | None) -> tuple[TrainingData, Sequence[Measurement], Sequence[float],
+                                                  list[Measurement]]:
+    """The learned model's training data, its rows and their weights, and the rows that measured a step time."""
     from modak.errors import InputError
     from modak.predict.training import ok_rows, training_set
 
@@ -300,13 +303,15 @@ def probe(quick: bool = False, name: str | None = None, output: Path | None = No
     return Probed(result, target, cached, output)
 
 
-def check(plan: Plan, baseline: Path, threshold: float = 0.10, measured: Path | None = None,
+def check(plan: Plan, baseline: Path, threshold: float | None = None, measured: Path | None = None,
           update: bool = False) -> CheckResult:
-    """Compare the plan's choice (and ``measured``, ``modak bench --json`` output) with the baseline file; with
-    ``update``, write the current state as the new baseline."""
+    """Compare the plan's choice (and ``measured``, ``modak bench --json`` output) with the baseline file, allowing
+    a slowdown of ``threshold`` (default :data:`modak.integrations.check.DEFAULT_THRESHOLD`); with ``update``,
+    write the current state as the new baseline."""
+    from modak.integrations.check import DEFAULT_THRESHOLD
     from modak.integrations.check import check as compare
 
-    return compare(plan.to_dict(), baseline, threshold, measured, update)
+    return compare(plan.to_dict(), baseline, DEFAULT_THRESHOLD if threshold is None else threshold, measured, update)
 
 
 def scale(plan: Plan, max_workers: int | None = None, measured: dict[int, float] | None = None) -> ScaleAdvice:

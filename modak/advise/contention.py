@@ -103,7 +103,8 @@ def time_sliced_slowdowns(loads: Sequence[Load], cores: int) -> list[float]:
     return slowdowns
 
 
-def bandwidth_slowdowns(loads: Sequence[Load], bandwidth_gbs: float, paces: Sequence[float] | None = None) -> list[float]:
+def bandwidth_slowdowns(loads: Sequence[Load], bandwidth_gbs: float,
+                        paces: Sequence[float] | None = None) -> list[float]:
     """Each load's slowdown from sharing ``bandwidth_gbs`` of memory bandwidth; ``paces``: the loads' slowdowns
     from other causes, which lower what they draw."""
     paces = paces or [1.0] * len(loads)

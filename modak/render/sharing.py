@@ -37,8 +37,8 @@ class Sharing:
             raise ValueError(f"unknown sharing mode {self.mode!r} or device {self.device!r}")
         if self.device not in SHARING_MODES[self.mode]:
             raise ValueError(f"sharing mode {self.mode} does not share a {self.device}")
-        if (self.mode == "cores") != (self.cpuset is not None) or (self.mode == "mps") != (self.mps_percentage is not None) \
-                or (self.mode == "mig") != (self.mig_profile is not None):
+        settings = {"cores": self.cpuset, "mps": self.mps_percentage, "mig": self.mig_profile}
+        if any((self.mode == mode) != (value is not None) for mode, value in settings.items()):
             raise ValueError(f"sharing mode {self.mode} needs its own setting and no other")
         if self.cpuset is not None and not _CPUSET.fullmatch(self.cpuset):
             raise ValueError(f"not a cpuset list: {self.cpuset!r}")
