@@ -353,6 +353,13 @@ def whatif(job: str | Path, targets: Sequence[str | Path], predictor_name: Predi
     return rank([(Path(t), plan_loaded(load(job, t), using, store)) for t in targets])
 
 
+def whatif_report(result: WhatIf, output: Path) -> Path:
+    """Write the what-if's self-contained HTML report, with its plot of time against cost, to ``output``."""
+    from modak.report.whatif import write_whatif_report
+
+    return write_whatif_report(result.to_dict(), output)
+
+
 def pack(jobs: Sequence[str | Path], target: str | Path, predictor_name: PredictorName = "default",
          store: Path | None = None, modes: Sequence[str] | None = None, using: Predictor | None = None) -> PackResult:
     """Co-location advice: which of ``jobs`` can share a node or GPU of ``target`` by one of ``modes`` (default:

@@ -402,9 +402,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
 
     result = api.whatif(args.job, args.targets, args.predictor, args.store)
     if args.report:
-        from modak.report.whatif import write_whatif_report
-
-        write_whatif_report(result.to_dict(), args.report)
+        api.whatif_report(result, args.report)
     print_whatif(result, args.json)
     if args.report:
         print(f"wrote {args.report}", file=sys.stderr if args.json else sys.stdout)
