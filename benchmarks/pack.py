@@ -27,7 +27,7 @@ from pathlib import Path
 
 from allocations import WARM_UP_S, beside, job_runner, measure, round_ratio, within_verdict, write_jobs, write_target
 from modak import api
-from modak.advise.pack import Arrangement, Planner, evaluate, pack
+from modak.advise.pack import Arrangement, Planner, evaluate
 from modak.measurements.store import PerfStore
 
 CORES = {0, 1}
@@ -45,13 +45,13 @@ def main() -> int:
         folder = Path(tmp)
         target = write_target(folder, 2, price=None)
         jobs = {path.stem: path for path in write_jobs(folder / "jobs")}
-        packs = {pair: pack([jobs[name] for name in pair.split(":")], target, predictor) for pair in args.pairs}
+        packs = {pair: api.pack([jobs[name] for name in pair.split(":")], target, using=predictor) for pair in args.pairs}
         # What is measured: (pair, arrangement mode or "alone", job index); each is one launch per round.
         arrangements: dict[tuple[str, str], Arrangement] = {}
         for pair, result in packs.items():
             options = [o for g in result.groups for o in g.options]
             if not options:  # the pair runs apart: measure the arrangements pack weighed all the same
-                options = evaluate(result.jobs, result.jobs[0].loaded.target, Planner(predictor, None))[1]
+                options = evaluate(result.jobs, result.jobs[0].loaded.target, Planner(lambda loaded: api.plan_loaded(loaded, predictor)))[1]
             for option in options:
                 arrangements[(pair, option.mode)] = option
         cases = [(pair, mode, i) for pair in packs for mode in ("alone", "cores", "cores idle", "time-slicing")

@@ -4,8 +4,8 @@
 
 Every row of ``perfmodels/published/gpu_sharing.csv`` is a published point (source, where in it, and the quote):
 a job's slowdown when n jobs share one GPU (by MPS, MIG slices or time-slicing) against the job alone, or one MIG
-slice's throughput against the whole GPU's. The sharing model of ``modak.advise.pack`` predicts each from the
-row's facts alone, through its own functions:
+slice's throughput against the whole GPU's. The sharing model (``modak.advise.contention``, with the MIG slices of
+``modak.advise.pack``) predicts each from the row's facts alone, through its own functions:
 
 * MIG slices isolate (``gpu_arrangements`` adds no term between slices): a job beside busy slices keeps its step
   on its slice, where the n slices fit the GPU (``mig_profiles``, ``slices_fit``);
@@ -34,8 +34,8 @@ from pathlib import Path
 import yaml
 
 from modak import api
-from modak.advise.pack import (Load, MigProfile, gpu_time_sliced_slowdowns, load_of, mig_profiles, mig_target,
-                               mps_slowdowns, slices_fit)
+from modak.advise.contention import Load, gpu_time_sliced_slowdowns, load_of, mps_slowdowns
+from modak.advise.pack import MigProfile, mig_profiles, mig_target, slices_fit
 from modak.paths import data_dir
 from modak.plan import Plan
 from modak.predict.base import Predictor

@@ -26,7 +26,6 @@ from pathlib import Path
 from allocations import (BUSY_LOOP, beside, decided_tau, kendall_tau, measure, round_ratio, within_verdict,
                          write_jobs, write_target)
 from modak import api
-from modak.advise.whatif import whatif
 from modak.measurements.store import PerfStore
 
 
@@ -41,7 +40,7 @@ def main() -> int:
         folder = Path(tmp)
         targets = [write_target(folder, cores, co) for cores in (1, 2) for co in (0, 1)]
         jobs = [j for j in write_jobs(folder / "jobs") if not args.jobs or j.stem in args.jobs]
-        results = {job: whatif(job, targets, predictor) for job in jobs}
+        results = {job: api.whatif(job, targets, using=predictor) for job in jobs}
         cases = [(job, outcome) for job, result in results.items() for outcome in result.outcomes]
         times: dict[tuple[Path, str], dict[int, float]] = {(job, o.target): {} for job, o in cases}
         order = list(range(len(cases)))

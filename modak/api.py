@@ -16,14 +16,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from modak.advise.pack import PackResult
+    from modak.advise.whatif import WhatIf
     from modak.bench.harness import BenchSettings
+    from modak.bench.tune import TuneResult, TuneSettings
     from modak.build.pipeline import BuildOptions, BuildResult, Progress
     from modak.build.submit import Submission
     from modak.candidates.enumerate import Candidate
+    from modak.hardware.probe import ProbeResult
+    from modak.image.zoo import ZooEntry
+    from modak.integrations.check import CheckResult
     from modak.measurements.store import Measurement, TunedChoice
     from modak.plan import Plan
     from modak.predict.base import Predictor
-    from modak.render.ir import BuildDescription, Sharing
+    from modak.predict.evaluate import Scores
+    from modak.predict.learned import TrainingData
+    from modak.render.ir import BuildDescription
+    from modak.render.sharing import Sharing
+    from modak.scaling import ScaleAdvice
     from modak.spec.loader import LoadedJob
     from modak.workload.analysis import WorkloadProfile
 
@@ -112,21 +122,34 @@ def default_output(plan: Plan) -> Path:
 
 
 def build(plan: Plan, out_dir: str | Path | None = None, options: BuildOptions | None = None,
-          progress: Progress | None = None) -> BuildResult:
-    """Render, build, label, smoke-test and tag the plan's image (and push or archive it, as ``options`` say)."""
+          progress: Progress | None = None, submit_job: bool = False) -> BuildResult:
+    """Render, build, label, smoke-test and tag the plan's image (and push or archive it, as ``options`` say); with
+    ``submit_job``, then submit its job script (:func:`submit_rendered`)."""
+    from dataclasses import replace
+
     from modak.build.pipeline import BuildOptions, build_job
 
-    return build_job(plan, Path(out_dir) if out_dir else default_output(plan), options or BuildOptions(), progress)
+    out = Path(out_dir) if out_dir else default_output(plan)
+    result = build_job(plan, out, options or BuildOptions(), progress)
+    if not submit_job:
+        return result
+    submission = submit_rendered(result.ir, out)
+    return replace(result, job_id=submission.job_id, submission=submission.to_dict())
 
 
 def submit(plan: Plan, out_dir: str | Path | None = None, wait_seconds: float | None = None) -> Submission:
     """Render the plan and submit its job script to the target's scheduler (waiting up to ``wait_seconds``)."""
+    out = (Path(out_dir) if out_dir else default_output(plan)).absolute()
+    return submit_rendered(render_plan(plan, out).ir, out, wait_seconds)
+
+
+def submit_rendered(ir: BuildDescription, out_dir: str | Path, wait_seconds: float | None = None) -> Submission:
+    """Submit the job script of a build context already rendered into ``out_dir`` from ``ir`` (waiting up to
+    ``wait_seconds``)."""
     from modak.build.submit import submit as submit_script
     from modak.build.submit import wait
 
-    out = (Path(out_dir) if out_dir else default_output(plan)).absolute()
-    job = render_plan(plan, out).ir.job
-    submission = submit_script(out / "job.sh", job.scheduler, job.log_file)
+    submission = submit_script(Path(out_dir) / "job.sh", ir.job.scheduler, ir.job.log_file)
     if wait_seconds is not None:
         wait(submission, timeout=wait_seconds)
     return submission
@@ -143,3 +166,227 @@ def bench(plan: Plan, selection: Sequence[str], settings: BenchSettings, store: 
     with PerfStore(store) as perf:
         rows = measure(plan, select_candidates(plan, list(selection)), perf, settings, on_launch=on_launch)
         return rows, perf.path
+
+
+def analyze(job: str | Path, target: str | Path | None = None) -> WorkloadProfile:
+    """The job's model analysed at its batch size: per-operator FLOPs and bytes (``modak analyze``)."""
+    from modak.workload.source import load_analysis
+
+    return load_analysis(load(job, target))[1]
+
+
+def schemas() -> dict[str, dict]:
+    """The JSON Schemas of the Job and Target specs, by kind (``job``, ``target``)."""
+    from modak.spec.models import Job, Target
+
+    return {"job": Job.model_json_schema(), "target": Target.model_json_schema()}
+
+
+def tune(plan: Plan, settings: TuneSettings, dispatch: str = "local", store: Path | None = None,
+         on_launch: Callable[[Candidate, dict], None] | None = None,
+         on_round: Callable[[int, list[str], list[str]], None] | None = None) -> TuneResult:
+    """Race the plan's shortlist on its target (``dispatch``: ``local`` runs launches here, a scheduler of
+    :func:`modak.bench.dispatch.dispatch_names` as its job arrays on the target's partition) and record the winner in the perf store for :func:`plan_job` and :func:`build`. Ctrl-C keeps
+    the launches measured."""
+    from modak.bench import dispatch as dispatchers
+    from modak.bench.tune import tune as race
+    from modak.measurements.store import PerfStore
+
+    dispatcher = dispatchers.dispatcher(dispatch, plan.loaded.target.scheduler.partition)
+    with PerfStore(store) as perf:
+        return race(plan, perf, settings, dispatcher, on_launch=on_launch, on_round=on_round)
+
+
+@dataclass(frozen=True)
+class ModelFit:
+    """What :func:`fit_model` fitted the learned model on, and how long it took."""
+
+    rows: int  # rows fitted on
+    local: int  # of them, rows of the local perf store
+    contended: int  # rows left out: measured beside other work
+    seconds: float
+    coverage: tuple[tuple[str, int], ...]  # runtime/device/precision and its rows
+
+
+@dataclass(frozen=True)
+class ModelEvaluation:
+    """What :func:`evaluate_model` cross-validated on and its scores."""
+
+    rows: int
+    models: int
+    machines: tuple[str, ...]
+    scored: int  # rows held out and scored (all, or ``machine``'s)
+    machine: str | None
+    scores: tuple[Scores, ...]
+
+
+def _measured_rows(store: Path | None) -> tuple[TrainingData, Sequence[Measurement], Sequence[float],
+                                                  list[Measurement]]:
+    """The learned model's training data, its rows and their weights, and the rows that measured a step time."""
+    from modak.errors import InputError
+    from modak.predict.training import ok_rows, training_set
+
+    data = training_set(store)
+    rows, weights = data.load()
+    usable = ok_rows(rows)
+    if not usable:
+        raise InputError("no measured rows: ship perfmodels/*.csv or run `modak bench` first")
+    return data, rows, weights, usable
+
+
+def fit_model(store: Path | None = None) -> ModelFit:
+    """Refit the learned model on the shipped measurements and the local ``store``, and cache it for planning."""
+    import time
+
+    from modak.predict.learned import LearnedPredictor
+
+    data, rows, weights, usable = _measured_rows(store)
+    start = time.perf_counter()
+    model = LearnedPredictor.cached(data, refit=True)
+    seconds = time.perf_counter() - start
+    used = {id(r) for r in usable}
+    coverage = tuple((f"{runtime}/{device}/{precision}",
+                      sum((r.runtime, r.device, r.precision) == (runtime, device, precision) for r in usable))
+                     for runtime, device, precision in sorted(model.coverage))
+    return ModelFit(model.rows, sum(w > 1 for w, r in zip(weights, rows) if id(r) in used),
+                    sum(r.status == "contended" for r in rows), seconds, coverage)
+
+
+def evaluate_model(store: Path | None = None, seeds: int = 3, machine: str | None = None) -> ModelEvaluation:
+    """Cross-validate the learned model fit with seeds ``0 .. seeds - 1``; ``machine``: hold out and score only
+    that target's rows."""
+    from modak.errors import InputError
+    from modak.predict.evaluate import evaluate
+
+    _, _, _, usable = _measured_rows(store)
+    machines = tuple(sorted({r.machine for r in usable}))
+    if machine is not None and machine not in machines:
+        raise InputError(f"--machine {machine}: no measured rows of that target (there are: {', '.join(machines)})")
+    return ModelEvaluation(len(usable), len({r.model for r in usable}), machines,
+                           sum(machine in (None, r.machine) for r in usable), machine,
+                           tuple(evaluate(usable, seeds, machine=machine)))
+
+
+@dataclass(frozen=True)
+class Probed:
+    """A probe of this machine: its result, the Target document made of it, where it was cached (None: it did not
+    run alone) and the Target file written (None: none asked for)."""
+
+    result: ProbeResult
+    target: dict
+    cached: Path | None
+    written: Path | None
+
+
+def probe(quick: bool = False, name: str | None = None, output: Path | None = None) -> Probed:
+    """Measure this machine's ceilings, cache them as target ``local`` and, with ``output``, write a Target file
+    named ``name`` (default: the host name)."""
+    import platform
+
+    import yaml
+
+    from modak.hardware.local import store_probe
+    from modak.hardware.probe import probe as measure
+    from modak.hardware.probe import probe_comment, to_target
+    from modak.paths import write_atomic
+    from modak.spec.models import Target
+
+    result = measure(quick=quick)
+    name = name or "".join(c if c.isalnum() or c in "._-" else "-" for c in platform.node()) or "this-machine"
+    target = to_target(result, name)
+    Target.model_validate(target)  # what we write must load
+    cached = store_probe(result)
+    if output:
+        write_atomic(output, probe_comment(result) + yaml.safe_dump(target, sort_keys=False))
+    return Probed(result, target, cached, output)
+
+
+def check(plan: Plan, baseline: Path, threshold: float | None = None, measured: Path | None = None,
+          update: bool = False) -> CheckResult:
+    """Compare the plan's choice (and ``measured``, ``modak bench --json`` output) with the baseline file, allowing
+    a slowdown of ``threshold`` (default :data:`modak.integrations.check.DEFAULT_THRESHOLD`); with ``update``,
+    write the current state as the new baseline."""
+    from modak.integrations.check import DEFAULT_THRESHOLD
+    from modak.integrations.check import check as compare
+
+    return compare(plan.to_dict(), baseline, DEFAULT_THRESHOLD if threshold is None else threshold, measured, update)
+
+
+def scale(plan: Plan, max_workers: int | None = None, measured: dict[int, float] | None = None) -> ScaleAdvice:
+    """Data-parallel training of the plan's choice on 1..N workers and the largest N that keeps the job's
+    ``min_efficiency``; ``measured``: seconds per step by worker count, which the model fits."""
+    from modak.scaling import advise
+
+    return advise(plan, max_workers=max_workers, measured=measured or {},
+                  single_node=plan.loaded.target.scheduler.kind == "none")
+
+
+def report(job: str | Path, output: Path, target: str | Path | None = None, predictor_name: PredictorName = "default",
+           store: Path | None = None) -> Plan:
+    """Plan the job and write its self-contained HTML report (rooflines, trajectory, ranked table) to ``output``;
+    the plan."""
+    from modak.report import write_report
+
+    # The report re-predicts the chosen candidate at other batches and threads: it needs the plan's predictor.
+    using = predictor(predictor_name, store)
+    plan = plan_job(job, target, store=store, using=using)
+    write_report(plan, using, output, store)
+    return plan
+
+
+def zoo() -> list[ZooEntry]:
+    """The reference architectures of the model zoo."""
+    from modak.image.zoo import ZOO
+
+    return list(ZOO.values())
+
+
+def whatif(job: str | Path, targets: Sequence[str | Path], predictor_name: PredictorName = "default",
+           store: Path | None = None, using: Predictor | None = None) -> WhatIf:
+    """The job planned on each target (its own ``target`` replaced by each), ranked by its objective, with the
+    Pareto front of time against cost (:mod:`modak.advise.whatif`)."""
+    from modak.advise.whatif import whatif as rank
+
+    using = using or predictor(predictor_name, store)
+    return rank([(Path(t), plan_loaded(load(job, t), using, store)) for t in targets])
+
+
+def whatif_report(result: WhatIf, output: Path) -> Path:
+    """Write the what-if's self-contained HTML report, with its plot of time against cost, to ``output``."""
+    from modak.report.whatif import write_whatif_report
+
+    return write_whatif_report(result.to_dict(), output)
+
+
+def pack(jobs: Sequence[str | Path], target: str | Path, predictor_name: PredictorName = "default",
+         store: Path | None = None, modes: Sequence[str] | None = None, using: Predictor | None = None) -> PackResult:
+    """Co-location advice: which of ``jobs`` can share a node or GPU of ``target`` by one of ``modes`` (default:
+    every way of sharing), each one's predicted slowdown and the aggregate throughput (:mod:`modak.advise.pack`)."""
+    from modak.advise.pack import pack as arrange
+    from modak.render.sharing import SHARING_MODES
+
+    using = using or predictor(predictor_name, store)
+    return arrange([(Path(job), load(job, target)) for job in jobs], lambda loaded: plan_loaded(loaded, using, store),
+                   tuple(SHARING_MODES) if modes is None else modes)
+
+
+def render_pack(result: PackResult, out_dir: Path) -> list[Path]:
+    """Render every packed job into ``out_dir/<job>/``: with its share's plan and sharing settings when its group
+    shares, else its plan alone; and ``out_dir/pack.json``, the decision. The folders written."""
+    import json
+
+    from modak.paths import write_atomic
+
+    written = []
+    for group in result.groups:
+        if group.chosen is None:
+            for job in group.jobs:
+                render_plan(job.alone, out_dir / job.label)
+                written.append(out_dir / job.label)
+            continue
+        for placement in group.chosen.placements:
+            assert placement.plan is not None
+            render_plan(placement.plan, out_dir / placement.job.label, placement.sharing)
+            written.append(out_dir / placement.job.label)
+    write_atomic(out_dir / "pack.json", json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
+    return written

@@ -1,17 +1,17 @@
-"""The ``modak`` command line. Errors print as one line; exit codes are documented in the README."""
+"""The ``modak`` command line: it parses the arguments, calls :mod:`modak.api` and prints the result with
+:mod:`modak.output`. Errors print as one line; exit codes are documented in the README."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from modak.bench.dispatch import dispatch_names
-from modak.documents import document
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
+from modak.render.sharing import SHARING_MODES
 from modak.spec.names import ENGINE_NAMES
 
 
@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     job_args(sub)
     sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
     sub.add_argument("--top", type=int, default=15, help="rows of the table (default 15; --json lists all)")
+    sub.add_argument("--wide", action="store_true", help="every parameter of every row and the roofline's terms "
+                     "(default: the parameters that tell the rows apart)")
 
     sub = command("bench", _cmd_bench, "measure candidate deployments on this machine and store the results")
     job_args(sub)
@@ -87,7 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("tune", _cmd_tune, "measure the plan's shortlist on this target, race it, and record the winner "
                                      "for `modak plan`/`modak build`")
     job_args(sub)
-    sub.add_argument("--budget", type=float, default=600.0, help="wall-clock seconds for the race (default 600)")
+    sub.add_argument("--race-budget", type=float, default=600.0, metavar="SECONDS",
+                     help="wall-clock seconds for the whole race (default 600)")
+    sub.add_argument("--budget", type=float, dest="race_budget", action=_Deprecated, metavar="SECONDS",
+                     help="deprecated alias of --race-budget (in `bench`, --budget is seconds per launch)")
     sub.add_argument("--trials", type=int, default=8, help="candidates raced, at most (default 8)")
     sub.add_argument("--dispatch", choices=dispatch_names(), default="local",
                      help="run launches here (default) or as job arrays of that scheduler on the target's partition")
@@ -171,9 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
                      help="default: learned model where measured data covers the runtime, else roofline")
     sub.add_argument("--store", type=Path, help="local perf store the learned model also learns from")
-    sub.add_argument("--modes", nargs="+", default=["cores", "time-slicing", "mps", "mig"], metavar="MODE",
-                     choices=["cores", "time-slicing", "mps", "mig"],
-                     help="ways of sharing allowed (default all): cores (disjoint core sets), time-slicing, mps, mig")
+    sub.add_argument("--modes", nargs="+", default=list(SHARING_MODES), metavar="MODE", choices=list(SHARING_MODES),
+                     help=f"ways of sharing allowed (default all): {', '.join(SHARING_MODES)}")
     sub.add_argument("--render", type=Path, metavar="DIR",
                      help="render every job into DIR/<job>/ with its share (core set, MPS or MIG settings in job.sh) "
                           "and write DIR/pack.json")
@@ -191,93 +195,68 @@ def _version() -> str:
     return f"modak {__version__}"
 
 
-def _cmd_schema(args: argparse.Namespace) -> int:
-    from modak.spec.models import Job, Target
+class _Deprecated(argparse.Action):
+    """An option kept for one release under its old name: it warns on stderr and sets its new name's value."""
 
-    schemas = {"job": Job.model_json_schema(), "target": Target.model_json_schema()}
-    print(json.dumps(schemas[args.kind] if args.kind else schemas, indent=2))
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(f"modak: warning: {option_string} is deprecated here and will be removed in the next release: use "
+              f"{new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from modak import api
+    from modak.output import print_json
+
+    schemas = api.schemas()
+    print_json(schemas[args.kind] if args.kind else schemas, sort_keys=False)
     return 0
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
-    from modak.image.zoo import ZOO
+    from modak import api
+    from modak.output import print_zoo
 
-    for entry in ZOO.values():
-        shapes = ", ".join(f"{k}{list(v)}" for k, v in entry.input_shapes.items())
-        print(f"{entry.name:14} {shapes:32} {entry.description}")
+    print_zoo(api.zoo())
     return 0
 
 
-def _plan(args: argparse.Namespace, predictor: Any = None) -> Any:
+def _plan(args: argparse.Namespace) -> Any:
     from modak import api
 
-    return api.plan_job(args.job, args.target, args.predictor, args.store, using=predictor)
+    return api.plan_job(args.job, args.target, args.predictor, args.store)
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from modak import api
-    from modak.workload.analysis import format_table
-    from modak.workload.source import load_analysis
+    from modak.output import print_analysis
 
-    _, profile = load_analysis(api.load(args.job, args.target))
-    if args.json:
-        print(json.dumps({
-            "model": profile.model_name, "task": profile.task.value, "batch_size": profile.batch_size,
-            "parameters": profile.parameters, "flops": profile.flops, "bytes": profile.bytes,
-            "forward_flops": profile.forward_flops, "forward_bytes": profile.forward_bytes,
-            "arithmetic_intensity": profile.arithmetic_intensity,
-            "op_types": {k: {"count": c, "flops": f, "bytes": b} for k, (c, f, b) in profile.by_op_type().items()},
-        }, indent=2))
-    else:
-        _console().print(format_table(profile))
+    print_analysis(api.analyze(args.job, args.target), args.json)
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from modak.output import print_json, print_plan
+
     plan = _plan(args)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        print_json(plan.to_dict())
     else:
-        _print_plan(plan, args.top)
+        print_plan(plan, args.top, args.wide)
     return 0
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
-    import time
+    from modak import api
+    from modak.output import print_model_evaluation, print_model_fit
 
-    from modak.predict.evaluate import evaluate, format_scores
-    from modak.predict.training import ok_rows, training_set
-    from modak.predict.learned import LearnedPredictor
-
-    data = training_set(args.store)
-    rows, weights = data.load()
-    usable = ok_rows(rows)
-    if not usable:
-        raise InputError("no measured rows: ship perfmodels/*.csv or run `modak bench` first")
     if args.action == "eval":
-        machines = sorted({r.machine for r in usable})
-        if args.machine is not None and args.machine not in machines:
-            raise InputError(f"--machine {args.machine}: no measured rows of that target (there are: "
-                             f"{', '.join(machines)})")
-        scored = [r for r in usable if args.machine in (None, r.machine)]
-        print(f"{len(usable)} measured rows, {len({r.model for r in usable})} models, {len(machines)} target(s)"
-              + (f"; scoring the {len(scored)} rows of {args.machine}" if args.machine else ""))
-        print(format_scores(evaluate(usable, args.seeds, machine=args.machine)))
-        return 0
-    start = time.perf_counter()
-    model = LearnedPredictor.cached(data, refit=True)
-    seconds = time.perf_counter() - start
-    used = {id(r) for r in usable}
-    local = sum(w > 1 for w, r in zip(weights, rows) if id(r) in used)
-    contended = sum(r.status == "contended" for r in rows)
-    print(f"fitted on {model.rows} rows ({local} from the local store) in {seconds:.2f} s; "
-          f"and cached as plain arrays for `modak plan` (refit whenever the data change; nothing is pickled)"
-          + (f"; {contended} contended row(s) left out (measured beside other work)" if contended else ""))
-    for runtime, device, precision in sorted(model.coverage):
-        count = sum((r.runtime, r.device, r.precision) == (runtime, device, precision) for r in usable)
-        print(f"  covers {runtime}/{device}/{precision}: {count} rows")
+        print_model_evaluation(api.evaluate_model(args.store, args.seeds, args.machine))
+    else:
+        print_model_fit(api.fit_model(args.store))
     return 0
-
 
 def _measured_points(values: list[str]) -> dict[int, float]:
     points: dict[int, float] = {}
@@ -295,204 +274,64 @@ def _measured_points(values: list[str]) -> dict[int, float]:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
-    from modak.scaling import advise
+    from modak import api
+    from modak.output import print_scale
 
     if args.max_workers is not None and args.max_workers < 1:
         raise InputError(f"--max-workers {args.max_workers}: give a positive number of workers")
     measured = _measured_points(args.measured)
-    plan = _plan(args)
-    advice = advise(plan, max_workers=args.max_workers, measured=measured,
-                    single_node=plan.loaded.target.scheduler.kind == "none")
-    if args.json:
-        print(json.dumps(advice.to_dict(), indent=2, sort_keys=True))
-    else:
-        _print_scale(advice)
+    print_scale(api.scale(_plan(args), args.max_workers, measured), args.json)
     return 0
-
-
-def _print_scale(advice: Any) -> None:
-    from rich.table import Table
-
-    console = _console()
-    console.print(f"[bold]{advice.job}[/] on [bold]{advice.target}[/]: data-parallel training of "
-                  f"{advice.candidate}, batch {advice.batch_size} per worker, min_efficiency "
-                  f"{advice.min_efficiency:g}")
-    table = Table()
-    for column in ("workers", "nodes x per node", "step ms", "samples/s", "efficiency", "all-reduce ms",
-                   "exposed ms", "comm share", "algorithm"):
-        table.add_column(column, justify="left" if column == "algorithm" else "right")
-    for point in advice.points:
-        mark = "* " if point.workers == advice.chosen.workers else ""
-        table.add_row(f"{mark}{point.workers}", f"{point.nodes} x {point.per_node}", f"{point.step_s * 1e3:.4g}",
-                      f"{point.samples_per_second(advice.batch_size):.4g}", f"{point.efficiency:.3f}",
-                      f"{point.comm_s * 1e3:.3g}", f"{point.exposed_s * 1e3:.3g}", f"{point.comm_share:.0%}",
-                      point.algorithm or "")
-    console.print(table)
-    if advice.fit:
-        fitted = Table(title="fit: measured vs predicted", title_justify="left")
-        for column in ("workers", "measured ms", "predicted ms", "error"):
-            fitted.add_column(column, justify="right")
-        for workers, measured, predicted in advice.fit.residuals():
-            fitted.add_row(str(workers), f"{measured * 1e3:.4g}", f"{predicted * 1e3:.4g}",
-                           f"{predicted / measured - 1:+.1%}")
-        console.print(fitted)
-    for reason in advice.reasons:
-        console.print(f"- {reason}", highlight=False)
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from modak import api
+    from modak.output import print_render
 
     plan = _plan(args)
-    rendered = api.render_plan(plan, args.output)
-    if args.json:
-        print(json.dumps(document({"output": str(args.output), "choice": plan.choice.candidate.name,
-                                       "image": rendered.ir.image.ref,
-                                       "files": sorted(str(p) for p in rendered.files)}), indent=2))
-    else:
-        print(f"chose {plan.choice.candidate.name}")
-        print(f"wrote {len(rendered.files)} files to {args.output}: "
-              + ", ".join(sorted(p.name for p in rendered.files)))
+    print_render(plan, args.output, api.render_plan(plan, args.output), args.json)
     return 0
 
 
-class _BuildProgress:
-    """The build's progress on stderr. On a terminal: a bar over the build's steps with the current step and its
-    latest log line; otherwise one line per phase and per step (CI logs)."""
-
-    def __init__(self) -> None:
-        self.console = _console(stderr=True)
-        self.live = self.console.is_terminal
-        self.progress: Any = None
-        self.task: Any = None
-
-    def __enter__(self) -> _BuildProgress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def _bar(self) -> Any:
-        if self.progress is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), TextColumn("[dim]{task.fields[line]}"),
-                                     console=self.console, transient=True)
-            self.task = self.progress.add_task("modak build", total=None, line="")
-            self.progress.start()
-        return self.progress
-
-    def phase(self, text: str) -> None:
-        if self.live:
-            self._bar().console.print(f"modak: {text}", highlight=False)
-            self._bar().update(self.task, description=text[:40], line="", total=None, completed=0)
-        else:
-            print(f"modak: {text}", file=sys.stderr, flush=True)
-
-    def step(self, step: Any) -> None:
-        if self.live:
-            self._bar().update(self.task, total=step.total, completed=step.number - 1,
-                               description=f"step {step.number}/{step.total}", line=step.instruction[:70])
-        else:
-            print(f"modak: step {step.number}/{step.total}: {step.instruction[:120]}", file=sys.stderr, flush=True)
-
-    def line(self, text: str) -> None:
-        if self.live and text.strip():
-            self._bar().update(self.task, line=text.strip()[:70])
-
-
 def _cmd_build(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from modak import api
     from modak.build.pipeline import BuildOptions
-    from modak.build.submit import submit
+    from modak.output import BuildProgress, print_build
 
     plan = _plan(args)
-    out_dir = args.output or api.default_output(plan)
     options = BuildOptions(engine=args.engine, push=args.push, smoke=args.smoke, oci_archive=args.oci_archive)
-    with _BuildProgress() as progress:
-        result = api.build(plan, out_dir, options, progress)
-    if args.submit:
-        job = result.ir.job
-        submission = submit(out_dir / "job.sh", job.scheduler, job.log_file)
-        result = replace(result, job_id=submission.job_id, submission=submission.to_dict())
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-        return 0
-    data = result.to_dict()
-    print(f"chose {data['choice']['candidate']}")
-    print(f"built {data['image']['ref']} ({data['image']['id']}) in {data['seconds'].get('total', 0):.1f} s; "
-          f"log {data['build_log']}")
-    if data["requirements_lock"]:
-        lock = data["requirements_lock"]
-        print(f"requirements lock: {lock['packages']} packages, {lock['digest']} ({lock['file']})")
-    if data["smoke_test"]:
-        smoke = data["smoke_test"]
-        print(f"smoke test: {smoke['runtime']}, {smoke['steps']} steps, {smoke['message']}")
-        if "serve" in smoke:
-            print(f"smoke test: the server answered one infer request in {smoke['serve']['latency_s'] * 1e3:.3g} ms")
-    if data["pushed"]:
-        print(f"pushed {data['pushed']['ref']} ({data['pushed']['digest']})")
-    if data["oci_archive"]:
-        print(f"saved {data['oci_archive']}")
-    if result.submission:
-        print(f"submitted job {result.job_id}; output: {result.submission['output']}")
+    with BuildProgress() as progress:
+        result = api.build(plan, args.output, options, progress, submit_job=args.submit)
+    print_build(result, args.json)
     return 0
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     from modak import api
+    from modak.output import print_submission
 
-    submission = api.submit(_plan(args), args.output, args.wait)
-    if args.json:
-        print(json.dumps(document(submission.to_dict()), indent=2, sort_keys=True))
-    else:
-        print(f"submitted {submission.script} with {submission.command[0]}: job {submission.job_id}")
-        if submission.state:
-            print(f"job {submission.job_id} ended: {submission.state}"
-                  + (f" (exit {submission.exit_code})" if submission.exit_code is not None else ""))
-        print(f"output: {submission.output}")
+    print_submission(api.submit(_plan(args), args.output, args.wait), args.json)
     return 0
 
 
-def _settings(args: argparse.Namespace, launches: int | None = None) -> Any:
-    from modak.bench.harness import BenchSettings
-
-    return BenchSettings(launches=launches or args.launches, min_seconds=args.min_seconds, budget_s=args.budget,
-                         seed=args.seed)
-
-
-def _launch_line(candidate: Any, result: dict) -> str:
-    """One launch as the user reads it: its median, or why it failed, and whether it ran on a busy machine."""
-    timing = (f"{result['step_median_s'] * 1e3:.3g} ms" if result.get("status") == "ok"
-              else f"{result.get('status')}: {result.get('error')}")
-    busy = result.get("busy")
-    return (f"{candidate.name}: {timing}" + (f" — CONTENDED ({'; '.join(busy)})" if busy else "")
-            + (" (launched again: the first try ran beside other work)" if result.get("retried_after") else ""))
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from modak import api
-    from modak.bench.harness import select_candidates
+    from modak.bench.harness import BenchSettings, select_candidates
     from modak.measurements.store import default_store_path
+    from modak.output import console, launch_line, print_bench
 
-    settings = _settings(args)
+    settings = BenchSettings(launches=args.launches, min_seconds=args.min_seconds, budget_s=args.budget,
+                             seed=args.seed)
     plan = _plan(args)
     total = len(select_candidates(plan, args.candidates)) * settings.launches
-    rows: list[Any] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=_console(stderr=True), transient=False) as progress:
+                  console=console(stderr=True), transient=False) as progress:
         task = progress.add_task("measuring", total=total)
 
         def report(candidate: Any, result: dict) -> None:
-            progress.console.print(_launch_line(candidate, result), highlight=False)
+            progress.console.print(launch_line(candidate, result), highlight=False)
             progress.advance(task)
 
         try:
@@ -501,222 +340,87 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"modak: interrupted; the rounds measured so far are kept in {args.store or default_store_path()}",
                   file=sys.stderr)
             return EXIT_INTERRUPTED
-    if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
-    ok = sum(r.status == "ok" for r in rows)
-    contended = [r for r in rows if r.status == "contended"]
-    print(f"{ok}/{len(rows)} candidates measured ({settings.launches} launches each), stored in {path}",
-          file=sys.stderr)
-    if contended:
-        print(f"modak: {len(contended)} candidate(s) ran on a busy machine even when launched again and are stored "
-              "as 'contended' (not used by the model): measure again when the machine is quiet", file=sys.stderr)
+    print_bench(rows, settings.launches, path, args.json)
     return 0
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from modak.bench import dispatch
+    from modak import api
     from modak.bench.harness import BenchSettings
-    from modak.bench.tune import TuneSettings, describe, result_dict, tune
-    from modak.measurements.store import PerfStore
+    from modak.bench.tune import TuneSettings
+    from modak.measurements.store import default_store_path
+    from modak.output import console, launch_line, print_tune
 
-    settings = TuneSettings(budget_s=args.budget, trials=args.trials,
+    settings = TuneSettings(budget_s=args.race_budget, trials=args.trials,
                             protocol=BenchSettings(min_seconds=args.min_seconds, seed=args.seed))
     plan = _plan(args)
-    dispatcher = dispatch.dispatcher(args.dispatch, plan.loaded.target.scheduler.partition)
-    console = _console(stderr=True)
+    out = console(stderr=True)
 
     def round_done(index: int, alive: list[str], dropped: list[str]) -> None:
-        console.print(f"round {index}: {len(alive)} left" + (f"; dropped {', '.join(dropped)}" if dropped else ""),
-                      highlight=False)
+        out.print(f"round {index}: {len(alive)} left" + (f"; dropped {', '.join(dropped)}" if dropped else ""),
+                  highlight=False)
 
-    with PerfStore(args.store) as perf:
-        try:
-            result = tune(plan, perf, settings, dispatcher,
-                          on_launch=lambda c, r: console.print(_launch_line(c, r), highlight=False),
-                          on_round=round_done)
-        except KeyboardInterrupt:
-            print(f"modak: interrupted; the launches measured so far are kept in {perf.path}", file=sys.stderr)
-            return EXIT_INTERRUPTED
-    if args.json:
-        print(json.dumps(document(result_dict(result)), indent=2))
-    else:
-        print("\n".join(describe(result)))
+    try:
+        result = api.tune(plan, settings, args.dispatch, args.store,
+                          on_launch=lambda c, r: out.print(launch_line(c, r), highlight=False), on_round=round_done)
+    except KeyboardInterrupt:
+        print(f"modak: interrupted; the launches measured so far are kept in {args.store or default_store_path()}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print_tune(result, args.json)
     return 0 if result.winner else EXIT_FAILURE
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    import platform
+    from modak import api
+    from modak.output import print_probe
 
-    import yaml
-
-    from modak.hardware.local import store_probe
-    from modak.hardware.probe import probe, probe_comment, to_target
-    from modak.paths import write_atomic
-    from modak.spec.models import Target
-
-    result = probe(quick=args.quick)
-    name = args.name or "".join(c if c.isalnum() or c in "._-" else "-" for c in platform.node()) or "this-machine"
-    document = to_target(result, name)
-    Target.model_validate(document)  # what we write must load
-    print(probe_comment(result), end="")
-    cached = store_probe(result)
-    print(f"cached as this machine's probe (target 'local', `cpu: local`): {cached}" if cached else
-          "not cached as this machine's probe: it did not run alone (see the warning above)")
-    if args.output:
-        write_atomic(args.output, probe_comment(result) + yaml.safe_dump(document, sort_keys=False))
-        print(f"wrote {args.output}")
+    print_probe(api.probe(args.quick, args.name, args.output))
     return 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from modak import api
     from modak.errors import EXIT_REGRESSION
-    from modak.integrations.check import check, choice_line, format_table
+    from modak.output import print_check
 
-    plan = _plan(args)
-    result = check(plan.to_dict(), args.baseline, args.threshold, args.measured, args.update)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-        print(result.message(), file=sys.stderr)
-    else:
-        print(result.message())
-        if result.comparisons:
-            _console().print(format_table(result))
-        print(choice_line(result))
-        for note in result.notes:
-            print(f"note: {note}")
+    result = api.check(_plan(args), args.baseline, args.threshold, args.measured, args.update)
+    print_check(result, args.json)
     return EXIT_REGRESSION if result.regressed and not args.update else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from modak import api
-    from modak.report import write_report
 
-    # The report re-predicts the chosen candidate at other batches and threads: it needs the plan's predictor.
-    predictor = api.predictor(args.predictor, args.store)
-    plan = _plan(args, predictor)
-    write_report(plan, predictor, args.output, args.store)
+    plan = api.report(args.job, args.output, args.target, args.predictor, args.store)
     print(f"chose {plan.choice.candidate.name}")
     print(f"wrote {args.output}")
     return 0
 
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from modak import api
-    from modak.advise.whatif import describe, whatif
+    from modak.output import print_whatif
 
-    result = whatif(args.job, args.targets, api.predictor(args.predictor, args.store), args.store)
+    result = api.whatif(args.job, args.targets, args.predictor, args.store)
     if args.report:
-        from modak.report.whatif import write_whatif_report
-
-        write_whatif_report(result.to_dict(), args.report)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-        if args.report:
-            print(f"wrote {args.report}", file=sys.stderr)
-        return 0
-    console = _console()
-    basis = result.basis.describe()
-    console.print(f"[bold]{result.job}[/] on {len(result.outcomes)} targets, ranked by {result.metric.value}; "
-                  f"time and cost for {basis}", highlight=False)
-    table = Table()
-    for column in ("#", "target", "candidate", "cores", "step ms (interval)", "samples/s", "time (interval)",
-                   "cost (interval)", "Pareto"):
-        table.add_column(column, justify="left" if column in ("target", "candidate", "Pareto") else "right",
-                         overflow="fold")
-    for o in result.outcomes:
-        low, high = o.step_interval
-        cost = ("-" if o.cost is None else
-                f"{o.cost:.4g} ({o.cost_low:.3g}-{o.cost_high:.3g}) {o.currency}")
-        table.add_row(str(o.rank), o.target, o.plan.choice.candidate.name, str(o.plan.ceilings.cores)
-                      + (f" +{o.plan.loaded.target.scheduler.co_runners} busy" if o.sharing > 1 else ""),
-                      f"{o.step_seconds * 1e3:.3g} ({low * 1e3:.3g}-{high * 1e3:.3g})",
-                      f"{o.samples_per_second:.4g}",
-                      f"{o.time_seconds:.4g} s ({o.time_low:.3g}-{o.time_high:.3g})", cost,
-                      {True: "front", False: "", None: "unpriced"}[o.pareto])
-    console.print(table)
-    for line in describe(result):
-        console.print(line, highlight=False)
+        api.whatif_report(result, args.report)
+    print_whatif(result, args.json)
     if args.report:
-        print(f"wrote {args.report}")
+        print(f"wrote {args.report}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     from modak import api
-    from modak.advise.pack import pack, render_pack
+    from modak.output import print_pack
 
-    result = pack(args.jobs, args.target, api.predictor(args.predictor, args.store), args.store, args.modes)
-    written = render_pack(result, args.render) if args.render else []
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-    else:
-        for line in result.describe():
-            print(line)
+    result = api.pack(args.jobs, args.target, args.predictor, args.store, args.modes)
+    written = api.render_pack(result, args.render) if args.render else []
+    print_pack(result, args.json)
     for folder in written:
         print(f"rendered {folder}", file=sys.stderr if args.json else sys.stdout)
     return 0
-
-
-def _short(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    return Console(width=max(160, Console().width), stderr=stderr)
-
-
-def _print_plan(plan: Any, top: int) -> None:
-    from rich.table import Table
-
-    data = plan.to_dict()
-    wl = data["workload"]
-    console = _console()
-    console.print(f"[bold]{data['job']}[/] on [bold]{data['target']}[/]: {data['task']}, objective "
-                  f"{data['objective']['metric']}, {wl['model']} batch {wl['batch_size']}, "
-                  f"{wl['flops_per_step'] / 1e9:.3g} GFLOP and {wl['bytes_per_step'] / 1e6:.4g} MB per step, "
-                  f"intensity {wl['arithmetic_intensity']:.3g} FLOP/B")
-    table = Table(show_lines=False)
-    for column in ("#", "runtime/device/precision", "parameters", "step ms (interval)", "compile s",
-                   "objective ms", "compute ms", "memory ms", "overhead ms", "bound", "predictor"):
-        left = column in ("runtime/device/precision", "parameters", "bound", "predictor")
-        table.add_column(column, justify="left" if left else "right", overflow="fold")
-    for row in data["candidates"][:top]:
-        low, high = row["interval_seconds"]
-        terms = row["roofline"]
-        accuracy = row.get("accuracy")
-        figure = (f" ({'top-1' if accuracy['metric'] == 'top1_agreement' else 'rel. error'} {accuracy['value']:.3g})"
-                  if accuracy else "") + (" (failed the reference check here)" if row["failed_check"] else "")
-        table.add_row(str(row["rank"]), f"{row['runtime']}/{row['device']}/{row['precision']}{figure}",
-                      " ".join(f"{k}={_short(v)}" for k, v in row["parameters"].items()),
-                      f"{row['step_seconds'] * 1e3:.3g} ({low * 1e3:.3g}-{high * 1e3:.3g})",
-                      f"{row['compile_seconds']:.3g}", f"{row['objective_seconds'] * 1e3:.3g}",
-                      f"{terms['compute_s'] * 1e3:.3g}", f"{terms['memory_s'] * 1e3:.3g}",
-                      f"{terms['overhead_s'] * 1e3:.3g}", row["bound"], row["predictor"])
-    console.print(table)
-    if data["batches"]:
-        batches = Table(title="batch_size auto: each batch's choice", title_justify="left")
-        for column in ("batch", "choice", "objective ms", "samples/s", "memory GB", "excluded by"):
-            batches.add_column(column, justify="left" if column in ("choice", "excluded by") else "right",
-                               overflow="fold")
-        for option in data["batches"]:
-            seconds, rate, memory = option["objective_seconds"], option["samples_per_second"], option["memory_gb"]
-            batches.add_row(("* " if option["batch_size"] == wl["batch_size"] else "") + str(option["batch_size"]),
-                            option["candidate"] or "", "" if seconds is None else f"{seconds * 1e3:.3g}",
-                            "" if rate is None else f"{rate:.4g}", "" if memory is None else f"{memory:.3g}",
-                            option["excluded"] or "")
-        console.print(batches)
-    if len(data["candidates"]) > top:
-        console.print(f"... {len(data['candidates']) - top} more (--top N or --json)")
-    for reason in data["reasons"]:
-        console.print(f"- {reason}", highlight=False)
-    if not data["tuned"]:
-        console.print(f"- worth measuring here: {len(data['worth_tuning'])} candidates (the predicted top 3, those whose "
-                      "spread (what the model's trees disagree between) overlaps the leader's, and stock): "
-                      "`modak tune` races them and records the winner", highlight=False)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from modak.quantize.gate import AccuracyCheck
 
 # Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
-_TRAINING_STATE_FACTOR = 4
+TRAINING_STATE_FACTOR = 4
 MEMORY_SHARE = 0.9  # of a device's memory that a candidate's parameters, or an auto batch's step, may need
 # The stock guard: a candidate replaces the stock deployment unless it may be more than 10% slower (its paired
 # ratio to stock above this in more than 1 of 10 trees). Requiring it confidently faster (1.0) kept stock too often:
@@ -419,7 +419,7 @@ def objective_seconds(prediction: Prediction, steps: int | None) -> float:
 def _does_not_fit(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate) -> str | None:
     device = ceilings.gpu if candidate.device == "gpu" else ceilings.cpu
     assert device is not None
-    factor = _TRAINING_STATE_FACTOR if workload.task is Task.training else 1
+    factor = TRAINING_STATE_FACTOR if workload.task is Task.training else 1
     needed_gb = workload.parameter_bytes * factor / 1e9
     if needed_gb > MEMORY_SHARE * device.memory_gb:
         return (f"needs ~{needed_gb:.1f} GB for parameters and state, more than {MEMORY_SHARE:.0%} of "

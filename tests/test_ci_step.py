@@ -85,6 +85,15 @@ def test_plan_and_render_json_match_their_schemas(tmp_path, plan):
     assert written == plan  # plan.json is the `modak plan --json` document
 
 
+def test_analyze_json_carries_the_envelope_and_matches_its_schema():
+    done = subprocess.run([sys.executable, "-m", "modak", "analyze", str(JOB), "--json"], capture_output=True,
+                          text=True, check=True)
+    analysis = json.loads(done.stdout)
+    assert_valid("analyze.schema.json", analysis)
+    assert list(analysis)[0] == "schema_version" and analysis["model"] == "mnist_cnn"
+    assert analysis["forward_flops"] == pytest.approx(sum(t["flops"] for t in analysis["op_types"].values()))
+
+
 def test_step_script_plan(tmp_path, plan):
     done, out = run_step(tmp_path, MODAK_JOB=str(JOB), MODAK_COMMAND="plan")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The import graph points one way: spec -> workload -> candidates -> predict -> plan -> render/bench -> build ->
-api -> cli, with the data layers (measurements, hardware) below prediction and the in-image package at the
-bottom. Read from the source (every import, at any depth, TYPE_CHECKING blocks included), not from sys.modules."""
+advise -> api -> output -> cli, with the data layers (measurements, hardware) below prediction and the in-image
+package at the bottom. Read from the source (every import, at any depth, TYPE_CHECKING blocks included), not from sys.modules."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ LAYERS = {
     "scaling": 8.5,  # data-parallel scaling of a plan (modak scale); job scripts request the workers it picks
     "render": 9, "bench": 9,
     "build": 10, "report": 10, "integrations": 10,
+    "advise": 10.5,  # modak whatif and modak pack: plans on several targets or shares (the API plans them)
     "api": 11,
-    "advise": 11.5,  # modak whatif and modak pack: plans on several targets or shares, through the API
+    "output": 11.5,  # what the command line prints: terminal tables and --json documents
     "cli": 12, "__main__": 13,
 }
 IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)

@@ -18,14 +18,15 @@ import yaml
 from jsonschema import Draft202012Validator
 
 import modak
-from modak.advise.pack import (Load, MIN_GAIN, bandwidth_slowdowns, core_splits, gpu_time_sliced_slowdowns,
-                               mig_profiles, mps_percentages, mps_slowdowns, pack, render_pack, slices_fit,
-                               time_sliced_slowdowns)
+from modak import api
+from modak.advise.contention import (Load, bandwidth_slowdowns, gpu_time_sliced_slowdowns, mps_percentages,
+                                     mps_slowdowns, time_sliced_slowdowns)
+from modak.advise.pack import MIN_GAIN, core_splits, mig_profiles, slices_fit
 from modak.cli import main
 from modak.errors import InputError
 from modak.predict.base import Prediction
 from modak.predict.roofline import thread_shares
-from modak.render.ir import Sharing, cpuset
+from modak.render.sharing import Sharing, cpuset
 from onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +170,7 @@ def write_target(folder: Path, name: str = "node", cores: int = 2, memory_gb: fl
 
 def test_two_cpu_jobs_split_the_cores(tmp_path: Path) -> None:
     jobs = [write_job(tmp_path, "a"), write_job(tmp_path, "b")]
-    result = pack(jobs, write_target(tmp_path), Scaled())
+    result = api.pack(jobs, write_target(tmp_path), using=Scaled())
     assert len(result.groups) == 1 and result.groups[0].shared
     best = result.groups[0].chosen
     assert best is not None and best.mode == "cores"
@@ -184,7 +185,7 @@ def test_two_cpu_jobs_split_the_cores(tmp_path: Path) -> None:
 
 def test_a_job_limit_is_respected(tmp_path: Path) -> None:
     jobs = [write_job(tmp_path, "a", max_slowdown=1.3), write_job(tmp_path, "b")]
-    result = pack(jobs, write_target(tmp_path), Scaled())
+    result = api.pack(jobs, write_target(tmp_path), using=Scaled())
     assert [g.shared for g in result.groups] == [False, False]
     reason = result.groups[0].reason
     assert "constraints.max_slowdown (1.3x)" in reason and "slowdown 1.50x" in reason
@@ -193,7 +194,7 @@ def test_a_job_limit_is_respected(tmp_path: Path) -> None:
 
 def test_memory_beyond_the_share_of_capacity_is_refused(tmp_path: Path) -> None:
     jobs = [write_job(tmp_path, "a"), write_job(tmp_path, "b")]
-    result = pack(jobs, write_target(tmp_path, memory_gb=1e-7), Scaled())
+    result = api.pack(jobs, write_target(tmp_path, memory_gb=1e-7), using=Scaled())
     assert not any(g.shared for g in result.groups)
     assert "memory: the jobs may hold" in result.groups[0].reason and "90% of the" in result.groups[0].reason
 
@@ -201,14 +202,14 @@ def test_memory_beyond_the_share_of_capacity_is_refused(tmp_path: Path) -> None:
 def test_no_gain_no_sharing(tmp_path: Path) -> None:
     jobs = [write_job(tmp_path, "a"), write_job(tmp_path, "b")]
     perfect = Scaled()
-    result = pack(jobs, write_target(tmp_path, cores=1), perfect)  # one core: only time-slicing, which gains nothing
+    result = api.pack(jobs, write_target(tmp_path, cores=1), using=perfect)  # one core: only time-slicing, which gains nothing
     assert not any(g.shared for g in result.groups)
     assert "would not raise throughput" in result.groups[0].reason and f"{MIN_GAIN:g}x" in result.groups[0].reason
 
 
 def test_gpu_jobs_with_little_utilization_share_through_mps(tmp_path: Path) -> None:
     jobs = [write_job(tmp_path, "a", device="gpu"), write_job(tmp_path, "b", device="gpu")]
-    result = pack(jobs, write_target(tmp_path, gpus="A100-40GB"), Scaled(work=1e-6, overhead_s=1e-3))
+    result = api.pack(jobs, write_target(tmp_path, gpus="A100-40GB"), using=Scaled(work=1e-6, overhead_s=1e-3))
     best = result.groups[0].chosen
     assert best is not None and best.mode == "mps"
     assert [p.sharing.mps_percentage for p in best.placements] == [50, 50]
@@ -221,7 +222,7 @@ def test_gpu_jobs_with_little_utilization_share_through_mps(tmp_path: Path) -> N
 
 def test_pack_needs_two_jobs(tmp_path: Path) -> None:
     with pytest.raises(InputError):
-        pack([write_job(tmp_path, "a")], write_target(tmp_path), Scaled())
+        api.pack([write_job(tmp_path, "a")], write_target(tmp_path), using=Scaled())
 
 
 # Rendered sharing: golden job scripts -------------------------------------------------------------------------------
@@ -232,9 +233,9 @@ def _render(tmp_path: Path, name: str, jobs: list[Path], target: Path, predictor
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(modak, "__version__", "0.0.0+golden")
         patch.setenv("SOURCE_DATE_EPOCH", "1735689600")
-        result = pack(jobs, target, predictor, modes=modes)
+        result = api.pack(jobs, target, modes=modes, using=predictor)
         assert all(g.shared for g in result.groups)
-        render_pack(result, tmp_path / name)
+        api.render_pack(result, tmp_path / name)
     texts = {}
     for folder in sorted((tmp_path / name).iterdir()):
         if folder.is_dir():
@@ -332,7 +333,7 @@ def test_a_cpuset_of_several_ranges_renders(tmp_path: Path) -> None:
     from modak.render.render import render_text
 
     jobs = [write_job(tmp_path, "a"), write_job(tmp_path, "b")]
-    plan = pack(jobs, write_target(tmp_path, cores=8), Scaled()).jobs[0].alone
+    plan = api.pack(jobs, write_target(tmp_path, cores=8), using=Scaled()).jobs[0].alone
     sharing = Sharing("cores", "cpu", ("b",), cpuset=cpuset([0, 1, 4]))
     text = render_text(build_description(plan, sharing=sharing), "job.sh")
     assert "MODAK_CPUSET=${MODAK_CPUSET:-0-1,4}" in text and '--cpuset-cpus "$MODAK_CPUSET"' in text

@@ -339,3 +339,35 @@ def test_the_shortlist_follows_the_trees_not_the_unseen_machine_widening(tmp_pat
     low, high = unseen.choice.prediction.spread()  # the zen3 rows' machine offset, not learned for it, scales all
     assert high / low == pytest.approx(operator.truediv(*reversed(seen.choice.prediction.spread())), rel=1e-6)
     assert [r.candidate.name for r in worth_tuning(unseen)] == [r.candidate.name for r in worth_tuning(seen)]
+
+
+def test_the_plan_table_says_what_its_rows_share_once_and_wide_shows_every_parameter(capsys, monkeypatch) -> None:
+    """Without --wide, each row of the table lists the parameters that tell it from the other shown rows of its
+    runtime, fits one line at 160 columns, and what they share is said once above the table; --wide lists them all."""
+    from modak.candidates.candidate import value_key
+    from modak.output import common_parameters, print_plan
+
+    plan = plan_for(CNN)
+    rows = plan.to_dict()["candidates"][:8]
+    common = common_parameters(rows)
+    assert any(common.values())  # the example's rows share settings: the table has something to leave out
+    monkeypatch.setenv("COLUMNS", "160")
+    print_plan(plan, 8)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(lines) == len(rows)  # one line per row: no parameter list wraps
+    for row, line in zip(rows, lines):
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        shown = {k: value_key(v) for k, v in row["parameters"].items() if k not in common.get(row["runtime"], {})}
+        assert cells[0] == str(row["rank"]) and cells[2] == " ".join(f"{k}={v}" for k, v in shown.items())
+    for runtime, params in common.items():
+        if params:
+            assert f"every {runtime} row below: " + " ".join(f"{k}={value_key(v)}" for k, v in params.items()) in out
+    monkeypatch.setenv("COLUMNS", "400")
+    print_plan(plan, 8, wide=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert len(lines) == len(rows)
+    for row, line in zip(rows, lines):
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        assert cells[1].startswith(f"{row['runtime']}/{row['device']}/{row['precision']}")
+        assert cells[2] == " ".join(f"{k}={value_key(v)}" for k, v in row["parameters"].items())

@@ -189,16 +189,30 @@ def tune_for_real(store: Path, *options: str) -> tuple[dict, list]:
 
 def test_tune_command_races_for_real(tmp_path):
     """A short real race of two candidates through the command line: rows stored, winner recorded."""
-    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--budget", "120", "--seed", "0")
+    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--race-budget", "120", "--seed", "0")
     assert result["winner"] in result["shortlist"] and len(result["shortlist"]) == 2 and result["rounds"] >= 1
     assert len(rows) == 2 and all(r.session == rows[0].session for r in rows)
     assert all(1 <= r.launches <= result["rounds"] for r in rows if r.status in ("ok", "contended"))
 
 
+def test_tune_budget_is_a_deprecated_alias_of_race_budget(capsys):
+    """`tune --budget` still sets the race's wall clock for one release, with a warning on stderr; `--race-budget`
+    does without one, and `bench --budget` (seconds per launch) is unchanged."""
+    from modak.cli import _parser
+
+    assert _parser().parse_args(["tune", str(CNN), "--budget", "42"]).race_budget == 42.0
+    warning = capsys.readouterr().err
+    assert "--budget is deprecated" in warning and "use --race-budget" in warning
+    assert _parser().parse_args(["tune", str(CNN), "--race-budget", "42"]).race_budget == 42.0
+    assert _parser().parse_args(["tune", str(CNN)]).race_budget == 600.0
+    assert _parser().parse_args(["bench", str(CNN), "--budget", "3"]).budget == 3.0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.skipif(not __import__("shutil").which("sbatch"), reason="Slurm's sbatch is not installed")
 def test_tune_dispatches_rounds_as_slurm_job_arrays(tmp_path):
     """`--dispatch slurm`: every round runs as a job array on the real Slurm; rows and winner as locally."""
-    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--budget", "90", "--dispatch", "slurm")
+    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--race-budget", "90", "--dispatch", "slurm")
     assert result["winner"] in result["shortlist"] and result["rounds"] >= 1
     assert len(rows) == 2 and all(r.launches >= 1 and r.step_median_s > 0 for r in rows)
 

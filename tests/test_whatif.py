@@ -13,8 +13,8 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from modak import api
-from modak.advise.pack import co_runner_slowdown, load_of
-from modak.advise.whatif import cost, pareto_front, whatif
+from modak.advise.contention import co_runner_slowdown, load_of
+from modak.advise.whatif import cost, pareto_front
 from modak.cli import main
 from modak.errors import InputError
 from modak.hardware.ceilings import Ceilings, core_share
@@ -98,7 +98,7 @@ def test_whatif_ranks_by_throughput_prices_and_marks_the_front(tmp_path: Path) -
     job = write_job(tmp_path)
     targets = [write_target(tmp_path, "big", 8, price=8.0), write_target(tmp_path, "small", 2, price=1.0),
                write_target(tmp_path, "dear-small", 2, price=5.0), write_target(tmp_path, "free-beer", 4)]
-    result = whatif(job, targets, Scaled())
+    result = api.whatif(job, targets, using=Scaled())
     names = [o.target for o in result.outcomes]
     assert names[0] == "big" and names[-2:] == ["small", "dear-small"]  # fastest first; a tie goes to the cheaper
     by_name = {o.target: o for o in result.outcomes}
@@ -119,7 +119,7 @@ def test_a_part_of_a_node_pays_its_share(tmp_path: Path) -> None:
     job = write_job(tmp_path)
     whole, half = (write_target(tmp_path, "whole", 4, price=4.0),
                    write_target(tmp_path, "half", 4, price=4.0, cores_per_job=2))
-    by_name = {o.target: o for o in whatif(job, [whole, half], Scaled()).outcomes}
+    by_name = {o.target: o for o in api.whatif(job, [whole, half], using=Scaled()).outcomes}
     assert by_name["half"].plan.ceilings.cores == 2
     assert by_name["half"].cost == pytest.approx(4.0 * 0.5 * by_name["half"].time_seconds / 3600)
 
@@ -135,7 +135,7 @@ def test_a_part_of_a_node_draws_its_cores_measured_bandwidth_up_to_the_nodes() -
 
 def test_without_steps_time_and_cost_are_per_thousand_samples(tmp_path: Path) -> None:
     job = write_job(tmp_path, steps=None)
-    result = whatif(job, [write_target(tmp_path, "one", 2, price=3.6)], Scaled())
+    result = api.whatif(job, [write_target(tmp_path, "one", 2, price=3.6)], using=Scaled())
     o = result.outcomes[0]
     assert (result.basis.kind, result.basis.count) == ("samples", 1000)
     assert o.time_seconds == pytest.approx(1000 / 8 * o.plan.choice.prediction.step_seconds)  # no compile
@@ -144,7 +144,7 @@ def test_without_steps_time_and_cost_are_per_thousand_samples(tmp_path: Path) ->
 
 def test_latency_jobs_rank_by_step_time(tmp_path: Path) -> None:
     job = write_job(tmp_path, steps=None, metric="latency")
-    result = whatif(job, [write_target(tmp_path, "two", 2), write_target(tmp_path, "four", 4)], Scaled())
+    result = api.whatif(job, [write_target(tmp_path, "two", 2), write_target(tmp_path, "four", 4)], using=Scaled())
     assert [o.target for o in result.outcomes] == ["four", "two"]
     assert result.basis.kind == "steps"
 
@@ -153,7 +153,7 @@ def test_co_runners_use_the_sharing_model(tmp_path: Path) -> None:
     job = write_job(tmp_path)
     quiet = write_target(tmp_path, "quiet", 2)
     busy = write_target(tmp_path, "busy", 2, allocation="shared", co_runners=1)
-    result = whatif(job, [busy, quiet], Scaled())
+    result = api.whatif(job, [busy, quiet], using=Scaled())
     by_name = {o.target: o for o in result.outcomes}
     factor = co_runner_slowdown(by_name["busy"].plan, 1)
     assert factor > 1.0 and by_name["busy"].sharing == factor
@@ -169,7 +169,7 @@ def test_currencies_must_agree(tmp_path: Path) -> None:
     job = write_job(tmp_path)
     eur, usd = write_target(tmp_path, "eur", 2, price=1.0), write_target(tmp_path, "usd", 2, price=1.0, currency="USD")
     with pytest.raises(InputError) as error:
-        whatif(job, [eur, usd], Scaled())
+        api.whatif(job, [eur, usd], using=Scaled())
     assert error.value.file == str(usd) and error.value.field == "cost.currency"
 
 

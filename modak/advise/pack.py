@@ -1,187 +1,53 @@
 """``modak pack``: which jobs can share a node (its CPU cores) or a GPU (MPS, MIG slices, time-slicing), each
-job's predicted slowdown against running alone on the target, the aggregate throughput, and the job scripts that
-apply the sharing.
+job's predicted slowdown against running alone on the target, the aggregate throughput, and the shares their job
+scripts apply (:class:`modak.render.sharing.Sharing`).
 
-The sharing model. Every job is first planned alone on the target (its *alone* step). A way of sharing (an
-*arrangement*) gives each job a share; the job is planned again on a target describing that share (so that its
-runtime, threads and wait policy fit it), and the sharing model adds what the jobs still take from each other:
+Every job is first planned alone on the target (its *alone* step). A way of sharing (an *arrangement*) gives each
+job a share; the job is planned again on a target describing that share (so that its runtime, threads and wait
+policy fit it), and the sharing model (:mod:`modak.advise.contention`) adds what the jobs still take from each
+other:
 
 * CPU, ``cores``: disjoint core sets (job i gets k_i of the C cores, contiguous from core 0 in job order). Job i's
   step is its plan's on a target of k_i cores (``scheduler.cores_per_job``: compute peaks scale with the cores),
-  times the memory-bandwidth term below. The cores' split is searched (every split for C <= 16, else multiples of
+  times the memory-bandwidth term. The cores' split is searched (every split for C <= 16, else multiples of
   C/16).
 * CPU, ``time-slicing``: every job on all C cores (the target's ``allocation: shared``, so the thread pools wait
-  passively). Job i keeps ``d_i = p_i T_i + (1 - p_i)`` cores busy (T_i threads; p_i the parallel share of its
-  step: the roofline's compute and memory terms, against its serial per-operator overhead); a co-runner keeps
-  one. With demand D = sum d / C above 1, the operating system's fair share slows every job by
-  ``D (1 + OVERSUBSCRIPTION_COST (D - 1))`` (time slices, context switches and cache refills), and a job whose
-  pools spin (``wait_policy=spin``) wastes its slices waiting: ``SPIN_PENALTY``. The parallel share of a step
-  on T >= 2 threads ends at a barrier (an intra-op pool's regions; OpenVINO's throughput streams, whose step is a
-  wave of requests all waited for), so it goes at the pace of the slowest thread, not at the average share: the
-  others' load beyond the cores the job leaves free, E = sum_{j != i} d_j + T_i - C, sits on its cores, and the
-  most crowded of them runs its thread at 1 / K, K = 1 + max(E / T_i, min(E, 1)) (one busy co-runner on one of
-  two cores: K = 2, where the average share gives D = 1.5). That share slows by max(K, D) instead of D.
-* Memory bandwidth (``cores`` and ``time-slicing``): job i draws b_i = B_i / step_i GB/s, with B_i the bytes of its
-  memory-bound operators (the roofline's memory term times the bandwidth it assumed). Beyond the node's bandwidth
-  (sum b / bandwidth = P > 1), the memory-bound share m_i of each step stretches: ``1 + m_i (P - 1)``.
-* GPU, ``mps``: kernels of all jobs run at once. Job i's kernels keep the GPU busy u_i of its step (the roofline's
-  compute and memory terms against launch overhead); with U = sum u, each job slows by ``max(1, U)``, or by the
-  bandwidth term if that is larger. Its clients get ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = 100 u_i / U (its
-  share of the busy time: at least its own utilization while U <= 1).
+  passively), slowed by the time-sliced and memory-bandwidth terms.
+* GPU, ``mps`` and ``time-slicing``: the jobs' plans alone, slowed by the MPS or time-sliced terms.
 * GPU, ``mig``: each job on a slice of its own (``recipes/hardware/mig.yaml``: compute and memory slices per
   profile); its step is its plan's on a GPU of the slice's share of SMs, bandwidth and memory. Slices isolate: no
   other term. Every set of profiles that fits the GPU is searched.
-* GPU, ``time-slicing``: without MPS the GPU runs one process's context at a time, in time slices, and does not
-  fill the gaps of the one it runs (its launch overhead) with the others' kernels (what MPS adds): each of n jobs
-  slows by n, so time-slicing gains no throughput (published: 1.05-1.11 n, ``benchmarks/share_published.py``).
 
-Each arrangement is refused when the jobs' memory (parameters and every operator's output, the plan's upper
-bound; training: parameters x 4) exceeds :data:`MEMORY_SHARE` of the capacity they share (the node's memory, the
-GPU's, or a slice's), or a job's slowdown exceeds its ``constraints.max_slowdown`` or its step its
-``constraints.max_latency_ms``. The aggregate throughput gain is the sum over jobs of alone step / shared step
-(each job's share of its alone throughput; running them one after another gives 1). The arrangement with the
-largest gain is chosen if it raises throughput by at least :data:`MIN_GAIN`; otherwise the jobs run apart.
-With more than two jobs, groups are formed first-fit: a job joins the first group whose best arrangement stays
-within every limit with it and gains from it.
+Each arrangement is refused when the jobs' memory (:func:`modak.advise.contention.memory_need_gb`) exceeds
+:data:`MEMORY_SHARE` of the capacity they share (the node's memory, the GPU's, or a slice's), or a job's slowdown
+exceeds its ``constraints.max_slowdown`` or its step its ``constraints.max_latency_ms``. The aggregate throughput
+gain is the sum over jobs of alone step / shared step (each job's share of its alone throughput; running them one
+after another gives 1). The arrangement with the largest gain is chosen if it raises throughput by at least
+:data:`MIN_GAIN`; otherwise the jobs run apart. With more than two jobs, groups are formed first-fit: a job joins
+the first group whose best arrangement stays within every limit with it and gains from it.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from modak.advise.contention import (OVERSUBSCRIPTION_COST, SPIN_PENALTY, bandwidth_slowdowns,
+                                     gpu_time_sliced_slowdowns, load_of, memory_need_gb, mps_percentages,
+                                     mps_slowdowns, time_sliced_slowdowns)
 from modak.documents import document, duration, rounded
 from modak.errors import InputError
-from modak.plan import MEMORY_SHARE, Plan, step_memory_gb
-from modak.predict.base import Predictor
-from modak.render.ir import Sharing, cpuset
+from modak.plan import MEMORY_SHARE, Plan
+from modak.render.sharing import SHARING_MODES, Sharing, cpuset
 from modak.spec.loader import LoadedJob, read_catalog
-from modak.spec.models import GpuPeaks, Target, Task
+from modak.spec.models import GpuPeaks, Target
 
-OVERSUBSCRIPTION_COST = 0.1  # extra time per unit of CPU oversubscription (see the module docstring)
-SPIN_PENALTY = 1.25  # a spinning pool on time-sliced cores
 MIN_GAIN = 1.05  # the least aggregate throughput gain (x) worth sharing for: less is within the model's error
-_TRAINING_STATE_FACTOR = 4  # bytes a training step holds per parameter byte (weights, gradients, optimizer state)
-MODES = ("cores", "time-slicing", "mps", "mig")  # the ways of sharing, as --modes names them
 _GRID = 16  # the core splits searched: every split up to this many cores, else multiples of cores / _GRID
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The sharing model
-
-
-@dataclass(frozen=True)
-class Load:
-    """What the sharing model knows of one process on its share: a job's plan, or a busy co-runner."""
-
-    name: str
-    step_seconds: float
-    cpu_demand: float  # cores it keeps busy on average (CPU jobs and co-runners)
-    gpu_utilization: float  # share of its step the GPU runs its kernels (GPU jobs)
-    memory_fraction: float  # share of its step bound by memory bandwidth
-    bandwidth_gbs: float  # memory bandwidth it draws on average
-    spins: bool = False  # its idle pool threads busy-wait (wait_policy=spin)
-    threads: int = 1  # CPU threads it runs on
-    synchronized: float = 0.0  # share of its step in regions across its threads that end at a barrier
-
-    def straggler(self, others: float, cores: int) -> float:
-        """K: the slowdown of this load's slowest thread beside ``others`` cores of load on ``cores`` cores (see
-        the module docstring)."""
-        excess = max(0.0, others + self.threads - cores)
-        return 1.0 + max(excess / self.threads, min(excess, 1.0))
-
-
-def co_runner(index: int = 0) -> Load:
-    """A CPU-bound process with one busy thread (a co-runner of ``scheduler.co_runners``)."""
-    return Load(f"co-runner {index + 1}", 0.0, 1.0, 0.0, 0.0, 0.0)
-
-
-def load_of(plan: Plan, name: str | None = None) -> Load:
-    """The load of ``plan``'s chosen candidate, from its prediction's roofline terms (see the module docstring)."""
-    choice = plan.choice
-    terms = dict(choice.prediction.terms)
-    compute, memory, overhead = (max(0.0, terms.get(k, 0.0)) for k in ("compute_s", "memory_s", "overhead_s"))
-    total = compute + memory + overhead
-    parallel = (compute + memory) / total if total else 1.0
-    step = choice.prediction.step_seconds
-    gpu = choice.candidate.device == "gpu"
-    threads = choice.candidate.threads or plan.ceilings.cores
-    spins = choice.candidate.param("wait_policy") == "spin"
-    demand = 0.0 if gpu else (float(threads) if spins else parallel * threads + (1.0 - parallel))
-    assumed = terms.get("bandwidth_gbs", 0.0)
-    bandwidth = min(memory * assumed / step, assumed) if step > 0 else 0.0
-    return Load(name or plan.loaded.job.name, step, demand, parallel if gpu else 0.0,
-                memory / total if total else 0.0, bandwidth, spins, threads,
-                0.0 if gpu or threads < 2 else parallel)
-
-
-def oversubscription(loads: Sequence[Load], cores: int) -> float:
-    """D: the cores the loads keep busy over the cores they share."""
-    return sum(load.cpu_demand for load in loads) / cores
-
-
-def time_sliced_slowdowns(loads: Sequence[Load], cores: int) -> list[float]:
-    """Each load's slowdown when all of them are time-sliced on ``cores`` cores (memory bandwidth aside)."""
-    demand = max(1.0, oversubscription(loads, cores))
-    contention = 1.0 + OVERSUBSCRIPTION_COST * (demand - 1.0)
-    total = sum(load.cpu_demand for load in loads)
-    slowdowns = []
-    for load in loads:
-        pace = max(demand, load.straggler(total - load.cpu_demand, cores))
-        slowdowns.append((load.synchronized * pace + (1.0 - load.synchronized) * demand) * contention
-                         * (SPIN_PENALTY if load.spins and demand > 1.0 else 1.0))
-    return slowdowns
-
-
-def bandwidth_slowdowns(loads: Sequence[Load], bandwidth_gbs: float, paces: Sequence[float] | None = None) -> list[float]:
-    """Each load's slowdown from sharing ``bandwidth_gbs`` of memory bandwidth; ``paces``: the loads' slowdowns
-    from other causes, which lower what they draw."""
-    paces = paces or [1.0] * len(loads)
-    drawn = sum(load.bandwidth_gbs / pace for load, pace in zip(loads, paces))
-    pressure = drawn / bandwidth_gbs if bandwidth_gbs > 0 else 0.0
-    return [1.0 + load.memory_fraction * max(0.0, pressure - 1.0) for load in loads]
-
-
-def mps_slowdowns(loads: Sequence[Load], bandwidth_gbs: float) -> list[float]:
-    """Each GPU load's slowdown under MPS: the summed SM utilization, or memory bandwidth where it binds."""
-    busy = max(1.0, sum(load.gpu_utilization for load in loads))
-    return [max(busy, memory) for memory in bandwidth_slowdowns(loads, bandwidth_gbs)]
-
-
-def mps_percentages(loads: Sequence[Load]) -> list[int]:
-    """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` per load: its share of the summed utilization (at least its own)."""
-    total = sum(load.gpu_utilization for load in loads)
-    if total <= 0:
-        return [100 // len(loads)] * len(loads)
-    return [min(100, max(1, round(100 * load.gpu_utilization / total))) for load in loads]
-
-
-def gpu_time_sliced_slowdowns(loads: Sequence[Load]) -> list[float]:
-    """Each GPU load's slowdown when the processes take turns on the GPU in time slices (no MPS): a process's gaps
-    are not filled by the others' kernels, so each of n processes that keep work queued gets 1/n of the time."""
-    return [float(len(loads))] * len(loads)
-
-
-def co_runner_slowdown(plan: Plan, co_runners: int) -> float:
-    """The slowdown of ``plan``'s choice beside ``co_runners`` busy single-thread processes on its cores (the
-    target's ``scheduler.co_runners``): :func:`time_sliced_slowdowns`, as ``modak pack`` predicts time-slicing."""
-    if co_runners <= 0 or plan.choice.candidate.device == "gpu":
-        return 1.0
-    loads = [load_of(plan), *(co_runner(i) for i in range(co_runners))]
-    return time_sliced_slowdowns(loads, plan.ceilings.cores)[0]
-
-
-def memory_need_gb(plan: Plan) -> float:
-    """The most memory the job's step may hold (GB): parameters and every operator's output (inference; an upper
-    bound), plus weights' gradients and optimizer state when training."""
-    workload = plan.workload
-    if workload.task is Task.training:
-        return (workload.parameter_bytes * _TRAINING_STATE_FACTOR + sum(op.output_bytes for op in workload.ops)) / 1e9
-    return step_memory_gb(workload)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -357,26 +223,6 @@ class PackResult:
                          "jobs": [job.to_dict() for job in self.jobs],
                          "groups": [group.to_dict() for group in self.groups], "notes": list(self.notes)})
 
-    def describe(self) -> list[str]:
-        """The advice in lines: per group what shares and how, each job's slowdown, or why the jobs run apart."""
-        lines = []
-        for index, group in enumerate(self.groups, 1):
-            names = ", ".join(job.label for job in group.jobs)
-            if group.chosen is None:
-                lines.append(f"group {index} ({names}): run apart: {group.reason}")
-                continue
-            best = group.chosen
-            lines.append(f"group {index} ({names}): share by {best.mode}, aggregate throughput {best.gain:.2f}x "
-                         f"running them one after another; memory {best.memory_gb:.3g} of {best.capacity_gb:.3g} GB")
-            for p in best.placements:
-                assert p.slowdown is not None and p.step_seconds is not None
-                limit = f" (limit {p.job.max_slowdown:g}x)" if p.job.max_slowdown else ""
-                lines.append(f"  {p.job.label}: {p.share}: {p.plan.choice.candidate.name if p.plan else '-'}; "
-                             f"step {duration(p.step_seconds)} vs {duration(p.job.alone_step)} alone: "
-                             f"slowdown {p.slowdown:.2f}x{limit}")
-            lines.append(f"  {group.reason}")
-        return lines + [f"note: {note}" for note in self.notes]
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Packing
@@ -385,18 +231,16 @@ class PackResult:
 class Planner:
     """Plans jobs on share targets, each (job, share) once (what :func:`evaluate` plans with)."""
 
-    def __init__(self, predictor: Predictor, store: Path | None) -> None:
-        self.predictor, self.store = predictor, store
+    def __init__(self, plan_on: Callable[[LoadedJob], Plan]) -> None:
+        self.plan_on = plan_on  # plans a loaded job (:func:`modak.api.plan_loaded` with the predictor chosen)
         self._plans: dict[tuple[str, str], Plan | str] = {}
 
     def plan(self, job: PackJob, target: Target) -> Plan | str:
         """``job`` planned on ``target``; a string (why) when no candidate can run there."""
-        from modak import api
-
         key = (job.label, target.model_dump_json())
         if key not in self._plans:
             try:
-                self._plans[key] = api.plan_loaded(replace(job.loaded, target=target), self.predictor, self.store)
+                self._plans[key] = self.plan_on(replace(job.loaded, target=target))
             except InputError as exc:
                 self._plans[key] = exc.message
         return self._plans[key]
@@ -554,7 +398,7 @@ def _better(a: Arrangement, b: Arrangement) -> bool:
 
 
 def evaluate(jobs: Sequence[PackJob], target: Target, planner: Planner,
-             modes: Sequence[str] = MODES) -> tuple[Arrangement | None, list[Arrangement], str]:
+             modes: Sequence[str] = tuple(SHARING_MODES)) -> tuple[Arrangement | None, list[Arrangement], str]:
     """The best arrangement of ``jobs`` sharing one node or GPU among ``modes`` (None: none within the limits gains
     :data:`MIN_GAIN`), every arrangement evaluated, and why."""
     devices = {job.device for job in jobs}
@@ -584,28 +428,27 @@ def _shares(arrangement: Arrangement) -> str:
     return "(" + ", ".join(p.share for p in arrangement.placements) + ")"
 
 
-def pack(job_files: Sequence[str | Path], target_file: str | Path, predictor: Predictor,
-         store: Path | None = None, modes: Sequence[str] = MODES) -> PackResult:
-    """Plan each job alone on the target, then group the jobs first-fit into nodes or GPUs they can share by one
-    of ``modes`` (the site's choice, e.g. only ``mig``)."""
-    from modak import api
-
-    if len(job_files) < 2:
+def pack(jobs: Sequence[tuple[Path, LoadedJob]], plan_on: Callable[[LoadedJob], Plan],
+         modes: Sequence[str] = tuple(SHARING_MODES)) -> PackResult:
+    """Plan each job (its file and the job loaded on the target they would share) alone with ``plan_on``, then
+    group the jobs first-fit into nodes or GPUs they can share by one of ``modes`` (the site's choice, e.g. only
+    ``mig``). :func:`modak.api.pack` loads and plans them."""
+    if len(jobs) < 2:
         raise InputError("modak pack needs at least two jobs")
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if m not in SHARING_MODES]
     if unknown or not modes:
-        raise InputError(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(MODES)})")
-    loaded_jobs = [api.load(path, target_file) for path in job_files]
+        raise InputError(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'} "
+                         f"(known: {', '.join(SHARING_MODES)})")
+    loaded_jobs = [loaded for _, loaded in jobs]
     names = [loaded.job.name for loaded in loaded_jobs]
     labels = [name if names.count(name) == 1 else f"{name}-{names[:i + 1].count(name)}"
               for i, name in enumerate(names)]
-    jobs = [PackJob(label, Path(path), loaded, api.plan_loaded(loaded, predictor, store))
-            for label, path, loaded in zip(labels, job_files, loaded_jobs)]
+    packed = [PackJob(label, Path(path), loaded, plan_on(loaded)) for label, (path, loaded) in zip(labels, jobs)]
     target = loaded_jobs[0].target
-    planner = Planner(predictor, store)
+    planner = Planner(plan_on)
     groups: list[tuple[list[PackJob], Arrangement | None, list[Arrangement], str]] = []
     refusals: dict[str, list[str]] = {}
-    for job in jobs:
+    for job in packed:
         for index, (members, best, _, _) in enumerate(groups):
             candidate, options, why = evaluate([*members, job], target, planner, modes)
             if candidate is not None and (best is None or candidate.gain > best.gain):
@@ -624,36 +467,11 @@ def pack(job_files: Sequence[str | Path], target_file: str | Path, predictor: Pr
         else:
             result.append(Group(tuple(members), best, why, tuple(options)))
     notes = []
-    if any(job.device == "gpu" for job in jobs):
+    if any(job.device == "gpu" for job in packed):
         notes.append("GPU sharing is predicted, not measured here: MPS and time-slicing from the jobs' predicted "
                      "kernel utilization, MIG from the slice table (recipes/hardware/mig.yaml)")
-    return PackResult(target.name, loaded_jobs[0].files.target_file, tuple(jobs), tuple(result), tuple(notes))
+    return PackResult(target.name, loaded_jobs[0].files.target_file, tuple(packed), tuple(result), tuple(notes))
 
 
-def render_pack(result: PackResult, out_dir: Path) -> list[Path]:
-    """Render every job into ``out_dir/<job>/``: with its share's plan and sharing settings when its group shares,
-    else its plan alone; and ``out_dir/pack.json``, the decision. The folders written."""
-    import json
-
-    from modak import api
-    from modak.paths import write_atomic
-
-    written = []
-    for group in result.groups:
-        if group.chosen is None:
-            for job in group.jobs:
-                api.render_plan(job.alone, out_dir / job.label)
-                written.append(out_dir / job.label)
-            continue
-        for placement in group.chosen.placements:
-            assert placement.plan is not None
-            api.render_plan(placement.plan, out_dir / placement.job.label, placement.sharing)
-            written.append(out_dir / placement.job.label)
-    write_atomic(out_dir / "pack.json", json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
-    return written
-
-
-__all__ = ["Arrangement", "Group", "Load", "PackJob", "PackResult", "Placement", "Planner", "bandwidth_slowdowns",
-           "co_runner_slowdown", "core_splits", "evaluate", "gpu_time_sliced_slowdowns", "load_of", "memory_need_gb",
-           "mig_profiles", "mps_percentages", "mps_slowdowns", "pack", "render_pack", "slices_fit",
-           "time_sliced_slowdowns"]
+__all__ = ["Arrangement", "Group", "PackJob", "PackResult", "Placement", "Planner", "core_splits", "evaluate",
+           "mig_profiles", "pack", "slices_fit"]

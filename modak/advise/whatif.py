@@ -3,7 +3,7 @@ time to solution with intervals, the cost where a target states a price, ranked 
 Pareto front of time against cost.
 
 A target's ``scheduler.co_runners`` (busy processes time-sliced on the job's cores) is predicted by the sharing
-model of ``modak pack`` (:func:`modak.advise.pack.co_runner_slowdown`); ``scheduler.cores_per_job`` makes the
+model (:func:`modak.advise.contention.co_runner_slowdown`); ``scheduler.cores_per_job`` makes the
 target a part of a node (its ceilings scale, its price is the cores' share of the node's).
 
 Time and cost are per run when the job gives ``objective.steps`` (time to solution: compile/tune time plus the
@@ -18,11 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from modak.advise.pack import co_runner_slowdown
+from modak.advise.contention import co_runner_slowdown
 from modak.documents import document, rounded
 from modak.errors import InputError
 from modak.plan import Plan
-from modak.predict.base import Predictor
 from modak.spec.models import Metric
 
 PER_UNITS = 1000  # without objective.steps, time and cost are per this many samples (throughput) or steps
@@ -171,14 +170,11 @@ def rank_key(item: Outcome, metric: Metric) -> tuple:
     return (value, item.cost is None, item.cost or 0.0, item.target)
 
 
-def whatif(job: str | Path, targets: Sequence[str | Path], predictor: Predictor, store: Path | None = None) -> WhatIf:
-    """Plan ``job`` on each target (its own ``target`` replaced by each), rank the outcomes by the job's
-    objective and mark the Pareto front of time against cost."""
-    from modak import api
-
-    if not targets:
+def whatif(plans: Sequence[tuple[Path, Plan]]) -> WhatIf:
+    """Rank the job's plans on several targets (each with the target's file) by the job's objective and mark the
+    Pareto front of time against cost. :func:`modak.api.whatif` plans the job on each target."""
+    if not plans:
         raise InputError("modak whatif needs at least one target (--targets A.yaml B.yaml ...)")
-    plans = [(Path(t), api.plan_loaded(api.load(job, t), predictor, store)) for t in targets]
     first = plans[0][1].loaded.job
     metric, steps = first.objective.metric, first.objective.steps
     priced = [p.loaded for _, p in plans if p.loaded.target.cost]
@@ -206,22 +202,3 @@ def whatif(job: str | Path, targets: Sequence[str | Path], predictor: Predictor,
                      f"{o.plan.ceilings.cores} core(s) slow the step {o.sharing:.2f}x (the sharing model of modak pack)")
     return WhatIf(first.name, metric, basis, tuple(items), tuple(notes))
 
-
-def describe(result: WhatIf) -> list[str]:
-    """The notes and the front in lines (the table is printed by the command line)."""
-    lines = [f"- {note}" for note in result.notes]
-    front = result.front
-    if front:
-        lines.append("- Pareto front (time against cost, fastest first): "
-                     + ", ".join(f"{o.target} ({_seconds(o.time_seconds)}, {o.cost:.4g} {o.currency})" for o in front))
-    best = result.outcomes[0]
-    lines.append(f"- best for {result.metric.value}: {best.target} with {best.plan.choice.candidate.name}")
-    return lines
-
-
-def _seconds(value: float) -> str:
-    if value < 1:
-        return f"{value * 1e3:.3g} ms"
-    if value < 120:
-        return f"{value:.3g} s"
-    return f"{value / 60:.3g} min" if value < 7200 else f"{value / 3600:.3g} h"

@@ -24,6 +24,7 @@ from modak import schedulers
 from modak.scaling import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.render.package import wheel_name
+from modak.render.sharing import Sharing
 from modak.spec.loader import read_catalog
 from modak.spec.resolve import APP_DIR, DataBind
 
@@ -116,57 +117,6 @@ class Copy:
 
     source: str
     destination: str
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """How a job shares its node or GPU with other jobs (``modak pack``'s decision), as its job script applies it.
-
-    Every value is modak's own (numbers, core lists it computed, a MIG profile name from its slice table, job
-    names the spec constrains): the job script writes them as words."""
-
-    mode: str  # cores (a core set of its own), time-slicing (all cores, or the GPU, shared), mps or mig
-    device: str  # cpu or gpu: what it shares
-    partners: tuple[str, ...]  # the names of the jobs it shares with
-    cpuset: str | None = None  # mode cores: its cores, as a cpuset list (0-3,8)
-    mps_percentage: int | None = None  # mode mps: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-    mig_profile: str | None = None  # mode mig: the slice's profile (3g.40gb)
-    mig_index: int = 0  # mode mig: which slice of that profile (0: the first nvidia-smi -L lists)
-
-    def __post_init__(self) -> None:
-        if self.mode not in SHARING_MODES or self.device not in ("cpu", "gpu"):
-            raise ValueError(f"unknown sharing mode {self.mode!r} or device {self.device!r}")
-        if (self.device == "gpu") != (self.mode in ("mps", "mig")) and self.mode != "time-slicing":
-            raise ValueError(f"sharing mode {self.mode} does not share a {self.device}")
-        if (self.mode == "cores") != (self.cpuset is not None) or (self.mode == "mps") != (self.mps_percentage is not None) \
-                or (self.mode == "mig") != (self.mig_profile is not None):
-            raise ValueError(f"sharing mode {self.mode} needs its own setting and no other")
-        if self.cpuset is not None and not _CPUSET.fullmatch(self.cpuset):
-            raise ValueError(f"not a cpuset list: {self.cpuset!r}")
-        if self.mps_percentage is not None and not 1 <= self.mps_percentage <= 100:
-            raise ValueError(f"MPS percentage {self.mps_percentage} is not within 1-100")
-        if self.mig_profile is not None and not _MIG_PROFILE.fullmatch(self.mig_profile):
-            raise ValueError(f"not a MIG profile name: {self.mig_profile!r}")
-
-    @property
-    def gpu(self) -> bool:
-        return self.device == "gpu"
-
-
-SHARING_MODES = ("cores", "time-slicing", "mps", "mig")
-_CPUSET = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
-_MIG_PROFILE = re.compile(r"\d+g\.\d+gb")
-
-
-def cpuset(cores: list[int] | tuple[int, ...]) -> str:
-    """Core numbers as a cpuset list: ``[0, 1, 2, 5]`` is ``0-2,5``."""
-    ranges: list[list[int]] = []
-    for core in sorted(set(cores)):
-        if ranges and core == ranges[-1][1] + 1:
-            ranges[-1][1] = core
-        else:
-            ranges.append([core, core])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 @dataclass(frozen=True)
