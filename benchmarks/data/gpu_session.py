@@ -22,7 +22,8 @@ ONNX export (:mod:`modak.workload.zoo`, whose imports are all in the wheel) and 
 ``plan`` wrote into the session. In that order, stopping at ``--budget`` seconds from its start:
 
 1. the GPU's ceilings, measured here with torch directly (``modak probe`` is host-side code: its GPU part, the
-   same GEMMs and triad, cannot run from the wheel): GEMM TFLOP/s at fp32 (TF32 off), TF32, bf16 and fp16 of
+   same GEMMs and triad, cannot run from the wheel) in a process of its own (``gpu_session.py ceilings``: this
+   one never holds a CUDA context beside the launches): GEMM TFLOP/s at fp32 (TF32 off), TF32, bf16 and fp16 of
    8192x8192 matrices, HBM bandwidth (stream triad over 1 GiB arrays), kernel launch overhead (queued launches of
    a one-element add, and launch plus synchronize);
 2. the ONNX export of each model (the reference the check runs; exported there, so that its weights are those
@@ -149,19 +150,21 @@ def plan_session(session: Path, dry_run: bool, models: list[str] | None) -> dict
                 twin = replace(r.candidate, params=tuple((k, REDUCE_OVERHEAD if k == "mode" else v)
                                                          for k, v in r.candidate.params))
                 chosen.insert(chosen.index((r.candidate, r.prediction.step_seconds)) + 1, (twin, None))
+        plan_rank = {r.candidate: rank for rank, r in enumerate(plan.ranked, 1)}
         entries = []
-        for rank, (candidate, predicted) in enumerate(chosen):
-            key = f"{name}-{rank:02d}"
+        for number, (candidate, predicted) in enumerate(chosen):
+            key = f"{name}-{number:02d}"
             deployment = plan.deployment(candidate).to_dict()
             (session / "candidates" / f"{key}.json").write_text(json.dumps({"deployment": deployment},
                                                                           sort_keys=True))
             row = measurement_row(plan, candidate, {})
             entries.append({"id": key, "job": name, "name": candidate.name, "runtime": candidate.runtime,
                             "mode": candidate.param("mode"), "stock": plan.recipe(candidate).is_stock(candidate),
-                            "predicted_step_s": predicted, "plan_rank": rank + 1,
+                            "predicted_step_s": predicted, "plan_rank": plan_rank.get(candidate),
                             "row": {c: getattr(row, c) for c in COLUMNS}})
         candidates.append(entries)
         jobs.append({"id": name, "zoo": zoo, "task": task, "batch": batch, "plan_choice": plan.choice.candidate.name,
+                     "measured_pick": chosen[0][0].name,  # the plan's best of the candidates measured here
                      "input_shapes": {k: list(v) for k, v in plan.source.input_shapes.items()}})
     with SHARING_COLUMNS_FILE.open(newline="") as handle:
         sharing_columns = next(csv.reader(handle))
@@ -224,7 +227,7 @@ class Run:
         self.sharing: list[dict[str, Any]] = []
         self.alone: dict[str, dict[str, Any]] = {}  # job -> its stock candidate's entry and result, alone
         self.env = dict(os.environ)
-        self.describe: dict[str, Any] = {}  # the machine (describe_machine)
+        self.describe: dict[str, Any] = {}  # the machine (:func:`describe_machine`)
         self.id = f"gpu-session-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
 
     def left(self) -> float:
@@ -253,29 +256,43 @@ class Run:
         if not where.startswith(str(site)):
             raise SystemExit(f"gpu_session: the launches would import modak from {where}, not the wheel")
 
-    def describe_machine(self) -> dict[str, Any]:
-        import torch
-
-        facts: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
-                                 "torch": torch.__version__, "cpus": os.cpu_count(), "cpu_model": _cpu_model(),
-                                 "cuda": torch.cuda.is_available()}
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            facts.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 1e9, 1),
-                         multiprocessors=props.multi_processor_count, cuda_version=torch.version.cuda)
-        if shutil.which("nvidia-smi"):  # queried only: MIG and clocks stay as they are
-            query = "name,driver_version,mig.mode.current,clocks.sm,clocks.max.sm,power.limit,compute_mode"
-            smi = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True,
-                                 text=True)
-            facts["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
-        self.log(f"machine: {json.dumps(facts, sort_keys=True)}")
-        return facts
-
     def write(self) -> None:
         """rows.csv and sharing.csv as they stand (after every launch: a run cut short keeps its rows)."""
         _write_csv(self.out / "rows.csv", self.manifest["columns"], self.rows)
         if self.sharing:
             _write_csv(self.out / "sharing.csv", self.manifest["sharing_columns"], self.sharing)
+
+
+def describe_machine() -> dict[str, Any]:
+    """Host, CPU, Python, PyTorch and the GPU as PyTorch and ``nvidia-smi`` see them (queried only: MIG, clocks
+    and the compute mode stay as they are)."""
+    import torch
+
+    facts: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
+                             "torch": torch.__version__, "cpus": os.cpu_count(), "cpu_model": _cpu_model(),
+                             "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        facts.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 1e9, 1),
+                     multiprocessors=props.multi_processor_count, cuda_version=torch.version.cuda)
+    if shutil.which("nvidia-smi"):
+        query = "name,driver_version,mig.mode.current,clocks.sm,clocks.max.sm,power.limit,compute_mode"
+        smi = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True,
+                             text=True, timeout=60)
+        facts["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    return facts
+
+
+def probe_device(run: Run) -> dict[str, Any]:
+    """:func:`describe_machine` and :func:`ceilings` in a process of their own (``gpu_session.py ceilings``), so
+    that this one never holds a CUDA context or memory beside the launches (nor one MPS would not serve)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "ceilings",
+               *(["--dry-run"] if run.settings.device == "cpu" else [])]
+    done = subprocess.run(command, env=run.env, cwd=run.scratch, capture_output=True, text=True,
+                          timeout=max(run.left(), 30.0))
+    if done.returncode != 0:
+        raise SystemExit(f"gpu_session: the ceilings failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def ceilings(settings: Settings) -> dict[str, Any]:
@@ -390,7 +407,7 @@ def start(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Pope
                             start_new_session=True)
 
 
-def finish(process: subprocess.Popen, timeout_s: float) -> dict[str, Any]:
+def finish(process: subprocess.Popen, timeout_s: float, settings: Settings) -> dict[str, Any]:
     """The launch's report (its last stdout line), or an error naming how it ended; its process group ended."""
     import signal
 
@@ -398,7 +415,9 @@ def finish(process: subprocess.Popen, timeout_s: float) -> dict[str, Any]:
         stdout, stderr = process.communicate(timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired:
         stdout, stderr = "", ""
-        result = {"status": "error", "error": f"timed out after {timeout_s:.0f} s (the session's budget)"}
+        limit = ("a launch's limit" if timeout_s >= settings.launch_limit else "what was left of the session's "
+                 "budget")
+        result = {"status": "error", "error": f"timed out after {timeout_s:.0f} s ({limit})"}
     else:
         result = None
     try:
@@ -460,7 +479,7 @@ def measure_candidates(run: Run, exports: Exports, machine: str) -> None:
         env = prepare_launch(run, entry, exports.model(entry["job"]))
         t0 = time.monotonic()
         process = start(launch_command(settings, settings.min_seconds, settings.measure_budget), env, run.scratch)
-        result = finish(process, min(left, settings.launch_limit))
+        result = finish(process, min(left, settings.launch_limit), settings)
         wall = time.monotonic() - t0
         launches.write(json.dumps({"id": entry["id"], "name": entry["name"], "job": entry["job"],
                                    "wall_s": round(wall, 2), "result": result}, sort_keys=True) + "\n")
@@ -492,8 +511,11 @@ def share(run: Run, exports: Exports) -> None:
     jobs = {job["id"]: job for job in run.manifest["jobs"]}
     for mode, extra in modes + ([("mps", mps)] if mps else []):
         if mode == "mps":
-            started = subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**run.env, **mps}, capture_output=True,
-                                     text=True)
+            try:
+                started = subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**run.env, **mps},
+                                         capture_output=True, text=True, timeout=30)
+            except subprocess.TimeoutExpired:
+                started = subprocess.CompletedProcess([], 124, "", "no answer in 30 s")
             if started.returncode != 0:
                 run.log(f"MPS: the daemon did not start ({started.returncode}: {started.stderr.strip()[:300]})")
                 break
@@ -512,7 +534,7 @@ def share(run: Run, exports: Exports) -> None:
                 env = {**prepare_launch(run, alone["entry"], exports.model(job_name)), **extra}
                 command = launch_command(settings, settings.share_seconds, settings.share_seconds, check=False)
                 processes = [start(command, env, run.scratch) for _ in range(2)]
-                results = [finish(p, min(run.left(), settings.launch_limit)) for p in processes]
+                results = [finish(p, min(run.left(), settings.launch_limit), settings) for p in processes]
                 if not all(r.get("status") == "ok" for r in results):
                     run.log(f"sharing {mode} {job_name}: failed: {[r.get('error') for r in results]}")
                     continue
@@ -526,9 +548,12 @@ def share(run: Run, exports: Exports) -> None:
                 run.write()
         finally:
             if mode == "mps":
-                subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**run.env, **mps}, text=True,
-                               capture_output=True)
-                run.log("MPS: daemon quit")
+                try:
+                    subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**run.env, **mps}, text=True,
+                                   capture_output=True, timeout=30)
+                    run.log("MPS: daemon quit")
+                except subprocess.TimeoutExpired:
+                    run.log("MPS: the daemon did not answer 'quit' in 30 s")
 
 
 def _sharing_row(run: Run, mode: str, job: dict[str, Any], alone: dict[str, Any], results: list[dict[str, Any]],
@@ -564,13 +589,13 @@ def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserv
             f"{budget_s:.0f} s ({reserve_s:.0f} s kept for sharing), device {settings.device}")
     try:
         run.install()
-        run.describe = run.describe_machine()
-        if settings.device == "gpu" and not run.describe["cuda"]:
+        t0 = time.monotonic()
+        found = probe_device(run)
+        run.describe = found["machine"]
+        run.log(f"machine: {json.dumps(run.describe, sort_keys=True)}")
+        if "peaks" not in found:
             run.log("no CUDA device: stopping (use --dry-run on a CPU machine)")
             return 3
-        t0 = time.monotonic()
-        found = ceilings(settings)
-        found["machine"] = run.describe
         (out / "ceilings.json").write_text(json.dumps(found, indent=1, sort_keys=True))
         run.log(f"ceilings in {time.monotonic() - t0:.1f} s: {json.dumps(found['peaks'])}; launch overhead "
                 f"{json.dumps(found['launch_overhead'])}")
@@ -630,7 +655,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--sharing-seconds", type=float,
                      help="seconds of the budget kept for the sharing step (default 60; dry run 15)")
     run.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and short")
+    probe = phases.add_parser("ceilings", help="(run's own step) the machine and its ceilings as JSON")
+    probe.add_argument("--dry-run", action="store_true", help="the CPU, small sizes")
     args = parser.parse_args(argv)
+    if args.phase == "ceilings":
+        settings = Settings(args.dry_run)
+        machine = describe_machine()
+        found = ceilings(settings) if settings.device == "cpu" or machine["cuda"] else {}
+        print(json.dumps({**found, "machine": machine}, sort_keys=True))
+        return 0
     if args.phase == "plan":
         manifest = plan_session(args.session.resolve(), args.dry_run, args.models)
         print(f"{args.session}: {len(manifest['candidates'])} candidates of {len(manifest['jobs'])} jobs, wheel "
