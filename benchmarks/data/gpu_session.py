@@ -13,13 +13,13 @@ alone would spend the session), and each ``default`` candidate gets a ``reduce-o
 the recipe does not list and the plan therefore does not predict. Each candidate's ``plan.json`` (its deployment),
 its row's columns known before measuring (:func:`modak.bench.harness.measurement_row`) and its priority go into
 ``SESSION/session.json``; each job's whole plan into ``SESSION/jobs/``. The session folder is git-ignored
-(``echo /.gpu-session/ >> .git/info/exclude``) and travels to the GPU machine by the device tool's ``carry``.
+(``.gitignore``) and travels to the GPU machine by the device tool's ``carry``.
 
 ``run`` (the GPU machine: its own Python 3.12 and PyTorch, no network, no pydantic or scikit-learn) uses nothing
 of modak but the wheel, which it installs with ``pip install --no-deps --no-index --target`` into a scratch folder
-(every launch imports modak from there, never from the checkout), plus two host files read by path: the zoo's
-ONNX export (:mod:`modak.workload.zoo`, whose imports are all in the wheel) and the store's columns, which
-``plan`` wrote into the session. In that order, stopping at ``--budget`` seconds from its start:
+(every launch imports modak from there, never from the checkout), plus one host module loaded by path: the zoo's
+ONNX export (:mod:`modak.workload.zoo`, whose imports are all in the wheel); the store's columns come from
+``session.json``. In that order, stopping at ``--budget`` seconds from its start:
 
 1. the GPU's ceilings, measured here with torch directly (``modak probe`` is host-side code: its GPU part, the
    same GEMMs and triad, cannot run from the wheel) in a process of its own (``gpu_session.py ceilings``: this
@@ -45,8 +45,12 @@ cpu, GEMMs of 256, few timed steps, a budget of 60 s): the rehearsal that ``test
 
 On the GPU machine (the device tool's ``run``), from the repository root, after ``plan`` here:
 
-    carry: [".gpu-session"]     timeout_s: 540
-    command: PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --session .gpu-session --out $OUT --budget 450
+    carry: [".gpu-session"]
+    timeout_s: 540
+    command: PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --out $OUT --budget 450
+
+(``--session`` defaults to ``.gpu-session`` in the repository root.) The budget counts from the script's start, so
+the command ends by about 460 s: with the machine's start, about 10 of the 15 minutes of device time.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,18 +94,22 @@ SHARED_JOBS = (("resnet50", "inference", 1), ("yolo_small", "inference", 1))  # 
 SHARING_COLUMNS_FILE = ROOT / "perfmodels" / "published" / "gpu_sharing.csv"
 
 
+@dataclass(frozen=True)
 class Settings:
-    """What ``run`` does on the GPU (``full``) or in the dry run on the CPU."""
+    """What ``run`` does: :data:`GPU` on the GPU machine, :data:`DRY_RUN` on the CPU."""
 
-    def __init__(self, dry_run: bool) -> None:
-        self.device = "cpu" if dry_run else "gpu"
-        self.gemm_n = 256 if dry_run else 8192
-        self.triad_elements = 1 << 20 if dry_run else 1 << 28
-        self.launches = 1000 if dry_run else 20000  # the launch-overhead probe's kernels
-        self.min_seconds = 0.05 if dry_run else 0.5  # `modak measure --min-seconds` of one launch
-        self.measure_budget = 0.2 if dry_run else 2.0  # `modak measure --budget`
-        self.share_seconds = 0.5 if dry_run else 4.0  # timed seconds of each of two sharing processes
-        self.launch_limit = 60.0 if dry_run else 150.0  # one launch at most (compilation included)
+    device: str  # the launches' device (the deployments' is gpu)
+    gemm_n: int  # the ceilings' square GEMMs
+    triad_elements: int  # fp32 elements of each triad array
+    launches: int  # the launch-overhead probe's kernels
+    min_seconds: float  # `modak measure --min-seconds` of one launch
+    measure_budget: float  # `modak measure --budget`
+    share_seconds: float  # timed seconds of each of two sharing processes
+    launch_limit: float  # one launch at most (compilation included)
+
+
+GPU = Settings("gpu", 8192, 1 << 28, 20000, 0.5, 2.0, 4.0, 150.0)
+DRY_RUN = Settings("cpu", 256, 1 << 20, 1000, 0.05, 0.2, 0.5, 60.0)
 
 
 # ---------------------------------------------------------------------------------------------------- plan (host)
@@ -577,13 +585,28 @@ def _sharing_row(run: Run, mode: str, job: dict[str, Any], alone: dict[str, Any]
                      + (" (dry run on the CPU: not a GPU figure)" if run.settings.device == "cpu" else "")}
 
 
+def machine_name(run: Run) -> str:
+    """The rows' machine: the target's name, ``-dry-run`` appended in the dry run; on a GPU other than the target's
+    (an H200 lent instead of the H100), ``gpu-`` and that GPU's name, said in the log."""
+    target = run.manifest["target"]
+    if run.settings.device == "cpu":
+        return f"{target['name']}-dry-run"
+    found = str(run.describe.get("gpu", ""))
+    if target["gpus"]["model"].split("-")[0].lower() in found.lower():
+        return target["name"]
+    name = "gpu-" + "-".join("".join(c if c.isalnum() else " " for c in found.lower()).split())
+    run.log(f"the GPU is {found!r}, not the target's {target['gpus']['model']}: rows are named {name} and keep the "
+            "target's catalog peaks; import them with a target of ceilings.json's peaks")
+    return name
+
+
 def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserve_s: float) -> int:
     manifest = json.loads((session / "session.json").read_text())
     if manifest["dry_run"] != dry_run:
         print(f"gpu_session: {session} was planned {'with' if manifest['dry_run'] else 'without'} --dry-run; "
               f"run it {'with' if manifest['dry_run'] else 'without'} --dry-run too", file=sys.stderr)
         return 2
-    settings = Settings(dry_run)
+    settings = DRY_RUN if dry_run else GPU
     run = Run(session, out, budget_s, settings, reserve_s)
     run.log(f"gpu_session run: {len(manifest['candidates'])} candidates of {len(manifest['jobs'])} jobs, budget "
             f"{budget_s:.0f} s ({reserve_s:.0f} s kept for sharing), device {settings.device}")
@@ -600,8 +623,7 @@ def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserv
         run.log(f"ceilings in {time.monotonic() - t0:.1f} s: {json.dumps(found['peaks'])}; launch overhead "
                 f"{json.dumps(found['launch_overhead'])}")
         exports = Exports(run)
-        machine = manifest["target"]["name"] + ("-dry-run" if dry_run else "")
-        measure_candidates(run, exports, machine)
+        measure_candidates(run, exports, machine_name(run))
         share(run, exports)
         ok = sum(r["status"] == "ok" for r in run.rows)
         run.log(f"done: {len(run.rows)} rows ({ok} ok), {len(run.sharing)} sharing rows, "
@@ -659,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--dry-run", action="store_true", help="the CPU, small sizes")
     args = parser.parse_args(argv)
     if args.phase == "ceilings":
-        settings = Settings(args.dry_run)
+        settings = DRY_RUN if args.dry_run else GPU
         machine = describe_machine()
         found = ceilings(settings) if settings.device == "cpu" or machine["cuda"] else {}
         print(json.dumps({**found, "machine": machine}, sort_keys=True))
