@@ -1,7 +1,7 @@
 """One prepared GPU session (#41): plan on this machine, measure on a lent GPU machine in one command.
 
     PYTHONPATH=$PWD python3 benchmarks/data/gpu_session.py plan [--session .gpu-session] [--dry-run] [--models M ...]
-    python3 benchmarks/data/gpu_session.py run [--session .gpu-session] [--out DIR] [--budget 450] [--dry-run]
+    python3 benchmarks/data/gpu_session.py run [--session .gpu-session] [--out DIR] [--budget 480] [--dry-run]
 
 ``plan`` (the CPU machine, the whole of modak) builds the ``modak-runtime`` wheel (:mod:`modak.render.package`),
 writes the GPU target (:data:`TARGET`: one H100-SXM, 16 cores), the jobs (:data:`JOBS`: inference of ResNet-50,
@@ -46,11 +46,12 @@ cpu, GEMMs of 256, few timed steps, a budget of 60 s): the rehearsal that ``test
 On the GPU machine (the device tool's ``run``), from the repository root, after ``plan`` here:
 
     carry: [".gpu-session"]
-    timeout_s: 540
-    command: PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --out $OUT --budget 450
+    timeout_s: 560
+    command: PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --out $OUT --budget 480
 
 (``--session`` defaults to ``.gpu-session`` in the repository root.) The budget counts from the script's start, so
-the command ends by about 460 s: with the machine's start, about 10 of the 15 minutes of device time.
+the command ends by about 490 s: with the machine's start and the transfers, about 10.5 of the 15 minutes of
+device time.
 """
 
 from __future__ import annotations
@@ -236,6 +237,7 @@ class Run:
         self.alone: dict[str, dict[str, Any]] = {}  # job -> its stock candidate's entry and result, alone
         self.env = dict(os.environ)
         self.describe: dict[str, Any] = {}  # the machine (:func:`describe_machine`)
+        self.machine = ""  # the rows' machine (:func:`machine_name`)
         self.id = f"gpu-session-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
 
     def left(self) -> float:
@@ -474,7 +476,7 @@ def measured_row(template: dict[str, Any], result: dict[str, Any], session: str,
     return row
 
 
-def measure_candidates(run: Run, exports: Exports, machine: str) -> None:
+def measure_candidates(run: Run, exports: Exports) -> None:
     settings = run.settings
     launches = (run.out / "launches.jsonl").open("a", encoding="utf-8")
     candidates = run.manifest["candidates"]
@@ -492,7 +494,7 @@ def measure_candidates(run: Run, exports: Exports, machine: str) -> None:
         launches.write(json.dumps({"id": entry["id"], "name": entry["name"], "job": entry["job"],
                                    "wall_s": round(wall, 2), "result": result}, sort_keys=True) + "\n")
         launches.flush()
-        row = measured_row(entry["row"], result, run.id, machine, settings.device)
+        row = measured_row(entry["row"], result, run.id, run.machine, settings.device)
         run.rows.append(row)
         run.write()
         if row["status"] in ("ok", "contended") and entry["job"] not in run.alone and entry["stock"]:
@@ -566,15 +568,16 @@ def share(run: Run, exports: Exports) -> None:
 
 def _sharing_row(run: Run, mode: str, job: dict[str, Any], alone: dict[str, Any], results: list[dict[str, Any]],
                  alone_s: float, shared_s: float) -> dict[str, Any]:
-    gpu = run.manifest["target"]["gpus"]["model"]
+    target = run.manifest["target"]
+    gpu = target["gpus"]["model"] if run.machine == target["name"] else ""  # the catalog's name, if it is that GPU
     entry = alone["entry"]
     shape = "x".join(str(d) for d in next(iter(job["input_shapes"].values())))
     return {"point": f"gpu-session-{job['id']}-{mode}-2", "source": "modak benchmarks/data/gpu_session.py",
             "where": f"log.txt of {run.id}",
             "quote": f"alone {alone_s:.6g} s per step (mean over the timed window); shared {shared_s:.6g} s "
                      f"(mean of 2 processes: {', '.join(format(float(r['step_mean_s']), '.6g') for r in results)})",
-            "gpu": run.describe.get("gpu", run.settings.device), "modak_gpu": gpu if run.settings.device == "gpu"
-            else "", "mode": mode, "metric": "slowdown", "jobs": 2, "profile": "", "alone_profile": "",
+            "gpu": run.describe.get("gpu", run.settings.device), "modak_gpu": gpu, "mode": mode,
+            "metric": "slowdown", "jobs": 2, "profile": "", "alone_profile": "",
             "workload": f"{job['zoo']} {job['task']} at batch {job['batch']}, {entry['name']}",
             "zoo": job["zoo"], "input_shape": shape, "task": job["task"], "batch_alone": job["batch"],
             "batch_shared": job["batch"], "precision": entry["row"]["precision"],
@@ -623,7 +626,8 @@ def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserv
         run.log(f"ceilings in {time.monotonic() - t0:.1f} s: {json.dumps(found['peaks'])}; launch overhead "
                 f"{json.dumps(found['launch_overhead'])}")
         exports = Exports(run)
-        measure_candidates(run, exports, machine_name(run))
+        run.machine = machine_name(run)
+        measure_candidates(run, exports)
         share(run, exports)
         ok = sum(r["status"] == "ok" for r in run.rows)
         run.log(f"done: {len(run.rows)} rows ({ok} ok), {len(run.sharing)} sharing rows, "
@@ -673,9 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--session", type=Path, default=SESSION, help="the session folder plan wrote")
     run.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-session-out"),
                      help="the output folder (default $OUT, else ./gpu-session-out)")
-    run.add_argument("--budget", type=float, help="seconds for the whole run (default 450; dry run 60)")
+    run.add_argument("--budget", type=float, help="seconds for the whole run (default 480; dry run 60)")
     run.add_argument("--sharing-seconds", type=float,
-                     help="seconds of the budget kept for the sharing step (default 60; dry run 15)")
+                     help="seconds of the budget kept for the sharing step (default 75; dry run 15)")
     run.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and short")
     probe = phases.add_parser("ceilings", help="(run's own step) the machine and its ceilings as JSON")
     probe.add_argument("--dry-run", action="store_true", help="the CPU, small sizes")
@@ -694,8 +698,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.session / "session.json").is_file():
         print(f"gpu_session: no {args.session}/session.json: run the plan phase first", file=sys.stderr)
         return 2
-    budget = args.budget if args.budget is not None else (60.0 if args.dry_run else 450.0)
-    reserve = args.sharing_seconds if args.sharing_seconds is not None else (15.0 if args.dry_run else 60.0)
+    budget = args.budget if args.budget is not None else (60.0 if args.dry_run else 480.0)
+    reserve = args.sharing_seconds if args.sharing_seconds is not None else (15.0 if args.dry_run else 75.0)
     return run_session(args.session.resolve(), args.out.resolve(), budget, args.dry_run, reserve)
 
 
