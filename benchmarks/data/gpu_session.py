@@ -365,8 +365,8 @@ def ceilings(settings: Settings) -> dict[str, Any]:
               "synchronized_us": round(best(round_trip, runs=3, budget_s=0.0) / (settings.launches // 20) * 1e6, 2)}
     return {"device": device, "peaks": peaks, "launch_overhead": launch,
             "method": f"best of >= 5 runs: GEMM {settings.gemm_n}^3 (torch.matmul), triad over {n} fp32 elements "
-                      f"(3 x 4 B each), {settings.launches} queued one-element adds (queued_us) and "
-                      f"{settings.launches // 20} add+synchronize (synchronized_us)"}
+                      f"(3 x 4 B each); best of 3: {settings.launches} queued one-element adds (queued_us) and "
+                      f"{settings.launches // 20} add+synchronize (synchronized_us), per kernel"}
 
 
 class Exports:
@@ -476,17 +476,22 @@ def measured_row(template: dict[str, Any], result: dict[str, Any], session: str,
     return row
 
 
+MIN_LAUNCH_S = 5.0  # a launch is not started with less of the budget left
+
+
 def measure_candidates(run: Run, exports: Exports) -> None:
+    """Launch the candidates in their order until the budget (less the sharing's reserve) is spent."""
     settings = run.settings
     launches = (run.out / "launches.jsonl").open("a", encoding="utf-8")
     candidates = run.manifest["candidates"]
     for number, entry in enumerate(candidates, 1):
-        left = run.left() - run.reserve_s
-        if left < 5.0:
+        model = exports.model(entry["job"]) if run.left() - run.reserve_s >= MIN_LAUNCH_S else None
+        left = run.left() - run.reserve_s  # after the model's export, if it was the first of its model
+        if model is None or left < MIN_LAUNCH_S:
             run.log(f"budget: {len(candidates) - number + 1} of {len(candidates)} candidates not launched "
                     f"(from pass {entry['pass']})")
             break
-        env = prepare_launch(run, entry, exports.model(entry["job"]))
+        env = prepare_launch(run, entry, model)
         t0 = time.monotonic()
         process = start(launch_command(settings, settings.min_seconds, settings.measure_budget), env, run.scratch)
         result = finish(process, min(left, settings.launch_limit), settings)
