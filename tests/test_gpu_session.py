@@ -144,3 +144,15 @@ def test_run_refuses_a_session_planned_for_the_other_mode(rehearsal: tuple[Path,
     refused = _call("run", "--session", str(session), "--out", str(tmp_path))
     assert refused.returncode == 2 and "planned with --dry-run" in refused.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_the_documented_device_call_is_the_one_plan_prints(script: ModuleType) -> None:
+    call = script.device_call(script.SESSION)
+    command = call.splitlines()[-1]
+    assert command == "PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --out $OUT --budget 480"
+    assert f'carry [".gpu-session"], timeout_s {script.DEVICE_TIMEOUT_S}' in call
+    readme = (ROOT / "perfmodels" / "README.md").read_text()
+    for text in (script.__doc__, readme):
+        assert command in text and f"timeout_s: {script.DEVICE_TIMEOUT_S}" in text and '[".gpu-session"]' in text
+    assert "/.gpu-session/" in (ROOT / ".gitignore").read_text().split()  # carried, never committed
+    assert "outside the checkout" in script.device_call(Path("/tmp/elsewhere"))

@@ -93,6 +93,10 @@ DRY_SHAPES = {"resnet50": [3, 32, 32], "resnet18": [3, 32, 32], "mobilenet_v2": 
 DRY_BATCH = {1: 1, 32: 2}
 SHARED_JOBS = (("resnet50", "inference", 1), ("yolo_small", "inference", 1))  # the published sharing rows' kind
 SHARING_COLUMNS_FILE = ROOT / "perfmodels" / "published" / "gpu_sharing.csv"
+# The device tool's call (:func:`device_call`): run's budget, and the command's limit above it (the last launch's
+# end, MPS's quit, the writes).
+DEVICE_BUDGET_S = 480
+DEVICE_TIMEOUT_S = 560
 
 
 @dataclass(frozen=True)
@@ -671,6 +675,18 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def device_call(session: Path) -> str:
+    """The device tool's call that runs ``session`` on the GPU machine (``session`` inside the checkout)."""
+    try:
+        where = session.relative_to(ROOT)
+    except ValueError:
+        return f"{session} is outside the checkout {ROOT}: the device tool carries only paths inside it"
+    flag = "" if session == SESSION else f" --session {where}"
+    return (f"the device tool's run: carry [\"{where}\"], timeout_s {DEVICE_TIMEOUT_S}, command:\n"
+            f"PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run{flag} --out $OUT --budget "
+            f"{DEVICE_BUDGET_S}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     phases = parser.add_subparsers(dest="phase", required=True)
@@ -682,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--session", type=Path, default=SESSION, help="the session folder plan wrote")
     run.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-session-out"),
                      help="the output folder (default $OUT, else ./gpu-session-out)")
-    run.add_argument("--budget", type=float, help="seconds for the whole run (default 480; dry run 60)")
+    run.add_argument("--budget", type=float, help=f"seconds for the whole run (default {DEVICE_BUDGET_S}; dry run 60)")
     run.add_argument("--sharing-seconds", type=float,
                      help="seconds of the budget kept for the sharing step (default 75; dry run 15)")
     run.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and short")
@@ -696,14 +712,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**found, "machine": machine}, sort_keys=True))
         return 0
     if args.phase == "plan":
-        manifest = plan_session(args.session.resolve(), args.dry_run, args.models)
+        session = args.session.resolve()
+        manifest = plan_session(session, args.dry_run, args.models)
         print(f"{args.session}: {len(manifest['candidates'])} candidates of {len(manifest['jobs'])} jobs, wheel "
               f"{manifest['wheel']}")
+        if not args.dry_run:
+            print(device_call(session))
         return 0
     if not (args.session / "session.json").is_file():
         print(f"gpu_session: no {args.session}/session.json: run the plan phase first", file=sys.stderr)
         return 2
-    budget = args.budget if args.budget is not None else (60.0 if args.dry_run else 480.0)
+    budget = args.budget if args.budget is not None else (60.0 if args.dry_run else float(DEVICE_BUDGET_S))
     reserve = args.sharing_seconds if args.sharing_seconds is not None else (15.0 if args.dry_run else 75.0)
     return run_session(args.session.resolve(), args.out.resolve(), budget, args.dry_run, reserve)
 
