@@ -302,11 +302,14 @@ def probe_device(run: Run) -> dict[str, Any]:
     that this one never holds a CUDA context or memory beside the launches (nor one MPS would not serve)."""
     command = [sys.executable, str(Path(__file__).resolve()), "ceilings",
                *(["--dry-run"] if run.settings.device == "cpu" else [])]
-    done = subprocess.run(command, env=run.env, cwd=run.scratch, capture_output=True, text=True,
-                          timeout=max(run.left(), 30.0))
-    if done.returncode != 0:
-        raise SystemExit(f"gpu_session: the ceilings failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        done = subprocess.run(command, env=run.env, cwd=run.scratch, capture_output=True, text=True,
+                              timeout=max(run.left(), 30.0))
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError) as exc:
+        stderr = exc.stderr if isinstance(exc, subprocess.TimeoutExpired) else done.stderr
+        tail = (stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or "").strip()[-2000:]
+        return {"machine": {}, "error": f"{type(exc).__name__}: {tail}"}
 
 
 def ceilings(settings: Settings) -> dict[str, Any]:
@@ -604,7 +607,9 @@ def machine_name(run: Run) -> str:
     if run.settings.device == "cpu":
         return f"{target['name']}-dry-run"
     found = str(run.describe.get("gpu", ""))
-    if target["gpus"]["model"].split("-")[0].lower() in found.lower():
+    if not found:
+        run.log(f"the GPU's name is unknown (the ceilings' process failed): rows are named {target['name']}")
+    if not found or target["gpus"]["model"].split("-")[0].lower() in found.lower():
         return target["name"]
     name = "gpu-" + "-".join("".join(c if c.isalnum() else " " for c in found.lower()).split())
     run.log(f"the GPU is {found!r}, not the target's {target['gpus']['model']}: rows are named {name} and keep the "
@@ -628,12 +633,15 @@ def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserv
         found = probe_device(run)
         run.describe = found["machine"]
         run.log(f"machine: {json.dumps(run.describe, sort_keys=True)}")
-        if "peaks" not in found:
+        if settings.device == "gpu" and run.describe.get("cuda") is False:
             run.log("no CUDA device: stopping (use --dry-run on a CPU machine)")
             return 3
         (out / "ceilings.json").write_text(json.dumps(found, indent=1, sort_keys=True))
-        run.log(f"ceilings in {time.monotonic() - t0:.1f} s: {json.dumps(found['peaks'])}; launch overhead "
-                f"{json.dumps(found['launch_overhead'])}")
+        if "peaks" in found:
+            run.log(f"ceilings in {time.monotonic() - t0:.1f} s: {json.dumps(found['peaks'])}; launch overhead "
+                    f"{json.dumps(found['launch_overhead'])}")
+        else:
+            run.log(f"ceilings failed after {time.monotonic() - t0:.1f} s (the candidates follow): {found['error']}")
         exports = Exports(run)
         run.machine = machine_name(run)
         measure_candidates(run, exports)
@@ -708,7 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "ceilings":
         settings = DRY_RUN if args.dry_run else GPU
         machine = describe_machine()
-        found = ceilings(settings) if settings.device == "cpu" or machine["cuda"] else {}
+        try:
+            found = ceilings(settings) if settings.device == "cpu" or machine["cuda"] else {}
+        except Exception as exc:  # reported: the candidates are measured all the same
+            found = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         print(json.dumps({**found, "machine": machine}, sort_keys=True))
         return 0
     if args.phase == "plan":
