@@ -258,8 +258,8 @@ class Run:
         site = self.scratch / "site"
         wheel = self.session / self.manifest["wheel"]
         command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
-                   "--target", str(site), str(wheel)]
-        subprocess.run(command, check=True, cwd=self.scratch)
+                   "--disable-pip-version-check", "--target", str(site), str(wheel)]
+        subprocess.run(command, check=True, cwd=self.scratch, env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
         self.env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.env["MODAK_CACHE"] = str(self.scratch / "cache")
         self.env.pop("MODAK_STORE", None)
