@@ -1,0 +1,158 @@
+"""The prepared GPU session (``benchmarks/data/gpu_session.py``, #41), rehearsed on the CPU: ``plan --dry-run`` then
+``run --dry-run`` end to end, on two of its models (YOLO-small inference and ResNet-18 training at tiny inputs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from modak import api
+from modak.bench.harness import aggregate_row
+from modak.measurements.store import STATUSES, read_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "data" / "gpu_session.py"
+# What the GPU machine lacks (pydantic, archspec, hatchling) and what images must not need (test_layers.py's
+# NOT_IN_IMAGE): the rehearsal's run phase cannot import them.
+HOST_ONLY = {"pydantic", "archspec", "hatchling", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker",
+             "spython", "rich"}
+BLOCKER = f"""import sys
+
+
+class _HostOnly:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {sorted(HOST_ONLY)!r}:
+            raise ModuleNotFoundError("not on the GPU machine: " + name)
+
+
+sys.meta_path.insert(0, _HostOnly())
+"""
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_session
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return gpu_session
+
+
+def _call(*args: str, python_path: tuple[Path, ...] = (ROOT,)) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, python_path))}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The session folder and the run's output folder of one dry run; the run as on the GPU machine, where the
+    checkout's modak and the host-only packages cannot be imported (a ``sitecustomize`` refuses them)."""
+    session, out = tmp_path_factory.mktemp("session"), tmp_path_factory.mktemp("out")
+    planned = _call("plan", "--dry-run", "--models", "yolo_small", "resnet18", "--session", str(session))
+    assert planned.returncode == 0, planned.stderr
+    blocker = tmp_path_factory.mktemp("gpu-machine")
+    (blocker / "sitecustomize.py").write_text(BLOCKER)
+    ran = _call("run", "--dry-run", "--session", str(session), "--out", str(out), "--budget", "55",
+                python_path=(blocker,))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    return session, out
+
+
+def test_plan_writes_the_wheel_the_jobs_and_every_candidates_deployment(rehearsal: tuple[Path, Path]) -> None:
+    session, _ = rehearsal
+    manifest = json.loads((session / "session.json").read_text())
+    assert manifest["dry_run"] and (session / manifest["wheel"]).name.startswith("modak_runtime-")
+    assert [j["id"] for j in manifest["jobs"]] == ["yolo_small-inference-b1", "yolo_small-inference-b2",
+                                                   "resnet18-training-b2"]
+    names = {c["name"] for c in manifest["candidates"] if c["job"] == "resnet18-training-b2"}
+    # eager and compile (default, reduce-overhead) at four precisions, channels_last on and off: 24
+    assert len(names) == 24 and "torch-compile/gpu/fp16 mode=reduce-overhead channels_last=true" in names
+    assert not any("max-autotune" in c["name"] for c in manifest["candidates"])
+    for entry in manifest["candidates"]:
+        deployment = json.loads((session / "candidates" / f"{entry['id']}.json").read_text())["deployment"]
+        assert deployment["device"] == "gpu" and deployment["zoo"] == entry["row"]["model"]
+    assert [c["pass"] for c in manifest["candidates"][:3]] == [1, 1, 1]
+    assert all(c["stock"] for c in manifest["candidates"][:3])
+
+
+def test_dry_run_writes_rows_ceilings_and_log(rehearsal: tuple[Path, Path]) -> None:
+    _, out = rehearsal
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all((out / f).is_file() for f in files)  # what the device tool brings back
+    rows = list(read_csv(out / "rows.csv"))
+    launches = [json.loads(line) for line in (out / "launches.jsonl").read_text().splitlines()]
+    assert rows and len(rows) == len(launches)
+    assert all(r.status in STATUSES and r.machine == "gpu-h100-dry-run" and r.device == "cpu" for r in rows)
+    measured = [r for r in rows if r.status in ("ok", "contended")]
+    assert measured and all(r.step_median_s > 0 and r.launches == 1 and r.protocol == 2 for r in measured)
+    ceilings = json.loads((out / "ceilings.json").read_text())
+    assert set(ceilings["peaks"]) == {"fp32_tflops", "bf16_tflops", "fp16_tflops", "memory_bandwidth_gbs"}
+    assert all(v > 0 for v in ceilings["peaks"].values()) and ceilings["launch_overhead"]["queued_us"] > 0
+    log = (out / "log.txt").read_text()
+    assert "launches import modak from" in log and "/site/modak/" in log  # the wheel, not the checkout
+    assert "sharing time-slicing yolo_small-inference-b1" in log and "done:" in log
+
+
+def test_rows_are_the_harness_rows(rehearsal: tuple[Path, Path]) -> None:
+    """A dry-run row is what ``modak bench``'s :func:`aggregate_row` makes of the same launch."""
+    session, out = rehearsal
+    rows = list(read_csv(out / "rows.csv"))
+    launches = [json.loads(line) for line in (out / "launches.jsonl").read_text().splitlines()]
+    index = next(i for i, r in enumerate(rows) if r.status in ("ok", "contended"))
+    launch, row = launches[index], rows[index]
+    plan = api.plan_job(session / "jobs" / f"{launch['job']}.yaml")
+    candidate = next(r.candidate for r in plan.ranked if r.candidate.name == launch["name"])
+    from modak.runtime.measure import contention_reasons
+
+    result = {**launch["result"], "busy": contention_reasons(launch["result"]["contention"])}
+    expected = aggregate_row(plan, candidate, [result], row.session)
+    ignored = {"machine", "device", "measured_at", "versions"}
+    # approx: aggregate_row's center of one launch is exp(log(median)), a rounding away from the median
+    assert {k: v for k, v in row.__dict__.items() if k not in ignored} == pytest.approx(
+        {k: v for k, v in expected.__dict__.items() if k not in ignored}, rel=1e-12)
+
+
+def test_passes_put_each_jobs_stock_and_best_of_each_kind_first(script: ModuleType) -> None:
+    def entry(job: str, name: str, stock: bool = False) -> dict:
+        runtime = name.split("/")[0]
+        mode = "reduce-overhead" if "reduce-overhead" in name else "default" if runtime == "torch-compile" else None
+        return {"id": f"{job}:{name}", "job": job, "name": name, "runtime": runtime, "mode": mode, "stock": stock}
+
+    jobs = [[entry(job, "torch-compile/gpu/bf16 mode=default"),
+             entry(job, "torch-compile/gpu/bf16 mode=reduce-overhead"), entry(job, "pytorch/gpu/bf16"),
+             entry(job, "torch-compile/gpu/fp32 mode=default"), entry(job, "pytorch/gpu/fp32", stock=True)]
+            for job in ("a", "b")]
+    order = [(e["pass"], e["job"], e["name"]) for e in script.prioritized(jobs)]
+    assert order == [(1, "a", "pytorch/gpu/fp32"), (1, "b", "pytorch/gpu/fp32"),
+                     (2, "a", "pytorch/gpu/bf16"), (2, "b", "pytorch/gpu/bf16"),
+                     (3, "a", "torch-compile/gpu/bf16 mode=default"), (3, "b", "torch-compile/gpu/bf16 mode=default"),
+                     (4, "a", "torch-compile/gpu/bf16 mode=reduce-overhead"),
+                     (4, "b", "torch-compile/gpu/bf16 mode=reduce-overhead"),
+                     (5, "a", "torch-compile/gpu/fp32 mode=default"), (5, "b", "torch-compile/gpu/fp32 mode=default")]
+
+
+def test_run_refuses_a_session_planned_for_the_other_mode(rehearsal: tuple[Path, Path], tmp_path: Path) -> None:
+    session, _ = rehearsal
+    refused = _call("run", "--session", str(session), "--out", str(tmp_path))
+    assert refused.returncode == 2 and "planned with --dry-run" in refused.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_documented_device_call_is_the_one_plan_prints(script: ModuleType) -> None:
+    call = script.device_call(script.SESSION)
+    command = call.splitlines()[-1]
+    assert command == "PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --out $OUT --budget 480"
+    assert f'carry [".gpu-session"], timeout_s {script.DEVICE_TIMEOUT_S}' in call
+    readme = (ROOT / "perfmodels" / "README.md").read_text()
+    for text in (script.__doc__, readme):
+        assert command in text and f"timeout_s: {script.DEVICE_TIMEOUT_S}" in text and '[".gpu-session"]' in text
+    assert "/.gpu-session/" in (ROOT / ".gitignore").read_text().split()  # carried, never committed
+    assert "outside the checkout" in script.device_call(Path("/tmp/elsewhere"))
