@@ -11,7 +11,6 @@ from pathlib import Path
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
-EXIT_MEASUREMENT_FAILED = 3  # the runner: a measured candidate failed
 EXIT_ENGINE_UNAVAILABLE = 4  # no container engine to talk to
 EXIT_BUILD_FAILED = 5  # a build step failed (the log names it)
 EXIT_SMOKE_FAILED = 6  # the built image's self-test failed or ran another runtime
@@ -90,12 +89,6 @@ class Interrupted(ModakError):
     """Ctrl-C during a long step, reported with what was kept (exit code 130)."""
 
     exit_code = EXIT_INTERRUPTED
-
-
-class RegressionDetected(ModakError):
-    """``modak check``: predicted or measured step time regressed beyond the threshold (exit code 9)."""
-
-    exit_code = EXIT_REGRESSION
 
 
 def did_you_mean(name: str, known: Iterable[object], cutoff: float = 0.5, list_known: bool = True) -> str:

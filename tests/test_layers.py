@@ -32,7 +32,7 @@ LAYERS = {
     "advise": 11.5,  # modak whatif and modak pack: plans on several targets or shares, through the API
     "cli": 12, "__main__": 13,
 }
-IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)
+IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.package.IMAGE_PACKAGE)
 NOT_IN_IMAGE = {"pydantic", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker", "spython", "rich"}
 
 

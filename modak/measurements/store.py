@@ -26,7 +26,6 @@ from modak.errors import InputError
 from modak.limits import MAX_CSV_BYTES, check_size
 
 SCHEMA_VERSION = 2  # 2: the measurement protocol's columns (launches, interval, spread, contention)
-STATUSES = ("ok", "incorrect", "error", "contended")  # only "ok" rows are training data
 
 
 @dataclass(frozen=True)
