@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,11 +13,11 @@ from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.documents import document, duration, rounded
 from modak.errors import InputError
+from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.image.deployment import Deployment
 from modak.measurements.store import Measurement, TunedChoice, as_json
 from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
-from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.workload.analysis import WorkloadProfile
@@ -255,7 +255,8 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
         ranked = [winner] + [r for r in ranked if r is not winner]
     else:
         tuned = None
-        kept_over = fastest if stock is not None and not _safe_against_stock(fastest, stock, job.objective.steps) else None
+        kept_over = (fastest if stock is not None and not _safe_against_stock(fastest, stock, job.objective.steps)
+                     else None)
         if kept_over is not None:  # the fastest predicted candidate that is safe against stock, else stock
             chosen = next((r for r in ranked if _safe_against_stock(r, stock, job.objective.steps)), stock)
             ranked = [chosen] + [r for r in ranked if r is not chosen]

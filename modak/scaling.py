@@ -277,7 +277,8 @@ def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
     notes: list[str] = []
     if 1 in measured:
         base = replace(base, compute_s=measured[1])
-        notes.append(f"compute: the measured one-worker step, {duration(measured[1])} (predicted {duration(model.compute_s)})")
+        notes.append(f"compute: the measured one-worker step, {duration(measured[1])} "
+                     f"(predicted {duration(model.compute_s)})")
         fixed.append("compute_seconds")
     many = [w for w, _ in points if w > 1]
     spans_nodes = any(model.layout(w).nodes > 1 for w in many)
@@ -514,8 +515,8 @@ def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, .
         why = (f"the target has no more ({target.nodes} node(s) x {model.workers_per_node} GPU(s))" if worker == "GPU"
                else f"the target has no more ({target.nodes} node(s), one worker each)")
     reasons.append(f"chose {chosen.workers} worker(s) ({chosen.nodes} node(s) x {chosen.per_node}): predicted "
-                   f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {duration(chosen.step_s)} per step, "
-                   f"{chosen.samples_per_second(batch):.4g} samples/s; {why}")
+                   f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {duration(chosen.step_s)} per "
+                   f"step, {chosen.samples_per_second(batch):.4g} samples/s; {why}")
     reasons.append(f"weak scaling: every worker keeps the job's batch of {batch}, so N workers train on N x {batch} "
                    f"samples per step; efficiency = one worker's step time / N workers' step time")
     reasons.append(f"compute: {duration(model.compute_s)} per step on one {worker} "

@@ -16,9 +16,10 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 GEMM_SIZES = (512, 1024, 2048)
 QUICK_GEMM_SIZES = (256, 512)

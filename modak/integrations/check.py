@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from modak.documents import SCHEMA_VERSION, document, rounded
-from modak.limits import MAX_JSON_BYTES, read_bounded
 from modak.errors import InputError
+from modak.limits import MAX_JSON_BYTES, read_bounded
 from modak.paths import write_atomic
 
 BASELINE_KIND = "modak-check-baseline"

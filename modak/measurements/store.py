@@ -17,10 +17,10 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from modak.errors import InputError
 from modak.limits import MAX_CSV_BYTES, check_size
@@ -208,7 +208,7 @@ class PerfStore:
             raise
         self._db.execute("COMMIT")
 
-    def __enter__(self) -> "PerfStore":
+    def __enter__(self) -> PerfStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

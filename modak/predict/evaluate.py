@@ -22,8 +22,8 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -156,7 +156,7 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
                 model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
                 covered = [(i, r) for i, r in test if (r.runtime, r.device, r.precision) in model.coverage]
                 predictions = model.predict_examples([example_from_row(r, catalog) for _, r in covered])
-                for (i, r), (step, low, high, _, trees) in zip(covered, predictions):
+                for (i, _), (step, low, high, _, trees) in zip(covered, predictions):
                     learned[seed][i] = step
                     intervals[seed][i] = (low, high)
                     per_tree[seed][i] = trees
@@ -297,7 +297,8 @@ def format_scores(scores: list[Scores]) -> str:
         first = next(iter(by_predictor.values()))[0]
         seeded = {p: len(runs) for p, runs in by_predictor.items() if len(runs) > 1}
         lines += [f"{scheme}: {first.rows} held-out rows ({first.uncovered} uncovered)",
-                  f"  {first.workloads} workloads with >= 2 of them: pick vs best ({first.no_stock} without a stock row)"]
+                  f"  {first.workloads} workloads with >= 2 of them: pick vs best "
+                  f"({first.no_stock} without a stock row)"]
         lines += [f"  {p} over {n} seeds: mean [min–max]" for p, n in seeded.items()]
         lines.append("  " + f"{'':<34}" + "".join(f"{p:<28}" for p in by_predictor).rstrip())
         for field, label, fmt in _METRICS:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import sys
 from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 LEAF = -1  # scikit-learn's TREE_LEAF: a node without children
 MAGIC = b"modak-arrays 1\n"

@@ -5,11 +5,12 @@ anchor is the roofline time of the workload's op classes on the device's measure
 threads and precision) plus the runtime's dispatch overhead per graph node (the recipe's priors). Utilization is
 bounded and transfers across hardware far better than raw latency; physics supplies the scale, and the overhead
 term the scale of steps of many small ops, which the roofline alone puts orders of magnitude too fast. A random
-forest predicts log(u); the spread of its trees gives the interval (10th to 90th percentile). A second forest predicts the compile/tune seconds.
+forest predicts log(u); the spread of its trees gives the interval (10th to 90th percentile). A second forest
+predicts the compile/tune seconds.
 
 It is fit on data (CSV rows shipped in ``perfmodels/`` plus the local perf store); the fit is cached as plain
-arrays keyed by that data, so a new row refits it, and no pickled model is ever loaded. Its columns come from the runtime catalog: one per runtime and precision, and each
-recipe parameter as its ``feature`` declares.
+arrays keyed by that data, so a new row refits it, and no pickled model is ever loaded. Its columns come from the
+runtime catalog: one per runtime and precision, and each recipe parameter as its ``feature`` declares.
 """
 
 from __future__ import annotations
@@ -18,21 +19,22 @@ import hashlib
 import json
 import math
 import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from modak.measurements.store import Measurement
 from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
+from modak.hardware.ceilings import TargetCeilings
+from modak.measurements.store import Measurement
 from modak.paths import cache_dir, write_atomic
-from modak.predict.base import Prediction, PredictionRequest
 from modak.predict import forest, roofline
+from modak.predict.base import Prediction, PredictionRequest
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.roofline import RooflinePredictor, op_seconds, overhead_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
-from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
 
 if TYPE_CHECKING:

@@ -77,7 +77,8 @@ def _input_specs(source: ModelSource) -> dict[str, tuple[tuple[int, ...], np.dty
 
     graph = onnx.load(source.onnx_path, load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
-    return {v.name: (tuple(source.input_shapes[v.name]), np.dtype(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)))
+    return {v.name: (tuple(source.input_shapes[v.name]),
+                     np.dtype(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)))
             for v in graph.input if v.name not in initializers}
 
 

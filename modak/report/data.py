@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from modak.measurements.store import Measurement
 from modak.errors import ModakError
+from modak.hardware.ceilings import Ceilings
+from modak.measurements.store import Measurement
 from modak.plan import Plan
 from modak.predict.base import Predictor, predict_many
-from modak.hardware.ceilings import Ceilings
 from modak.workload.analysis import WorkloadProfile, analyze
 
 MAX_BATCHES = 10  # trajectory points per thread count
@@ -37,7 +37,7 @@ class Roof:
     def peak(self) -> float:
         return dict(self.peaks)[self.precision]
 
-    def above(self, point: "PerfPoint") -> bool:
+    def above(self, point: PerfPoint) -> bool:
         """Whether ``point`` claims more than the roofline allows at its intensity (beyond rounding)."""
         return point.gflops > 1.01 * self.attainable(point.intensity)
 

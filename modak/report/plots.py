@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from modak.report.data import OpPoint, PerfPoint, Roof, TargetPoint, Trajectory
 from modak.workload.analysis import OP_CLASSES

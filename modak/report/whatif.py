@@ -1,5 +1,6 @@
 """``modak whatif --report``: a self-contained HTML page of the what-if (its ``--json`` document): the time-vs-cost
-plot with the Pareto front and the ranked table, in the style of ``modak report`` (``templates/report/whatif.html.j2``)."""
+plot with the Pareto front and the ranked table, in the style of ``modak report``
+(``templates/report/whatif.html.j2``)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def render_whatif_report(document: dict[str, Any], generated_at: dt.datetime | N
                       f"{document['job']}: predicted time and cost for {unit} on {len(document['targets'])} targets")
     return environment().get_template(TEMPLATE).render(
         data=document, unit=unit, currency=currency, image=_data_uri(plot), version=__version__,
-        generated_at=(generated_at or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds"))
+        generated_at=(generated_at or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"))
 
 
 def write_whatif_report(document: dict[str, Any], output: Path) -> Path:

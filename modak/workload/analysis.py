@@ -26,7 +26,6 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
 from modak.paths import data_dir

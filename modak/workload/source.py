@@ -6,22 +6,21 @@ model that is not cached yet needs it (to export).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.deployment import MODEL_FILE
+from modak.image.zoo import get_entry
+from modak.paths import cache_dir, write_atomic
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
 from modak.spec.models import AUTO_BATCH, Task
-from modak.image.zoo import get_entry
-from modak.workload import zoo
-from modak.paths import cache_dir, write_atomic
-from modak.workload import analysis
+from modak.workload import analysis, zoo
 from modak.workload.analysis import OpStats, WorkloadProfile, analyze, load_model
 
 if TYPE_CHECKING:
