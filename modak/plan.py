@@ -135,7 +135,7 @@ class Plan:
         return Deployment(
             runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
-            batch_size=job.model.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
+            batch_size=self.workload.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
             zoo=self.source.zoo)
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,9 +255,8 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
         ranked = [winner] + [r for r in ranked if r is not winner]
     else:
         tuned = None
-        kept_over = (fastest if stock is not None and not _safe_against_stock(fastest, stock, job.objective.steps)
-                     else None)
-        if kept_over is not None:  # the fastest predicted candidate that is safe against stock, else stock
+        if stock is not None and not _safe_against_stock(fastest, stock, job.objective.steps):
+            kept_over = fastest  # the fastest predicted candidate that is safe against stock, else stock, is chosen
             chosen = next((r for r in ranked if _safe_against_stock(r, stock, job.objective.steps)), stock)
             ranked = [chosen] + [r for r in ranked if r is not chosen]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}

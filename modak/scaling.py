@@ -30,7 +30,7 @@ the network's; :func:`fit` fits the parameters the measured points can identify.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -293,13 +293,13 @@ def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
     if not free:
         return Fit(base, tuple(fixed), kept, points, tuple(notes))
 
-    def build(x: Sequence[float]) -> ScalingModel:
+    def build(x: Iterable[float]) -> ScalingModel:
         current = base
         for name, value in zip(free, x):
             current = _set(current, base, name, value)
         return current
 
-    def residuals(x: Sequence[float]) -> Any:
+    def residuals(x: Iterable[float], /) -> Any:
         current = build(x)
         errors = [current.predict(w).step_s / s - 1 for w, s in points]
         prior = [_PRIOR_WEIGHT * (v - _start(base, name)) for name, v in zip(free, x)]
@@ -314,11 +314,12 @@ def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
     best = min((least_squares(residuals, x0, bounds=(low, high), method="trf") for x0 in starts),
                key=lambda r: r.cost)
     fitted_model = build(best.x)
+    jacobian = np.asarray(best.jac)  # the residuals' by the free parameters at the fit
     for i, (name, value) in enumerate(zip(free, best.x)):
         # Undetermined: at a bound, or the measured steps hardly depend on it (doubling a factor, or moving the
         # overlap by 0.1, changes none of them by 0.1%).
-        slope = float(np.max(np.abs(best.jac[:len(points), i]))) * (0.1 if name == "overlap" else math.log(2))
-        loose = value <= low[i] + 1e-6 or value >= high[i] - 1e-6 or slope < 1e-3
+        slope = float(np.max(np.abs(jacobian[:len(points), i]))) * (0.1 if name == "overlap" else math.log(2))
+        loose = bool(value <= low[i] + 1e-6 or value >= high[i] - 1e-6 or slope < 1e-3)
         notes.append(_describe(fitted_model, base, name, value, loose))
     return Fit(fitted_model, tuple(fixed) + tuple(free), kept, points, tuple(notes))
 

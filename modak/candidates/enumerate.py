@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from modak.candidates.candidate import Candidate, value_key
@@ -29,7 +30,7 @@ class CandidateSpace:
     pruned: tuple[Pruned, ...]
 
 
-def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: dict[str, Recipe],
+def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: Mapping[str, Recipe],
                          op_classes: frozenset[str]) -> CandidateSpace:
     """All candidates the job's constraints and the target's hardware allow, plus the reasons for the rest."""
     job = loaded.job

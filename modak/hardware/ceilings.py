@@ -150,8 +150,9 @@ def _cpu_ceilings(target: Target, arch: Any, features: frozenset[str], cores: in
             factor = _INT8_WITHOUT_DOT_PRODUCT_FACTOR
         else:
             factor = None
-        if measured[precision]:
-            peak[precision] = float(measured[precision])
+        given = measured[precision]
+        if given:
+            peak[precision] = float(given)
         elif factor is not None:
             peak[precision] = entry.get(precision.value, entry["fp32"] * factor) * frequency * cores
     bandwidth = (peaks.memory_bandwidth_gbs or target.memory.bandwidth_gbs

@@ -60,10 +60,11 @@ class TreeEnsemble:
             value.append(tree.value.reshape(tree.node_count, -1)[:, 0])
             offset += tree.node_count
             depth = max(depth, int(tree.max_depth))
-        return cls(array("q", roots), *(array("q", np.concatenate(a).astype(np.int64).tolist())
-                                        for a in (left, right, feature)),
-                   array("d", np.concatenate(threshold).astype(np.float64).tolist()),
-                   array("d", np.concatenate(value).astype(np.float64).tolist()), array("q", [depth]))
+        def joined(parts: list, code: str) -> array:
+            return array(code, np.concatenate(parts).astype(np.int64 if code == "q" else np.float64).tolist())
+
+        return cls(array("q", roots), joined(left, "q"), joined(right, "q"), joined(feature, "q"),
+                   joined(threshold, "d"), joined(value, "d"), array("q", [depth]))
 
     @property
     def trees(self) -> int:

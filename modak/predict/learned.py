@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from modak.candidates.candidate import DeviceKind
 from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
 from modak.hardware.ceilings import TargetCeilings
@@ -188,7 +189,8 @@ def machine_kind(device: str, name: str | None, cores: int) -> tuple | None:
 
 def candidate_from_row(row: Measurement) -> Candidate:
     """The candidate a stored row measured."""
-    return Candidate(row.runtime, row.device, Precision(row.precision), tuple(json.loads(row.params).items()),
+    device = cast(DeviceKind, row.device)  # a row's device is the one its candidate had
+    return Candidate(row.runtime, device, Precision(row.precision), tuple(json.loads(row.params).items()),
                      row.threads)
 
 
@@ -345,7 +347,7 @@ class LearnedPredictor:
         features = Features.from_catalog(catalog)
         examples = [example_from_row(r, catalog) for r in rows_ok]
         X = np.array([features.row(e) for e in examples])
-        log_utilization = np.log([e.anchor_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
+        log_utilization = np.log([e.anchor_seconds / r.step_s for e, r in zip(examples, rows_ok)])
         settings = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
         machine_offsets = _machine_offsets(examples, X, log_utilization, sample_weight, settings)
         # The forest learns utilization on the reference machine's scale: each machine's offset is taken out.

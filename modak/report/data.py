@@ -181,7 +181,7 @@ def measured_points(plan: Plan, store: Path | None = None) -> list[PerfPoint]:
     flops, intensity = plan.workload.flops, plan.workload.arithmetic_intensity
     points = []
     for r, origin in workload_rows(plan, store):
-        step = float(r.step_median_s)  # ok_rows: set and positive
+        step = r.step_s  # ok_rows: set and positive
         slow = float(r.step_p90_s or step)
         fast = float(r.step_p10_s or step)
         settings = " ".join(f"{k}={v}" for k, v in json.loads(r.params or "{}").items())

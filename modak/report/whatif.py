@@ -18,8 +18,13 @@ TEMPLATE = "whatif.html.j2"
 
 def points(document: dict[str, Any]) -> list[TargetPoint]:
     """The plot's points, one per target of a ``modak whatif --json`` document, in rank order."""
-    return [TargetPoint(t["target"], t["time_seconds"], *t["time_interval_seconds"], t["cost"],
-                        *(t["cost_interval"] or (None, None)), bool(t["pareto"])) for t in document["targets"]]
+    points = []
+    for t in document["targets"]:
+        time_low, time_high = t["time_interval_seconds"]
+        cost_low, cost_high = t["cost_interval"] or (None, None)
+        points.append(TargetPoint(t["target"], t["time_seconds"], time_low, time_high, t["cost"], cost_low, cost_high,
+                                  bool(t["pareto"])))
+    return points
 
 
 def basis_words(document: dict[str, Any]) -> str:

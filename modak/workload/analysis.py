@@ -85,7 +85,7 @@ class OpStats:
 
 
 class OpGroup(NamedTuple):
-    count: int
+    count: int  # type: ignore[assignment]  # nodes of the group; shadows tuple.count(), which nothing here calls
     flops: int
     bytes: int
 
@@ -145,6 +145,8 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
         name = name or Path(model).stem
         model = load_model(Path(model))
     if model.functions:
+        import onnx.inliner  # a submodule `import onnx` does not load
+
         model = onnx.inliner.inline_local_functions(model)
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
