@@ -60,11 +60,14 @@ class TreeEnsemble:
             value.append(tree.value.reshape(tree.node_count, -1)[:, 0])
             offset += tree.node_count
             depth = max(depth, int(tree.max_depth))
-        def joined(parts: list, code: str) -> array:
-            return array(code, np.concatenate(parts).astype(np.int64 if code == "q" else np.float64).tolist())
+        def ints(parts: list) -> array:
+            return array("q", np.concatenate(parts).astype(np.int64).tolist())
 
-        return cls(array("q", roots), joined(left, "q"), joined(right, "q"), joined(feature, "q"),
-                   joined(threshold, "d"), joined(value, "d"), array("q", [depth]))
+        def floats(parts: list) -> array:
+            return array("d", np.concatenate(parts).astype(np.float64).tolist())
+
+        return cls(array("q", roots), ints(left), ints(right), ints(feature), floats(threshold), floats(value),
+                   array("q", [depth]))
 
     @property
     def trees(self) -> int:
