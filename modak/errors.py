@@ -97,12 +97,6 @@ class Interrupted(ModakError):
     exit_code = EXIT_INTERRUPTED
 
 
-class RegressionDetected(ModakError):
-    """``modak check``: predicted or measured step time regressed beyond the threshold (exit code 9)."""
-
-    exit_code = EXIT_REGRESSION
-
-
 def did_you_mean(name: str, known: Iterable[object], cutoff: float = 0.5, list_known: bool = True) -> str:
     """``"; did you mean 'X'?"`` for the closest of ``known`` (ignoring case), else the list of them (unless
     ``list_known`` is false, or there are none). The one suggestion helper of every "unknown name" message."""

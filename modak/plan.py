@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,11 +13,11 @@ from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.documents import document, duration, rounded
 from modak.errors import InputError
+from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.image.deployment import Deployment
 from modak.measurements.store import Measurement, TunedChoice, as_json
 from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
-from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.workload.analysis import WorkloadProfile
@@ -135,7 +135,7 @@ class Plan:
         return Deployment(
             runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
-            batch_size=job.model.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
+            batch_size=self.workload.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
             zoo=self.source.zoo)
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,17 +255,12 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
         ranked = [winner] + [r for r in ranked if r is not winner]
     else:
         tuned = None
-        kept_over = fastest if stock is not None and not _safe_against_stock(fastest, stock, job.objective.steps) else None
-        if kept_over is not None:  # the fastest predicted candidate that is safe against stock, else stock
+        if stock is not None and not _safe_against_stock(fastest, stock, job.objective.steps):
+            kept_over = fastest  # the fastest predicted candidate that is safe against stock, else stock, is chosen
             chosen = next((r for r in ranked if _safe_against_stock(r, stock, job.objective.steps)), stock)
             ranked = [chosen] + [r for r in ranked if r is not chosen]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
-    reasons = _reasons(loaded, ranked, pruned, stock, kept_over)
-    reasons = (reasons[0], *gate_reasons, *reasons[1:])
-    if tuned is not None:
-        reasons = (f"chose {tuned.candidate}: tuned on {loaded.target.name} — {tuned.summary}",
-                   *(r.replace("chose ", "the model predicted for it: ", 1) if i == 0 else r
-                     for i, r in enumerate(reasons)))
+    reasons = _reasons(loaded, ranked, pruned, stock, kept_over, tuned, gate_reasons)
     return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
 
 
@@ -451,15 +446,20 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
 
 
 def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned],
-             stock: RankedCandidate | None, passed_over: RankedCandidate | None) -> tuple[str, ...]:
+             stock: RankedCandidate | None, passed_over: RankedCandidate | None, tuned: TunedChoice | None,
+             gate_reasons: Sequence[str]) -> tuple[str, ...]:
     job = loaded.job
     best = ranked[0]
     p = best.prediction
     physics = [p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")]  # the roofline's split of a step
     share = max(physics) / sum(physics)
-    reasons = [f"chose {best.candidate.name}: predicted {duration(p.step_seconds)} per step of batch "
-               f"{job.model.batch_size} ({p.bound}-bound: {share:.0%} of the roofline step), "
-               f"interval {duration(p.low_seconds)}-{duration(p.high_seconds)} ({p.predictor})"]
+    predicted = (f"{best.candidate.name}: predicted {duration(p.step_seconds)} per step of batch "
+                 f"{job.model.batch_size} ({p.bound}-bound: {share:.0%} of the roofline step), "
+                 f"interval {duration(p.low_seconds)}-{duration(p.high_seconds)} ({p.predictor})")
+    reasons = ([f"chose {predicted}"] if tuned is None  # a tuned winner is chosen for its measurement
+               else [f"chose {tuned.candidate}: tuned on {loaded.target.name} — {tuned.summary}",
+                     f"the model predicted for it: {predicted}"])
+    reasons.extend(gate_reasons)
     if passed_over is not None and stock is not None:  # the fastest predicted may be too slow against stock
         high = paired_ratio_high(passed_over, stock, job.objective.steps)
         how = ("in 9 of 10 of the model's trees, paired" if _paired(passed_over.prediction, stock.prediction)

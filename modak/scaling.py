@@ -30,7 +30,7 @@ the network's; :func:`fit` fits the parameters the measured points can identify.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -277,7 +277,8 @@ def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
     notes: list[str] = []
     if 1 in measured:
         base = replace(base, compute_s=measured[1])
-        notes.append(f"compute: the measured one-worker step, {duration(measured[1])} (predicted {duration(model.compute_s)})")
+        notes.append(f"compute: the measured one-worker step, {duration(measured[1])} "
+                     f"(predicted {duration(model.compute_s)})")
         fixed.append("compute_seconds")
     many = [w for w, _ in points if w > 1]
     spans_nodes = any(model.layout(w).nodes > 1 for w in many)
@@ -292,13 +293,13 @@ def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
     if not free:
         return Fit(base, tuple(fixed), kept, points, tuple(notes))
 
-    def build(x: Sequence[float]) -> ScalingModel:
+    def build(x: Iterable[float]) -> ScalingModel:
         current = base
         for name, value in zip(free, x):
             current = _set(current, base, name, value)
         return current
 
-    def residuals(x: Sequence[float]) -> Any:
+    def residuals(x: Iterable[float], /) -> Any:
         current = build(x)
         errors = [current.predict(w).step_s / s - 1 for w, s in points]
         prior = [_PRIOR_WEIGHT * (v - _start(base, name)) for name, v in zip(free, x)]
@@ -313,11 +314,12 @@ def fit(model: ScalingModel, measured: Mapping[int, float]) -> Fit:
     best = min((least_squares(residuals, x0, bounds=(low, high), method="trf") for x0 in starts),
                key=lambda r: r.cost)
     fitted_model = build(best.x)
+    jacobian = np.asarray(best.jac)  # the residuals' by the free parameters at the fit
     for i, (name, value) in enumerate(zip(free, best.x)):
         # Undetermined: at a bound, or the measured steps hardly depend on it (doubling a factor, or moving the
         # overlap by 0.1, changes none of them by 0.1%).
-        slope = float(np.max(np.abs(best.jac[:len(points), i]))) * (0.1 if name == "overlap" else math.log(2))
-        loose = value <= low[i] + 1e-6 or value >= high[i] - 1e-6 or slope < 1e-3
+        slope = float(np.max(np.abs(jacobian[:len(points), i]))) * (0.1 if name == "overlap" else math.log(2))
+        loose = bool(value <= low[i] + 1e-6 or value >= high[i] - 1e-6 or slope < 1e-3)
         notes.append(_describe(fitted_model, base, name, value, loose))
     return Fit(fitted_model, tuple(fixed) + tuple(free), kept, points, tuple(notes))
 
@@ -514,8 +516,8 @@ def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, .
         why = (f"the target has no more ({target.nodes} node(s) x {model.workers_per_node} GPU(s))" if worker == "GPU"
                else f"the target has no more ({target.nodes} node(s), one worker each)")
     reasons.append(f"chose {chosen.workers} worker(s) ({chosen.nodes} node(s) x {chosen.per_node}): predicted "
-                   f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {duration(chosen.step_s)} per step, "
-                   f"{chosen.samples_per_second(batch):.4g} samples/s; {why}")
+                   f"efficiency {chosen.efficiency:.2f} >= {advice.min_efficiency:g}, {duration(chosen.step_s)} per "
+                   f"step, {chosen.samples_per_second(batch):.4g} samples/s; {why}")
     reasons.append(f"weak scaling: every worker keeps the job's batch of {batch}, so N workers train on N x {batch} "
                    f"samples per step; efficiency = one worker's step time / N workers' step time")
     reasons.append(f"compute: {duration(model.compute_s)} per step on one {worker} "

@@ -35,7 +35,7 @@ LAYERS = {
     "output": 11.5,  # what the command line prints: terminal tables and --json documents
     "cli": 12, "__main__": 13,
 }
-IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.ir.IMAGE_PACKAGE)
+IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.package.IMAGE_PACKAGE)
 NOT_IN_IMAGE = {"pydantic", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker", "spython", "rich"}
 
 

@@ -140,6 +140,7 @@ def test_tuned_winner_reaches_the_plan_and_the_image_labels(plan, tmp_path):
     tuned = api.plan_job(CNN, store=store_path)
     assert tuned.choice.candidate.name == slow_pick and tuned.tuned.candidate == slow_pick
     assert tuned.reasons[0].startswith(f"chose {slow_pick}: tuned on ") and "confidently the fastest" in tuned.reasons[0]
+    assert tuned.reasons[1].startswith(f"the model predicted for it: {slow_pick}: predicted ")
     assert tuned.to_dict()["tuned"]["candidate"] == slow_pick
     labels = dict(build_description(tuned).labels)
     assert labels["io.modak.runtime"] == tuned.choice.candidate.runtime

@@ -15,7 +15,6 @@ from modak.paths import data_dir
 from modak.spec.loader import load_spec
 from modak.spec.models import Allocation, Name, Precision, Requirement, Task
 
-
 # How the learned model sees a parameter: one column per value, log(1 + value), the candidate's share of the
 # cores (the parameter named threads, which the planner resolves to a thread count), or not at all.
 FeatureKind = Literal["categorical", "numeric", "threads", "none"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from modak.candidates.candidate import Candidate, value_key
 from modak.candidates.catalog import DeviceKind, Recipe
-from modak.image.deployment import resolve_threads
 from modak.hardware.ceilings import TargetCeilings
+from modak.image.deployment import resolve_threads
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device
 
@@ -29,7 +30,7 @@ class CandidateSpace:
     pruned: tuple[Pruned, ...]
 
 
-def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: dict[str, Recipe],
+def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: Mapping[str, Recipe],
                          op_classes: frozenset[str]) -> CandidateSpace:
     """All candidates the job's constraints and the target's hardware allow, plus the reasons for the rest."""
     job = loaded.job
@@ -51,8 +52,8 @@ def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: d
             precisions = [p for p in recipe.precisions.get(device, ()) if p in job.precision and supported.supports(p)]
             if not precisions:
                 allowed = ", ".join(p.value for p in job.precision)
-                pruned.append(Pruned(f"{recipe.name}/{device}",
-                                     f"no allowed precision ({allowed}) is supported by {recipe.title} on {supported.name}"))
+                pruned.append(Pruned(f"{recipe.name}/{device}", f"no allowed precision ({allowed}) is supported by "
+                                                                f"{recipe.title} on {supported.name}"))
                 continue
             applicable = [p for p in recipe.parameters if device in p.devices and job.task in p.tasks
                           and (p.needs_op_class is None or p.needs_op_class in op_classes)]

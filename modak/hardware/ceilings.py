@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 from typing import Any
-
 
 from modak.errors import did_you_mean
 from modak.spec.document import SpecDocument
@@ -73,7 +72,7 @@ class TargetCeilings:
             return ""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _catalog(name: str) -> dict[str, Any]:
     return read_catalog(f"hardware/{name}")
 
@@ -96,8 +95,9 @@ def target_ceilings(target: Target, doc: SpecDocument) -> TargetCeilings:
     node_cores = target.cpu.sockets * target.cpu.cores_per_socket
     cores = target.scheduler.cores_per_job or node_cores
     if cores > node_cores:
-        raise doc.error(("scheduler", "cores_per_job"), f"{cores} cores per job, but a node has {node_cores} "
-                                                        f"({target.cpu.sockets} socket(s) x {target.cpu.cores_per_socket})")
+        raise doc.error(("scheduler", "cores_per_job"),
+                        f"{cores} cores per job, but a node has {node_cores} "
+                        f"({target.cpu.sockets} socket(s) x {target.cpu.cores_per_socket})")
     cpu = core_share(_cpu_ceilings(target, arch, features, node_cores), cores, node_cores)
     gpu, capability = (_gpu_ceilings(target, doc) if target.gpus else (None, None))
     return TargetCeilings(
@@ -150,8 +150,9 @@ def _cpu_ceilings(target: Target, arch: Any, features: frozenset[str], cores: in
             factor = _INT8_WITHOUT_DOT_PRODUCT_FACTOR
         else:
             factor = None
-        if measured[precision]:
-            peak[precision] = float(measured[precision])
+        given = measured[precision]
+        if given:
+            peak[precision] = float(given)
         elif factor is not None:
             peak[precision] = entry.get(precision.value, entry["fp32"] * factor) * frequency * cores
     bandwidth = (peaks.memory_bandwidth_gbs or target.memory.bandwidth_gbs
@@ -171,8 +172,9 @@ def _gpu_ceilings(target: Target, doc: SpecDocument) -> tuple[Ceilings, str | No
     entry = catalog.get(canonical, {}) if canonical else {}
     given = gpus.peaks
     if not entry and not (given.fp32_tflops and given.memory_bandwidth_gbs):
+        known = [*catalog, *(a for e in catalog.values() for a in e.get("aliases", []))]
         raise doc.error(("gpus", "model"), f"GPU model '{gpus.model}' is not in the catalog and no peaks are given"
-                        f"{did_you_mean(gpus.model, [*catalog, *(a for e in catalog.values() for a in e.get('aliases', []))])}")
+                        f"{did_you_mean(gpus.model, known)}")
     peak: dict[Precision, float] = {}
     for precision, key in _GPU_PEAK_KEYS.items():
         value = getattr(given, f"{key}_tops" if key == "int8" else f"{key}_tflops") or entry.get(key)

@@ -16,9 +16,11 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 GEMM_SIZES = (512, 1024, 2048)
 QUICK_GEMM_SIZES = (256, 512)
@@ -218,11 +220,11 @@ def gemm_rates(torch: Any, precisions: list[str], threads: int, sizes: tuple[int
     for precision in precisions:
         makers: dict[str, Callable[[int], Callable[[], Any]]] = {}
         if precision != "int8":
-            makers["pytorch"] = lambda n, precision=precision: _torch_gemm(torch, n, precision)
+            makers["pytorch"] = partial(_torch_gemm, torch, precision=precision)
         if precision in ("fp32", "int8"):
-            makers["onnxruntime"] = lambda n, precision=precision: _onnxruntime_gemm(n, threads, precision)
+            makers["onnxruntime"] = partial(_onnxruntime_gemm, threads=threads, precision=precision)
         if precision != "int8":
-            makers["openvino"] = lambda n, precision=precision: _openvino_gemm(n, threads, precision)
+            makers["openvino"] = partial(_openvino_gemm, threads=threads, precision=precision)
         for kernel, make in makers.items():
             try:
                 calls.update({(precision, kernel, n): make(n) for n in sizes})
@@ -381,7 +383,8 @@ def _probe_gpu(torch: Any, quick: bool) -> dict[str, Any] | None:
         return None
     props = torch.cuda.get_device_properties(0)
     n = 2048 if quick else 8192
-    peaks = {"fp32_tflops": None, "tf32_tflops": None, "bf16_tflops": None, "fp16_tflops": None}
+    peaks: dict[str, float | None] = {"fp32_tflops": None, "tf32_tflops": None, "bf16_tflops": None,
+                                      "fp16_tflops": None}
     torch.backends.cuda.matmul.allow_tf32 = False
     peaks["fp32_tflops"] = round(_gpu_gemm_gflops(torch, n, torch.float32) / 1e3, 1)
     torch.backends.cuda.matmul.allow_tf32 = True

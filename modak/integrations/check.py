@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from modak.documents import SCHEMA_VERSION, document, rounded
-from modak.limits import MAX_JSON_BYTES, read_bounded
 from modak.errors import InputError
+from modak.limits import MAX_JSON_BYTES, read_bounded
 from modak.paths import write_atomic
 
 BASELINE_KIND = "modak-check-baseline"
@@ -202,7 +202,7 @@ def read_baseline(path: Path) -> Snapshot:
     missing = sorted(n for n in names - {"measured_step_seconds", "measured_candidate"} if n not in body)
     if missing:
         raise InputError(f"baseline lacks {', '.join(missing)}", path)
-    values = {n: body.get(n) for n in names}
+    values: dict[str, Any] = {n: body.get(n) for n in names}  # checked below
     for name in (PREDICTED, "predicted_objective_seconds", MEASURED):
         value = values[name]
         if value is None and name == MEASURED:

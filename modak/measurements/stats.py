@@ -10,8 +10,8 @@ times.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -75,6 +75,7 @@ def ratio(a: Sequence[float], b: Sequence[float], paired: bool = True, confidenc
     from scipy.stats import t
 
     la, lb = np.log(np.asarray(a, dtype=float)), np.log(np.asarray(b, dtype=float))
+    freedom: float  # the t distribution's degrees of freedom (Welch's are fractional)
     if paired:
         rounds = min(len(la), len(lb))
         logs = la[:rounds] - lb[:rounds]

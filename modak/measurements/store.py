@@ -17,16 +17,16 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any
 
 from modak.errors import InputError
 from modak.limits import MAX_CSV_BYTES, check_size
 
 SCHEMA_VERSION = 2  # 2: the measurement protocol's columns (launches, interval, spread, contention)
-STATUSES = ("ok", "incorrect", "error", "contended")  # only "ok" rows are training data
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,13 @@ class Measurement:
     ci_high_s: float | None = None
     spread: float | None = None  # launch-to-launch coefficient of variation
     contention: str | None = None  # JSON: what else ran during each launch and the verdict
+
+    @property
+    def step_s(self) -> float:
+        """The median step seconds of a row that measured one (:func:`modak.predict.training.ok_rows`)."""
+        if self.step_median_s is None:
+            raise ValueError(f"a {self.status} row of {self.model} on {self.machine} has no step time")
+        return self.step_median_s
 
     @property
     def key(self) -> tuple:
@@ -209,7 +216,7 @@ class PerfStore:
             raise
         self._db.execute("COMMIT")
 
-    def __enter__(self) -> "PerfStore":
+    def __enter__(self) -> PerfStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -316,7 +323,7 @@ def read_csv(path: Path) -> Iterator[Measurement]:
 
 def _measurement(record: dict[str, str | None], present: set[str], path: Path, line: int) -> Measurement:
     """One CSV record as a measurement; a short row or a value of the wrong type is an error at ``line``."""
-    values = {}
+    values: dict[str, Any] = {}  # each column's type: _parse
     for column in COLUMNS:
         if column not in present:
             continue

@@ -54,7 +54,8 @@ PredictionRequest = tuple[Candidate, Recipe]
 class Predictor(Protocol):
     """Predicts a candidate's step time; returns None where it has no basis (the caller falls back)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None: ...

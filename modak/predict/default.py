@@ -11,8 +11,8 @@ from modak.predict.roofline import RooflinePredictor
 
 def default_predictor(store: Path | None = None) -> Predictor:
     """Learned model fit on ``perfmodels/*.csv`` and the local store (cached by that data), then roofline fallback."""
-    from modak.predict.training import training_set
     from modak.predict.learned import LearnedPredictor, NoTrainingRows
+    from modak.predict.training import training_set
 
     try:
         learned = LearnedPredictor.cached(training_set(store))

@@ -22,8 +22,8 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -86,14 +86,14 @@ def family(model: str) -> str:
 
 def launch_times(row: Measurement) -> list[float]:
     """The row's per-launch median step seconds (protocol 1: its one median)."""
-    return json.loads(row.launch_medians) if row.launch_medians else [row.step_median_s]
+    return json.loads(row.launch_medians) if row.launch_medians else [row.step_s]
 
 
 def decision(pick: Measurement, best: Measurement) -> Decision:
     """Whether ``pick`` is as fast as ``best`` (within ``EQUIVALENCE_MARGIN``), shown to be slower, or neither.
     Paired by round when both rows belong to one session and have >= 2 launches."""
     a, b = launch_times(pick), launch_times(best)
-    if pick.step_median_s <= best.step_median_s:  # the pick is (tied with) the measured best
+    if pick.step_s <= best.step_s:  # the pick is (tied with) the measured best
         return Decision(HIT, Ratio(1.0, 1.0, 1.0, min(len(a), len(b)), False), False)
     paired = pick.session is not None and pick.session == best.session and min(len(a), len(b)) >= 2
     r = ratio(a, b, paired=paired)
@@ -117,7 +117,7 @@ def stock_ratio_above_p90(row: Measurement, stock: Measurement, row_trees: tuple
                           stock_trees: tuple[float, ...]) -> bool:
     """Whether ``row``'s measured step over ``stock``'s is above the 90th percentile of their trees' paired ratios
     (tree i of both), as the plan's stock guard computes it."""
-    return row.step_median_s / stock.step_median_s > paired_ratio_p90(row_trees, stock_trees)
+    return row.step_s / stock.step_s > paired_ratio_p90(row_trees, stock_trees)
 
 
 def captured_speedup(stock_s: float, pick_s: float, best_s: float) -> float:
@@ -156,7 +156,7 @@ def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Reci
                 model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
                 covered = [(i, r) for i, r in test if (r.runtime, r.device, r.precision) in model.coverage]
                 predictions = model.predict_examples([example_from_row(r, catalog) for _, r in covered])
-                for (i, r), (step, low, high, _, trees) in zip(covered, predictions):
+                for (i, _), (step, low, high, _, trees) in zip(covered, predictions):
                     learned[seed][i] = step
                     intervals[seed][i] = (low, high)
                     per_tree[seed][i] = trees
@@ -173,7 +173,7 @@ def _median_utilization(rows: list[Measurement], catalog: Mapping[str, Recipe]) 
     by_pair: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         by_pair.setdefault((r.runtime, r.device), []).append(
-            example_from_row(r, catalog).bound_seconds / r.step_median_s)
+            example_from_row(r, catalog).bound_seconds / r.step_s)
     return {pair: statistics.median(values) for pair, values in by_pair.items()}
 
 
@@ -185,7 +185,7 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
     from scipy.stats import kendalltau
 
     catalog = catalog if catalog is not None else load_catalog()
-    errors = [abs(predicted[i] - rows[i].step_median_s) / rows[i].step_median_s for i in predicted]
+    errors = [abs(predicted[i] - rows[i].step_s) / rows[i].step_s for i in predicted]
     workloads: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
@@ -201,24 +201,24 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
             noise_taus.append(noise)
         fastest = min(predicted[i] for i in members)
         # A tie in the prediction does not say which of the tied rows it means: the pick is the slowest of them.
-        pick = rows[max((i for i in members if predicted[i] == fastest), key=lambda i: rows[i].step_median_s)]
-        best = rows[min(members, key=lambda i: rows[i].step_median_s)]
+        pick = rows[max((i for i in members if predicted[i] == fastest), key=lambda i: rows[i].step_s)]
+        best = rows[min(members, key=lambda i: rows[i].step_s)]
         decisions.append(decision(pick, best))
         stock = stock_row((rows[i] for i in everyone), catalog)
         if stock is None:
             no_stock += 1
         else:
-            captured.append(captured_speedup(stock.step_median_s, pick.step_median_s, best.step_median_s))
-            speedups.append(stock.step_median_s / pick.step_median_s)
+            captured.append(captured_speedup(stock.step_s, pick.step_s, best.step_s))
+            speedups.append(stock.step_s / pick.step_s)
             home = next((i for i in members if rows[i] is stock), None)
             if home is not None:
-                factor = stock.step_median_s / predicted[home]
-                calibrated += [abs(predicted[i] * factor - rows[i].step_median_s) / rows[i].step_median_s
+                factor = stock.step_s / predicted[home]
+                calibrated += [abs(predicted[i] * factor - rows[i].step_s) / rows[i].step_s
                                for i in members if i != home]
                 above += [stock_ratio_above_p90(rows[i], stock, trees[i], trees[home])
                           for i in members if i != home and i in trees and home in trees]
         if len(members) >= 3:
-            tau = kendalltau([predicted[i] for i in members], [rows[i].step_median_s for i in members]).statistic
+            tau = kendalltau([predicted[i] for i in members], [rows[i].step_s for i in members]).statistic
             if not math.isnan(tau):
                 taus.append(tau)
     verdicts = [d.verdict for d in decisions]
@@ -227,7 +227,7 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
                   statistics.mean(calibrated) if calibrated else math.nan,
                   statistics.median(taus) if taus else math.nan,
                   statistics.median(noise_taus) if noise_taus else math.nan,
-                  statistics.mean(low <= rows[i].step_median_s <= high for i, (low, high) in intervals.items())
+                  statistics.mean(low <= rows[i].step_s <= high for i, (low, high) in intervals.items())
                   if intervals else math.nan,
                   statistics.mean(above) if above else math.nan,
                   len(decisions),
@@ -297,7 +297,8 @@ def format_scores(scores: list[Scores]) -> str:
         first = next(iter(by_predictor.values()))[0]
         seeded = {p: len(runs) for p, runs in by_predictor.items() if len(runs) > 1}
         lines += [f"{scheme}: {first.rows} held-out rows ({first.uncovered} uncovered)",
-                  f"  {first.workloads} workloads with >= 2 of them: pick vs best ({first.no_stock} without a stock row)"]
+                  f"  {first.workloads} workloads with >= 2 of them: pick vs best "
+                  f"({first.no_stock} without a stock row)"]
         lines += [f"  {p} over {n} seeds: mean [min–max]" for p, n in seeded.items()]
         lines.append("  " + f"{'':<34}" + "".join(f"{p:<28}" for p in by_predictor).rstrip())
         for field, label, fmt in _METRICS:

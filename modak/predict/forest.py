@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import sys
 from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 LEAF = -1  # scikit-learn's TREE_LEAF: a node without children
 MAGIC = b"modak-arrays 1\n"
@@ -59,10 +60,14 @@ class TreeEnsemble:
             value.append(tree.value.reshape(tree.node_count, -1)[:, 0])
             offset += tree.node_count
             depth = max(depth, int(tree.max_depth))
-        return cls(array("q", roots), *(array("q", np.concatenate(a).astype(np.int64).tolist())
-                                        for a in (left, right, feature)),
-                   array("d", np.concatenate(threshold).astype(np.float64).tolist()),
-                   array("d", np.concatenate(value).astype(np.float64).tolist()), array("q", [depth]))
+        def ints(parts: list) -> array:
+            return array("q", np.concatenate(parts).astype(np.int64).tolist())
+
+        def floats(parts: list) -> array:
+            return array("d", np.concatenate(parts).astype(np.float64).tolist())
+
+        return cls(array("q", roots), ints(left), ints(right), ints(feature), floats(threshold), floats(value),
+                   array("q", [depth]))
 
     @property
     def trees(self) -> int:

@@ -5,11 +5,12 @@ anchor is the roofline time of the workload's op classes on the device's measure
 threads and precision) plus the runtime's dispatch overhead per graph node (the recipe's priors). Utilization is
 bounded and transfers across hardware far better than raw latency; physics supplies the scale, and the overhead
 term the scale of steps of many small ops, which the roofline alone puts orders of magnitude too fast. A random
-forest predicts log(u); the spread of its trees gives the interval (10th to 90th percentile). A second forest predicts the compile/tune seconds.
+forest predicts log(u); the spread of its trees gives the interval (10th to 90th percentile). A second forest
+predicts the compile/tune seconds.
 
 It is fit on data (CSV rows shipped in ``perfmodels/`` plus the local perf store); the fit is cached as plain
-arrays keyed by that data, so a new row refits it, and no pickled model is ever loaded. Its columns come from the runtime catalog: one per runtime and precision, and each
-recipe parameter as its ``feature`` declares.
+arrays keyed by that data, so a new row refits it, and no pickled model is ever loaded. Its columns come from the
+runtime catalog: one per runtime and precision, and each recipe parameter as its ``feature`` declares.
 """
 
 from __future__ import annotations
@@ -18,21 +19,23 @@ import hashlib
 import json
 import math
 import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
-from modak.measurements.store import Measurement
+from modak.candidates.candidate import DeviceKind
 from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate
+from modak.hardware.ceilings import TargetCeilings
+from modak.measurements.store import Measurement
 from modak.paths import cache_dir, write_atomic
-from modak.predict.base import Prediction, PredictionRequest
 from modak.predict import forest, roofline
+from modak.predict.base import Prediction, PredictionRequest
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.roofline import RooflinePredictor, op_seconds, overhead_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
-from modak.hardware.ceilings import TargetCeilings
 from modak.workload.analysis import WorkloadProfile
 
 if TYPE_CHECKING:
@@ -40,26 +43,13 @@ if TYPE_CHECKING:
 
 TREES = 100
 MIN_ROWS = 5  # rows of a (runtime, device, precision) the model needs before it is trusted for it
-# How far one workload's median log error on a new machine strays from the machine's common offset: the SD
-# of the 26 per-workload medians of the first campaign's machine, predicted from the second one's data.
-WORKLOAD_SPREAD = 0.24
+# The spreads below are SDs of log step time; perfmodels/README.md, "The learned model's calibrated spreads", gives
+# the measurements each was calibrated on.
+WORKLOAD_SPREAD = 0.24  # one workload's median log error on a new machine around the machine's common offset
 WORKLOAD_SPREAD_PRIOR = 2  # that spread counts as if seen on this many workloads
-# How far the step times of a machine the model was not fit on (rows of fewer than two workloads: no offset
-# learned) stray from its scale, as an SD of log step time added in quadrature to the trees' spread: the trees agree
-# on a machine none of them saw. Calibrated leave-one-target-out on the three measured CPU kinds (Zen 3, AVX-512
-# EPYC, Ice Lake; their held-out mean log errors +0.34, -0.35, +0.38) to put 80% of a held-out machine's step
-# times in its 80% interval; calibrated on two and scored on the third: 85%, 75%, 83% (47%, 44%, 35% without it).
-NEW_MACHINE_SPREAD = 0.405
-# The same for a model graph the model has no rows of, on a machine it knows: calibrated leave-one-model-out on the
-# three (every machine's rows in training) to 80%; calibrated on two and scored on the third: 85%, 75%, 81% (69%,
-# 66%, 68% without it). Both held out together, the machine's spread alone puts 87%, 75%, 80% in the interval (0.390
-# calibrated directly), so an unseen machine is widened by NEW_MACHINE_SPREAD alone.
-NEW_MODEL_SPREAD = 0.245
-# The same for another probe of a machine kind the model knows (same microarchitecture or GPU model and cores, other
-# measured ceilings: the machine probed in another session): calibrated on two re-probed sessions' rows (Zen 3, 268;
-# Ice Lake, 84; benchmarks/reprobe.py, 3 seeds) to put 80% in the interval (0.132 and 0.114 alone; calibrated on
-# one, scored on the other: 77%, 81%; 98% and 100% with NEW_MACHINE_SPREAD).
-SAME_KIND_SPREAD = 0.13
+NEW_MACHINE_SPREAD = 0.405  # added in quadrature to the trees' spread on a machine the model was not fit on
+NEW_MODEL_SPREAD = 0.245  # the same for a model graph it has no rows of, on a machine it knows
+SAME_KIND_SPREAD = 0.13  # the same for another probe of a machine kind it knows (other measured ceilings)
 _Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs
 SHARE_CLASSES = ("conv", "matmul", "recurrent")  # op classes whose FLOP share is a column (see Features)
 KEEP_FITS = 4  # fitted models kept in the cache (one per distinct training data)
@@ -199,7 +189,8 @@ def machine_kind(device: str, name: str | None, cores: int) -> tuple | None:
 
 def candidate_from_row(row: Measurement) -> Candidate:
     """The candidate a stored row measured."""
-    return Candidate(row.runtime, row.device, Precision(row.precision), tuple(json.loads(row.params).items()),
+    device = cast(DeviceKind, row.device)  # a row's device is the one its candidate had
+    return Candidate(row.runtime, device, Precision(row.precision), tuple(json.loads(row.params).items()),
                      row.threads)
 
 
@@ -356,7 +347,7 @@ class LearnedPredictor:
         features = Features.from_catalog(catalog)
         examples = [example_from_row(r, catalog) for r in rows_ok]
         X = np.array([features.row(e) for e in examples])
-        log_utilization = np.log([e.anchor_seconds / r.step_median_s for e, r in zip(examples, rows_ok)])
+        log_utilization = np.log([e.anchor_seconds / r.step_s for e, r in zip(examples, rows_ok)])
         settings = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
         machine_offsets = _machine_offsets(examples, X, log_utilization, sample_weight, settings)
         # The forest learns utilization on the reference machine's scale: each machine's offset is taken out.

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from modak.candidates.catalog import Recipe, value_key
 from modak.candidates.enumerate import Candidate
-from modak.predict.base import Prediction
 from modak.hardware.ceilings import TargetCeilings, bandwidth_share
+from modak.predict.base import Prediction
 from modak.spec.models import Precision
 from modak.workload.analysis import WorkloadProfile
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from modak.limits import MAX_CSV_BYTES, check_size
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv

@@ -47,6 +47,7 @@ class Samples:
 def load_samples(loaded: LoadedJob, source: ModelSource) -> Samples:
     """The job's calibration samples (its folder's, else seeded random ones); bad files are located input errors."""
     wanted, batch = loaded.job.calibration.samples, loaded.job.model.batch_size
+    assert isinstance(batch, int)  # a planned job's: the plan resolved 'auto' (modak.plan.with_batch)
     specs = _input_specs(source)
     folder = loaded.files.calibration
     if folder is None:
@@ -77,7 +78,8 @@ def _input_specs(source: ModelSource) -> dict[str, tuple[tuple[int, ...], np.dty
 
     graph = onnx.load(source.onnx_path, load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
-    return {v.name: (tuple(source.input_shapes[v.name]), np.dtype(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)))
+    return {v.name: (tuple(source.input_shapes[v.name]),
+                     np.dtype(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)))
             for v in graph.input if v.name not in initializers}
 
 

@@ -175,8 +175,13 @@ def _concatenate(runs: list[list[np.ndarray]], count: int) -> list[np.ndarray]:
 
 
 def _quantize_static(source: Path, target: Path, samples: Samples) -> None:
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType
-    from onnxruntime.quantization import quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from modak.measurements.store import Measurement
 from modak.errors import ModakError
+from modak.hardware.ceilings import Ceilings
+from modak.measurements.store import Measurement
 from modak.plan import Plan
 from modak.predict.base import Predictor, predict_many
-from modak.hardware.ceilings import Ceilings
 from modak.workload.analysis import WorkloadProfile, analyze
 
 MAX_BATCHES = 10  # trajectory points per thread count
@@ -37,7 +37,7 @@ class Roof:
     def peak(self) -> float:
         return dict(self.peaks)[self.precision]
 
-    def above(self, point: "PerfPoint") -> bool:
+    def above(self, point: PerfPoint) -> bool:
         """Whether ``point`` claims more than the roofline allows at its intensity (beyond rounding)."""
         return point.gflops > 1.01 * self.attainable(point.intensity)
 
@@ -181,7 +181,7 @@ def measured_points(plan: Plan, store: Path | None = None) -> list[PerfPoint]:
     flops, intensity = plan.workload.flops, plan.workload.arithmetic_intensity
     points = []
     for r, origin in workload_rows(plan, store):
-        step = float(r.step_median_s)  # ok_rows: set and positive
+        step = r.step_s  # ok_rows: set and positive
         slow = float(r.step_p90_s or step)
         fast = float(r.step_p10_s or step)
         settings = " ".join(f"{k}={v}" for k, v in json.loads(r.params or "{}").items())

@@ -70,7 +70,7 @@ def render_report(plan: Plan, predictor: Predictor, store: Path | None = None,
         "images": {"roofline": _data_uri(roofline), "trajectory": _data_uri(trajectory)},
         "version": __version__,
         "digest": plan.digest(),
-        "generated_at": (generated_at or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds"),
+        "generated_at": (generated_at or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
     return environment().get_template(TEMPLATE).render(context)
 

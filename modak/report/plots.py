@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from modak.report.data import OpPoint, PerfPoint, Roof, TargetPoint, Trajectory
 from modak.workload.analysis import OP_CLASSES
@@ -84,10 +85,10 @@ def roofline_png(roof: Roof, ops: list[OpPoint], chosen: PerfPoint, measured: li
                    alpha=0.65, edgecolors="black", linewidths=0.5, zorder=3,
                    label=f"{op_class} ops ({len(members)})")
     for i, runtime in enumerate(sorted({p.runtime for p in measured})):
-        members = [p for p in measured if p.runtime == runtime]
-        ax.scatter([p.intensity for p in members], [p.gflops for p in members], marker=_MARKERS[i % len(_MARKERS)],
+        runs = [p for p in measured if p.runtime == runtime]
+        ax.scatter([p.intensity for p in runs], [p.gflops for p in runs], marker=_MARKERS[i % len(_MARKERS)],
                    s=45, facecolors="none", edgecolors=f"C{i}", linewidths=1.5, zorder=4,
-                   label=f"measured: {runtime} ({len(members)})")
+                   label=f"measured: {runtime} ({len(runs)})")
     ax.errorbar([chosen.intensity], [chosen.gflops],
                 yerr=[[chosen.gflops - chosen.low_gflops], [chosen.high_gflops - chosen.gflops]],
                 fmt="*", color="#d62728", markersize=18, markeredgecolor="black", capsize=5, zorder=5,
@@ -162,9 +163,9 @@ def whatif_png(points: list[TargetPoint], unit: str, currency: str | None, title
                         color=f"C{i % 10}", markersize=9 if p.front else 6, capsize=4, zorder=3,
                         label=f"{_short(p.label)}{' (front)' if p.front else ''}")
             ax.annotate(_short(p.label, 28), (p.time, p.cost), textcoords="offset points", xytext=(6, 6), fontsize=8)
-        front = sorted((p for p in priced if p.front), key=lambda p: p.time)
+        front = sorted(((p.time, p.cost) for p in priced if p.front and p.cost is not None), key=lambda tc: tc[0])
         if len(front) > 1:
-            ax.step([p.time for p in front], [p.cost for p in front], where="post", color="#d62728", lw=1.5,
+            ax.step([time for time, _ in front], [cost for _, cost in front], where="post", color="#d62728", lw=1.5,
                     alpha=0.7, zorder=2, label="Pareto front")
         low = min(p.cost_low for p in priced if p.cost_low is not None)
         for p in (p for p in points if p.cost is None):

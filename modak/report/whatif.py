@@ -1,5 +1,6 @@
 """``modak whatif --report``: a self-contained HTML page of the what-if (its ``--json`` document): the time-vs-cost
-plot with the Pareto front and the ranked table, in the style of ``modak report`` (``templates/report/whatif.html.j2``)."""
+plot with the Pareto front and the ranked table, in the style of ``modak report``
+(``templates/report/whatif.html.j2``)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ TEMPLATE = "whatif.html.j2"
 
 def points(document: dict[str, Any]) -> list[TargetPoint]:
     """The plot's points, one per target of a ``modak whatif --json`` document, in rank order."""
-    return [TargetPoint(t["target"], t["time_seconds"], *t["time_interval_seconds"], t["cost"],
-                        *(t["cost_interval"] or (None, None)), bool(t["pareto"])) for t in document["targets"]]
+    points = []
+    for t in document["targets"]:
+        time_low, time_high = t["time_interval_seconds"]
+        cost_low, cost_high = t["cost_interval"] or (None, None)
+        points.append(TargetPoint(t["target"], t["time_seconds"], time_low, time_high, t["cost"], cost_low, cost_high,
+                                  bool(t["pareto"])))
+    return points
 
 
 def basis_words(document: dict[str, Any]) -> str:
@@ -36,7 +42,7 @@ def render_whatif_report(document: dict[str, Any], generated_at: dt.datetime | N
                       f"{document['job']}: predicted time and cost for {unit} on {len(document['targets'])} targets")
     return environment().get_template(TEMPLATE).render(
         data=document, unit=unit, currency=currency, image=_data_uri(plot), version=__version__,
-        generated_at=(generated_at or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds"))
+        generated_at=(generated_at or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"))
 
 
 def write_whatif_report(document: dict[str, Any], output: Path) -> Path:

@@ -14,8 +14,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from modak.schedulers import SCHEDULERS
 from modak.spec.names import EngineName
 
-API_VERSION = "modak/v1"
-
 # A name that is safe as an image tag, a file name, a Slurm job name and a label value.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 # An OCI image reference (registry/path:tag@digest) without whitespace or shell metacharacters.

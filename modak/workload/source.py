@@ -6,22 +6,21 @@ model that is not cached yet needs it (to export).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.deployment import MODEL_FILE
+from modak.image.zoo import get_entry
+from modak.paths import cache_dir, write_atomic
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
-from modak.spec.models import AUTO_BATCH, Task
-from modak.image.zoo import get_entry
-from modak.workload import zoo
-from modak.paths import cache_dir, write_atomic
-from modak.workload import analysis
+from modak.spec.models import Task
+from modak.workload import analysis, zoo
 from modak.workload.analysis import OpStats, WorkloadProfile, analyze, load_model
 
 if TYPE_CHECKING:
@@ -53,6 +52,7 @@ def resolve_model(loaded: LoadedJob) -> ModelSource:
         field = ("model", "zoo")
         model = onnx.load(source.onnx_path, load_external_data=False)  # modak's own export: checked when made
     else:
+        assert spec.onnx is not None  # a model is a zoo name or an ONNX file (the spec's validator)
         path = doc.resolve(spec.onnx)
         if not path.is_file():
             raise doc.error(_ONNX, f"file not found: {path}" if not path.exists() else f"not a file: {path}")
@@ -68,7 +68,8 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
     The result is cached by the ONNX file's identity (path, size, modification time) and everything else the
     analysis reads, so planning the same model again neither imports onnx nor reads the graph. A batch size of
     ``auto`` is an input error: the plan chooses it (:func:`modak.plan.choose_batch`), analysing each batch."""
-    if loaded.job.model.batch_size == AUTO_BATCH:
+    batch = loaded.job.model.batch_size
+    if not isinstance(batch, int):  # 'auto'
         raise loaded.job_doc.error(("model", "batch_size"), "the analysis needs a number: 'auto' is chosen by `modak "
                                                            "plan` (the batch it chose is its workload.batch_size)")
     key = _analysis_key(loaded, optimizer)
@@ -77,7 +78,7 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
         return cached
     source = resolve_model(loaded)
     try:
-        profile = analyze(source.onnx_path, loaded.job.model.batch_size, source.input_shapes, loaded.job.task,
+        profile = analyze(source.onnx_path, batch, source.input_shapes, loaded.job.task,
                           optimizer, name=source.name)
     except InputError as exc:
         raise loaded.job_doc.error(("model", "zoo") if source.zoo else _ONNX, exc.message) from None
@@ -93,8 +94,11 @@ def _analysis_key(loaded: LoadedJob, optimizer: str) -> str | None:
     exported) or cannot be read."""
     spec = loaded.job.model
     try:
-        path = zoo.export_path(spec.zoo, _zoo_overrides(spec.zoo, spec.input_shape)) if spec.zoo else \
-            loaded.job_doc.resolve(spec.onnx)
+        if spec.zoo:
+            path = zoo.export_path(spec.zoo, _zoo_overrides(spec.zoo, spec.input_shape))
+        else:
+            assert spec.onnx is not None  # a model is a zoo name or an ONNX file (the spec's validator)
+            path = loaded.job_doc.resolve(spec.onnx)
         stat = path.stat()
     except (OSError, ModakError):
         return None
@@ -200,7 +204,8 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensors(subgraph)
 
 
-def _graph_shapes(model: onnx.ModelProto, input_shape: Any, batch: int, doc: SpecDocument) -> dict[str, list[int]]:
+def _graph_shapes(model: onnx.ModelProto, input_shape: Any, batch: int | Literal["auto"],
+                  doc: SpecDocument) -> dict[str, list[int]]:
     """Per-sample shapes of the graph inputs: from ``model.input_shape`` where given, else from the graph."""
     weights = {t.name for t in model.graph.initializer}
     inputs = {vi.name: vi for vi in model.graph.input if vi.name not in weights}
@@ -225,7 +230,7 @@ def _graph_shapes(model: onnx.ModelProto, input_shape: Any, batch: int, doc: Spe
     return shapes
 
 
-def _input_shape(vi: onnx.ValueInfoProto, given: list[int] | None, batch: int, doc: SpecDocument,
+def _input_shape(vi: onnx.ValueInfoProto, given: list[int] | None, batch: int | Literal["auto"], doc: SpecDocument,
                  loc: tuple[str, ...]) -> list[int]:
     """One input's per-sample shape, checked against the graph's declaration (dimension 0 is the batch)."""
     if not vi.type.HasField("tensor_type"):

@@ -94,7 +94,9 @@ def _export(entry: ZooEntry, shapes: dict[str, tuple[int, ...]], path: Path) -> 
     # shows the architecture; the model is in eval mode, so they are exported in inference form.
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
-        torch.onnx.export(model, tuple(inputs.values()), buffer, input_names=names, output_names=["output"],
+        # torch annotates f as a path; its TorchScript exporter (dynamo=False) writes to a file object as well
+        torch.onnx.export(model, tuple(inputs.values()), buffer,  # type: ignore[arg-type]
+                          input_names=names, output_names=["output"],
                           dynamic_axes={n: {0: "batch"} for n in [*names, "output"]}, opset_version=OPSET,
                           dynamo=False, training=torch.onnx.TrainingMode.PRESERVE)
     proto = onnx.load_from_string(buffer.getvalue())
