@@ -186,8 +186,8 @@ def tune(plan: Plan, settings: TuneSettings, dispatch: str = "local", store: Pat
          on_launch: Callable[[Candidate, dict], None] | None = None,
          on_round: Callable[[int, list[str], list[str]], None] | None = None) -> TuneResult:
     """Race the plan's shortlist on its target (``dispatch``: ``local`` runs launches here, a scheduler of
-    :func:`modak.bench.dispatch.dispatch_names` as its job arrays on the target's partition) and record the winner in the perf store for :func:`plan_job` and :func:`build`. Ctrl-C keeps
-    the launches measured."""
+    :func:`modak.bench.dispatch.dispatch_names` as its job arrays on the target's partition) and record the winner
+    in the perf store for :func:`plan_job` and :func:`build`. Ctrl-C keeps the launches measured."""
     from modak.bench import dispatch as dispatchers
     from modak.bench.tune import tune as race
     from modak.measurements.store import PerfStore

@@ -155,12 +155,15 @@ def outcome(file: Path, plan: Plan, basis: Basis) -> Outcome:
     steps_of = {"run": basis.count, "steps": basis.count, "samples": basis.count / batch}[basis.kind]
     compile_s = prediction.compile_seconds if basis.kind == "run" else 0.0
     # Per samples or steps, compile time counts as the plan amortizes it over the job's steps (none without them).
-    times = [compile_s + steps_of * seconds * sharing
-             for seconds in (prediction.step_seconds, prediction.low_seconds, prediction.high_seconds)]
+    time, low, high = (compile_s + steps_of * seconds * sharing
+                       for seconds in (prediction.step_seconds, prediction.low_seconds, prediction.high_seconds))
     price = target.cost
     node_cores = target.cpu.sockets * target.cpu.cores_per_socket
-    costs = [cost(price.per_node_hour, t, plan.ceilings.cores, node_cores) for t in times] if price else [None] * 3
-    return Outcome(file, plan, sharing, *times, *costs, price.currency if price else None)
+    if price is None:
+        return Outcome(file, plan, sharing, time, low, high, None, None, None, None)
+    money, money_low, money_high = (cost(price.per_node_hour, t, plan.ceilings.cores, node_cores)
+                                    for t in (time, low, high))
+    return Outcome(file, plan, sharing, time, low, high, money, money_low, money_high, price.currency)
 
 
 def rank_key(item: Outcome, metric: Metric) -> tuple:
@@ -181,8 +184,9 @@ def whatif(plans: Sequence[tuple[Path, Plan]]) -> WhatIf:
     for loaded in priced[1:]:
         currency, first_currency = loaded.target.cost.currency, priced[0].target.cost.currency  # type: ignore[union-attr]
         if currency != first_currency:
-            raise loaded.target_doc.error(("cost", "currency"), f"{currency}, but {priced[0].target_doc.path} prices in "
-                                          f"{first_currency}: costs in different currencies cannot be compared")
+            raise loaded.target_doc.error(("cost", "currency"),
+                                          f"{currency}, but {priced[0].target_doc.path} prices in {first_currency}: "
+                                          "costs in different currencies cannot be compared")
     basis = basis_of(metric, steps)
     items = sorted((outcome(file, plan, basis) for file, plan in plans), key=lambda o: rank_key(o, metric))
     front = pareto_front([(o.time_seconds, o.cost) if o.cost is not None else None for o in items])
@@ -199,6 +203,7 @@ def whatif(plans: Sequence[tuple[Path, Plan]]) -> WhatIf:
     shared = [o for o in items if o.sharing > 1]
     for o in shared:
         notes.append(f"{o.target}: {o.plan.loaded.target.scheduler.co_runners} co-runner(s) on its "
-                     f"{o.plan.ceilings.cores} core(s) slow the step {o.sharing:.2f}x (the sharing model of modak pack)")
+                     f"{o.plan.ceilings.cores} core(s) slow the step {o.sharing:.2f}x "
+                     "(the sharing model of modak pack)")
     return WhatIf(first.name, metric, basis, tuple(items), tuple(notes))
 

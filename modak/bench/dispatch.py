@@ -13,9 +13,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from modak.errors import InputError
 from modak.schedulers import SCHEDULERS, ArrayScheduler, scheduler

@@ -20,8 +20,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from modak.bench.dispatch import Dispatcher
 from modak.bench.harness import BENCH_WORKDIR, BenchSettings, Session
@@ -146,12 +146,13 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
     confident = winner is not None and len(alive) == 1 and session.rounds >= 2
     stock = plan.stock.candidate if plan.stock and session.launches.get(plan.stock.candidate.name) else None
     over_stock = None  # the stock guard, measured: the fastest, when it is not confidently faster than stock
-    contested = winner is not None and stock is not None and winner != stock
-    over_stock_ratio = _versus(session, winner, stock) if contested else None  # the fastest's step / stock's
-    if over_stock_ratio is not None and not over_stock_ratio.faster():
-        beating = [c for c in measured if c != stock and _versus(session, c, stock).faster()]
-        over_stock, confident = winner, False
-        winner = min(beating, key=lambda c: _center(session, c)) if beating else stock
+    over_stock_ratio = None  # the fastest's step / stock's
+    if winner is not None and stock is not None and winner != stock:
+        over_stock_ratio = _versus(session, winner, stock)
+        if not over_stock_ratio.faster():
+            beating = [c for c in measured if c != stock and _versus(session, c, stock).faster()]
+            over_stock, confident = winner, False
+            winner = min(beating, key=lambda c: _center(session, c)) if beating else stock
     standings = []
     for candidate in finalists:
         launches = session.launches.get(candidate.name, [])
@@ -171,9 +172,9 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
         if row is not None and row.status == "contended":
             status += " (contended)"
         measured_row = row if launches else None  # its median and interval over the launches
-        standings.append(Standing(candidate.name, len(launches), measured_row and measured_row.step_median_s,
-                                  (measured_row.ci_low_s, measured_row.ci_high_s) if measured_row else None,
-                                  versus, status, row))
+        standings.append(Standing(candidate.name, len(launches),
+                                  measured_row.step_median_s if measured_row else None,
+                                  measured_row.interval_s if measured_row else None, versus, status, row))
     recorded = None
     winner_row = rows.get(winner.name) if winner else None
     if winner is not None and winner_row is not None and winner_row.status == "ok":
@@ -196,16 +197,20 @@ def _record(plan: Plan, store: PerfStore, session: Session, winner: Candidate, r
         guard = f"kept the stock deployment: {fastest}; " if kept else f"{fastest}; this one is: "
     else:
         guard = ""
-    summary = guard + (f"measured {row.step_median_s * 1e3:.3g} ms per step [{row.ci_low_s * 1e3:.3g}, "
-               f"{row.ci_high_s * 1e3:.3g}] over {row.launches} launches in `modak tune` "
+    step, interval = row.step_s, row.interval_s
+    if interval is None:
+        raise ValueError(f"the winner's row of {winner.name} has no interval (aggregate_row gives every row one)")
+    versus_stock = stock.versus_winner if stock else None
+    summary = guard + (f"measured {step * 1e3:.3g} ms per step [{interval[0] * 1e3:.3g}, "
+               f"{interval[1] * 1e3:.3g}] over {row.launches} launches in `modak tune` "
                + ("(confidently the fastest" if confident else "(the fastest when the race stopped, not confidently")
                + f" of {trials} candidates"
-               + (f"; stock was {stock.versus_winner.describe()} its step time" if stock else "") + ")")
+               + (f"; stock was {versus_stock.describe()} its step time" if versus_stock else "") + ")")
     choice = TunedChoice(
         machine=plan.loaded.target.name, workload=workload_identity(plan.loaded, plan.workload),
-        candidate=winner.name, step_s=row.step_median_s, ci_low_s=row.ci_low_s, ci_high_s=row.ci_high_s,
+        candidate=winner.name, step_s=step, ci_low_s=interval[0], ci_high_s=interval[1],
         confident=confident, trials=trials, rounds=session.rounds, session=session.id, summary=summary,
-        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     store.record_tuned(choice)
     return choice
 
@@ -230,7 +235,7 @@ def describe(result: TuneResult) -> list[str]:
              f"{result.stopped}"]
     for s in result.standings:
         timing = (f"{s.step_s * 1e3:8.3g} ms [{s.interval[0] * 1e3:.3g}, {s.interval[1] * 1e3:.3g}]"
-                  if s.step_s else f"{'-':>8}")
+                  if s.step_s and s.interval else f"{'-':>8}")
         versus = f"  {s.versus_winner.describe()} of the winner" if s.versus_winner else ""
         lines.append(f"  {timing}  {s.status:<28} {s.name}{versus}")
     if result.winner:

@@ -90,6 +90,13 @@ class Measurement:
         return self.step_median_s
 
     @property
+    def interval_s(self) -> tuple[float, float] | None:
+        """The 90% confidence interval of the step time over launches, where the row has one."""
+        if self.ci_low_s is None or self.ci_high_s is None:
+            return None
+        return (self.ci_low_s, self.ci_high_s)
+
+    @property
     def key(self) -> tuple:
         """Identity of a configuration: a new measurement of the same key replaces the old one."""
         return (self.machine, self.model, self.task, self.batch_size, self.input_shapes, self.runtime,

@@ -199,7 +199,7 @@ def _run(args: argparse.Namespace, summary: Summary, stop: _StopRequest) -> int:
                 message = f"{item.path}: {exc}"
                 summary.failures.append({"file": str(item.path), "error": str(exc)})
                 if not args.quiet:
-                    bar.total -= hints[item]
+                    bar.total = (bar.total or 0) - hints[item]
                     bar.refresh()
                 tqdm.write(f"modak run: {message}", file=sys.stderr)
                 if args.keep_going:

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "self-test":
             return measure.run_reported(lambda: measure.self_test(args.steps, serve_check=args.serve))
-        return measure.run_reported(lambda: measure.measure_deployment(args.min_seconds, args.budget, not args.no_check))
+        return measure.run_reported(
+            lambda: measure.measure_deployment(args.min_seconds, args.budget, not args.no_check))
     except KeyboardInterrupt:
         print("modak: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

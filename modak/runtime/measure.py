@@ -135,7 +135,7 @@ class CpuWatch:
     time of these CPUs in ``/proc/stat`` minus this process's own), the hypervisor's steal time, both in cores,
     and the load average. Fields are None where ``/proc`` cannot be read."""
 
-    def __enter__(self) -> "CpuWatch":
+    def __enter__(self) -> CpuWatch:
         self._cpus = sorted(os.sched_getaffinity(0))
         self._start = (time.perf_counter(), _own_cpu_seconds(), _cpu_ticks(self._cpus))
         return self

@@ -11,10 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modak.errors import EngineUnavailable, PushFailed
-
 from modak.build.credentials import Credentials
 from modak.build.engines.base import ENGINES, BuildLog, Engine, ImageInfo, RunResult
+from modak.errors import EngineUnavailable, PushFailed
 
 if TYPE_CHECKING:
     from modak.render.ir import BuildDescription

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from modak.build.credentials import Credentials
 from modak.errors import BuildFailed, ModakError, PushFailed
 from modak.registry import Registry
-
-from modak.build.credentials import Credentials
 
 if TYPE_CHECKING:
     from modak.render.ir import BuildDescription
@@ -188,7 +187,9 @@ class Engine(ABC):
         raise ModakError(f"the {self.name} engine cannot save images as archives")
 
     def remove(self, ref: str) -> None:
-        """Remove the name ``ref`` (and the image when nothing else names it); nothing when absent."""
+        """Remove the name ``ref`` (and the image when nothing else names it); nothing when absent. An engine
+        whose builds leave no named image (Apptainer writes a file) has nothing to remove."""
+        return None
 
 
 ENGINES: Registry[Callable[[str], Engine]] = Registry("container engine")

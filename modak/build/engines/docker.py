@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
-
 from modak.build.credentials import Credentials, split_ref
 from modak.build.engines.base import ENGINES, BuildLog, Engine, ImageInfo, RunResult, shorten
+from modak.errors import BuildFailed, EngineUnavailable, ModakError, PushFailed
 
 PODMAN_SOCKET = "unix:///run/modak/podman.sock"
 START_HINT = {
@@ -165,7 +164,7 @@ class DockerEngine(Engine):
             container.start()
             code = _exit_code(container, timeout)
             timed_out = code is None
-            if timed_out:
+            if code is None:
                 code = 124
                 container.kill()
                 container.wait(timeout=30)
@@ -239,7 +238,7 @@ class DockerEngine(Engine):
                 yield json.loads(line)
 
     def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
-        import docker
+        import docker.auth
 
         repository, tag = split_ref(ref)
         auth = credentials.auth_config() if credentials else {}
@@ -274,7 +273,7 @@ class DockerEngine(Engine):
         return digest
 
     def pull(self, ref: str, credentials: Credentials | None = None) -> ImageInfo:
-        import docker
+        import docker.auth
 
         repository, tag = split_ref(ref)
         auth = credentials.auth_config() if credentials else {}

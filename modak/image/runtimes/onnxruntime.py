@@ -36,7 +36,8 @@ def session_options(request: RunRequest) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = request.threads or 0
     options.inter_op_num_threads = int(params.get("inter_op_threads", 1))
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[params.get("graph_optimization", "all")])
+    level = _LEVELS[params.get("graph_optimization", "all")]
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     options.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if params.get("execution_mode") == "parallel"
                               else ort.ExecutionMode.ORT_SEQUENTIAL)
     spinning = "0" if os.environ.get(WAIT_VARIABLE) == "passive" else "1"

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from modak.paths import write_atomic
 from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.paths import write_atomic
 
 MARKER = "modak-tuned.json"
 TUNING_FOLDER = "tvm-tuning"  # under the request's workdir

@@ -15,8 +15,14 @@ import modak
 from modak.runtime import Model
 from modak.runtime.serve.batching import DynamicBatcher
 from modak.runtime.serve.metrics import Metrics
-from modak.runtime.serve.protocol import (DATATYPES, HEADER_LENGTH, ModelFailure, RequestError, decode_request,
-                                          encode_response)
+from modak.runtime.serve.protocol import (
+    DATATYPES,
+    HEADER_LENGTH,
+    ModelFailure,
+    RequestError,
+    decode_request,
+    encode_response,
+)
 from modak.runtime.serve.settings import Settings, resolve
 
 log = logging.getLogger(__name__)
