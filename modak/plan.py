@@ -163,6 +163,7 @@ class Plan:
             "deployment": self.deployment().to_dict(),
             "batches": [option.to_dict() for option in self.batches],
             "reasons": list(self.reasons),
+            **({"model_source": self.source.user.describe()} if self.source.user is not None else {}),
         })
         return body
 
@@ -206,7 +207,8 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     ceilings = target_ceilings(loaded.target, loaded.target_doc)
     if job.device is Device.gpu and ceilings.gpu is None:
         raise loaded.job_doc.error(("device",), f"the job needs a GPU but target '{loaded.target.name}' has none")
-    space = enumerate_candidates(loaded, ceilings, catalog, frozenset(op.op_class for op in workload.ops))
+    no_onnx = source.user.why_no_onnx() if source.user is not None and source.onnx_path is None else None
+    space = enumerate_candidates(loaded, ceilings, catalog, frozenset(op.op_class for op in workload.ops), no_onnx)
     pruned = list(space.pruned)
     fitting: list[Candidate] = []
     for candidate in space.candidates:
@@ -261,12 +263,24 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
             ranked = [chosen] + [r for r in ranked if r is not chosen]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
     reasons = _reasons(loaded, ranked, pruned, stock, kept_over)
-    reasons = (reasons[0], *gate_reasons, *reasons[1:])
+    reasons = (reasons[0], *gate_reasons, *_source_reasons(source), *reasons[1:])
     if tuned is not None:
         reasons = (f"chose {tuned.candidate}: tuned on {loaded.target.name} — {tuned.summary}",
                    *(r.replace("chose ", "the model predicted for it: ", 1) if i == 0 else r
                      for i, r in enumerate(reasons)))
     return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
+
+
+def _source_reasons(source: ModelSource) -> tuple[str, ...]:
+    """Where the user's own model came from and what the analysis read: its ONNX export, or the flop counter."""
+    user = source.user
+    if user is None:
+        return ()
+    if user.exporter is not None:
+        return (f"model {user.source}: analysed on its ONNX export (the {user.exporter} exporter), which the ONNX "
+                f"runtimes run",)
+    return (f"model {user.source}: {user.why_no_onnx()}; the ONNX runtimes are left out, and the PyTorch runtimes "
+            "are predicted from torch.utils.flop_counter's FLOPs and the bytes of the parameters and activations",)
 
 
 def choose_batch(loaded: LoadedJob, plan_at: Callable[[LoadedJob], Plan]) -> Plan:
