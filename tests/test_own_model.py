@@ -124,3 +124,157 @@ def test_the_job_schema_describes_the_new_sources() -> None:
     model = schema["$defs"]["ModelSpec"]["properties"]
     assert {"pytorch", "exported"} <= set(model) and "loss" in schema["properties"]
     assert set(schema["$defs"]["PyTorchModel"]["properties"]) == {"module", "factory", "kwargs", "weights"}
+
+
+# --- planning the user's model ----------------------------------------------------------------------------------
+
+def plan_dict(path: Path) -> dict:
+    from modak import api
+
+    return api.plan_job(path, predictor_name="roofline").to_dict()
+
+
+def runtimes(plan: dict) -> set[str]:
+    return {c["runtime"] for c in plan["candidates"]}
+
+
+def usermodels() -> list[str]:
+    from modak.paths import cache_dir
+
+    folder = cache_dir() / "usermodels"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_a_module_file_plans_pytorch_compile_and_onnx_runtimes(tmp_path: Path) -> None:
+    job = write(tmp_path, job_text(PYTORCH))
+    plan = plan_dict(job)
+    assert {"pytorch", "torch-compile", "onnxruntime"} <= runtimes(plan)
+    assert not any("needs a PyTorch model" in p["reason"] for p in plan["pruned"])
+    source = plan["model_source"]
+    assert source["source"] == "model.py:build_model" and source["exporter"] == "dynamo"
+    assert set(source["digests"]) == {"module", "kwargs"}
+    assert plan["workload"]["parameters"] == 8 * 3 * 9 + 8 + 2 * 8 + 8 * 10 + 10  # conv, batchnorm, head
+    assert not [m for m in sys.modules.values() if getattr(m, "__file__", None) == str(tmp_path / "model.py")]
+    # The second plan reads the cached export: no new one.
+    exports = usermodels()
+    assert plan_dict(job)["model_source"] == source and usermodels() == exports
+
+
+def test_an_exported_program_needs_no_user_code(tmp_path: Path) -> None:
+    import torch
+
+    namespace: dict = {}
+    exec(MODULE, namespace)  # the user's class, to make the program as they would
+    model = namespace["build_model"](width=4).eval()
+    program = torch.export.export(model, (torch.randn(2, 3, 8, 8),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "mixer.pt2")
+    plan = plan_dict(write(tmp_path, job_text("  exported: mixer.pt2\n"), module=None))
+    assert {"pytorch", "onnxruntime"} <= runtimes(plan)
+    assert plan["model_source"]["source"] == "program mixer.pt2" and set(plan["model_source"]["digests"]) == {"program"}
+    assert plan["workload"]["model"] == "mixer"
+
+
+UNEXPORTABLE = MODULE + """
+
+@torch.library.custom_op("own::twist", mutates_args=())
+def twist(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(-1) * 2
+
+
+@twist.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Twisted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mixer = Mixer(8)
+
+    def forward(self, x):
+        return self.mixer(twist(x))
+
+
+def build_twisted():
+    return Twisted()
+"""
+
+
+def test_a_model_no_exporter_can_export_still_plans_the_pytorch_runtimes(tmp_path: Path) -> None:
+    job = write(tmp_path, job_text(PYTORCH.replace("build_model", "build_twisted").replace(", kwargs: {width: 8}", "")),
+                UNEXPORTABLE)
+    plan = plan_dict(job)
+    assert "pytorch" in runtimes(plan) and not runtimes(plan) & {"onnxruntime", "openvino", "tvm"}
+    onnx_pruned = [p["reason"] for p in plan["pruned"] if p["runtime"] == "onnxruntime"]
+    assert onnx_pruned and "no ONNX exporter could export the model" in onnx_pruned[0]
+    assert "dynamo:" in onnx_pruned[0] and "torchscript:" in onnx_pruned[0]
+    assert plan["model_source"]["exporter"] is None
+    assert any("torch.utils.flop_counter" in r for r in plan["reasons"])
+    conv_macs = 4 * 8 * 3 * 9 * 16 * 16  # batch 4: the counter's FLOPs scaled from its batch of 2
+    assert 2 * conv_macs < plan["workload"]["flops_per_step"] < 3 * conv_macs  # 2 FLOPs per MAC, and the rest
+    assert plan["workload"]["parameters"] == 8 * 3 * 9 + 8 + 2 * 8 + 8 * 10 + 10
+
+
+# --- the user's code fails: one located line, exit 2, nothing written --------------------------------------------
+
+def fails(tmp_path: Path, job: str, module: str | None = MODULE, env: dict[str, str] | None = None) -> str:
+    path = write(tmp_path, job, module)
+    before, exports = sorted(tmp_path.rglob("*")), usermodels()
+    result = modak("plan", str(path), cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert sorted(tmp_path.rglob("*")) == before and usermodels() == exports
+    return result.stderr
+
+
+def test_a_missing_module_file(tmp_path: Path) -> None:
+    error = fails(tmp_path, job_text(PYTORCH.replace("model.py", "nets.py")))
+    assert "job.yaml:7: model.pytorch.module: file not found" in error
+
+
+def test_a_missing_factory_suggests_the_closest(tmp_path: Path) -> None:
+    error = fails(tmp_path, job_text(PYTORCH.replace("build_model", "build_modle")))
+    assert "model.pytorch.factory:" in error and "did you mean 'build_model'?" in error
+
+
+def test_a_factory_that_raises_names_the_users_line(tmp_path: Path) -> None:
+    module = MODULE.replace("    return Mixer(width)", "    width = width // 0\n    return Mixer(width)")
+    error = fails(tmp_path, job_text(PYTORCH), module)
+    line = module.splitlines().index("    width = width // 0") + 1
+    assert f"model.pytorch.factory: {tmp_path / 'model.py'}:{line}: " in error
+    assert "ZeroDivisionError" in error
+
+
+def test_a_factory_that_returns_no_module(tmp_path: Path) -> None:
+    error = fails(tmp_path, job_text(PYTORCH), MODULE.replace("return Mixer(width)", "return {'width': width}"))
+    assert "model.pytorch.factory: build_model() returned dict, not a torch.nn.Module" in error
+
+
+def test_a_factory_that_never_returns_is_stopped(tmp_path: Path) -> None:
+    module = MODULE.replace("    return Mixer(width)", "    import time\n    time.sleep(600)\n    return Mixer(width)")
+    error = fails(tmp_path, job_text(PYTORCH), module, env={"MODAK_USERCODE_SECONDS": "8"})
+    line = module.splitlines().index("    time.sleep(600)") + 1
+    assert "model.pytorch.factory:" in error and "did not finish within 8 s (MODAK_USERCODE_SECONDS)" in error
+    assert f"{tmp_path / 'model.py'}:{line}:" in error
+
+
+def test_a_factory_that_allocates_past_its_memory_limit(tmp_path: Path) -> None:
+    module = MODULE.replace("    return Mixer(width)", "    ballast = torch.empty(8 << 30, dtype=torch.uint8)\n"
+                                                      "    return Mixer(width)")
+    error = fails(tmp_path, job_text(PYTORCH), module, env={"MODAK_USERCODE_MEMORY_GB": "3"})
+    line = module.splitlines().index("    ballast = torch.empty(8 << 30, dtype=torch.uint8)") + 1
+    assert f"model.pytorch.factory: {tmp_path / 'model.py'}:{line}: " in error
+    assert "MODAK_USERCODE_MEMORY_GB" in error
+
+
+def test_weights_with_missing_keys(tmp_path: Path) -> None:
+    import torch
+
+    namespace: dict = {}
+    exec(MODULE, namespace)
+    state = namespace["build_model"](width=8).state_dict()
+    del state["head.bias"]
+    torch.save(state, tmp_path / "weights.pt")
+    error = fails(tmp_path, job_text(PYTORCH.replace("width: 8}", "width: 8}, weights: weights.pt")))
+    assert "model.pytorch.weights:" in error and "missing 1 key(s): head.bias" in error

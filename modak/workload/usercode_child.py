@@ -206,14 +206,18 @@ def _load_program(request: dict[str, Any]) -> tuple[Any, dict[str, list[int]]]:
 
 def _export_dynamo(request: dict[str, Any], model: Any, inputs: dict[str, Any], path: Path) -> None:
     import onnx
+    import onnxscript.optimizer
     import torch
 
     batch = torch.export.Dim("batch")
+    # Constants folded, not optimized: like the zoo's exports (TrainingMode.PRESERVE), the graph keeps its
+    # BatchNormalization nodes (the optimizer folds them into the convolutions), so that it shows the architecture.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(model, tuple(inputs.values()), dynamo=True, input_names=list(inputs),
-                                    output_names=None, dynamic_shapes=tuple({0: batch} for _ in inputs),
-                                    opset_version=OPSET, optimize=True, verbose=False)
+                                    dynamic_shapes=tuple({0: batch} for _ in inputs), opset_version=OPSET,
+                                    optimize=False, verbose=False)
+        onnxscript.optimizer.fold_constants(program.model)
     _save(onnx, program.model_proto, path)
 
 
