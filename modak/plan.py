@@ -277,8 +277,8 @@ def _source_reasons(source: ModelSource) -> tuple[str, ...]:
     if user is None:
         return ()
     if user.exporter is not None:
-        return (f"model {user.source}: analysed on its ONNX export (the {user.exporter} exporter), which the ONNX "
-                f"runtimes run",)
+        return (f"model {user.source}: analysed on its ONNX export (the {user.exporter} exporter, "
+                f"{user.export_seconds:.1f} s on its first plan; cached since), which the ONNX runtimes run",)
     return (f"model {user.source}: {user.why_no_onnx()}; the ONNX runtimes are left out, and the PyTorch runtimes "
             "are predicted from torch.utils.flop_counter's FLOPs and the bytes of the parameters and activations",)
 

@@ -129,9 +129,15 @@ def test_the_job_schema_describes_the_new_sources() -> None:
 # --- planning the user's model ----------------------------------------------------------------------------------
 
 def plan_dict(path: Path) -> dict:
+    """The plan's JSON, checked against its schema."""
+    from jsonschema import Draft202012Validator
+
     from modak import api
 
-    return api.plan_job(path, predictor_name="roofline").to_dict()
+    plan = api.plan_job(path, predictor_name="roofline").to_dict()
+    schema = json.loads((Path(__file__).resolve().parents[1] / "modak" / "schemas" / "plan.schema.json").read_text())
+    assert not [e.message for e in Draft202012Validator(schema).iter_errors(plan)]
+    return plan
 
 
 def runtimes(plan: dict) -> set[str]:

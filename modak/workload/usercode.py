@@ -75,7 +75,8 @@ class UserModel:
     def describe(self) -> dict[str, Any]:
         """The plan's ``model_source``: the source, the exporter (or why none) and the digests."""
         return {"source": self.source, "exporter": self.exporter, "export_failures": list(self.export_failures),
-                "digests": dict(self.digests), "torch": self.torch_version}
+                "digests": dict(self.digests), "torch": self.torch_version,
+                "export_seconds": round(self.export_seconds, 2)}
 
 
 def load_user_model(loaded: LoadedJob) -> UserModel:
@@ -193,14 +194,15 @@ def _limit(variable: str, default: float) -> float:
 
 
 def _run_child(folder: Path, seconds: float, memory_gb: float, loaded: LoadedJob) -> None:
-    """Run the child on ``folder`` within ``seconds`` (then kill its whole process group); its output goes to
-    ``folder/log``. A child that did not write its result is an error at the field of the phase it was in."""
+    """Run the child on ``folder`` within ``seconds`` (then kill its whole process group), in the job file's
+    folder (the user's relative paths are relative to it); its output goes to ``folder/log``. A child that did not write its result is an error at the field of the phase it was in."""
     package_parent = str(Path(usercode_child.__file__).resolve().parents[2])  # modak itself, for ``-m``
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH"))
-                                                       if p)}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",  # nothing written into the user's folders
+           "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
     with (folder / "log").open("wb") as log:
         child = subprocess.Popen([sys.executable, "-m", _CHILD, str(folder)], stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=subprocess.STDOUT, cwd=folder, env=env, start_new_session=True)
+                                 stdout=log, stderr=subprocess.STDOUT, cwd=loaded.job_doc.path.parent, env=env,
+                                 start_new_session=True)
         try:
             child.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
