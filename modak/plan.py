@@ -118,8 +118,9 @@ class Plan:
         """The recipe of ``candidate`` (default: the choice)."""
         return self.recipes[(candidate or self.choice.candidate).runtime]
 
-    def model_file(self, candidate: Candidate | None = None) -> Path:
-        """The ONNX file ``candidate`` (default: the choice) runs: its quantized model for int8, else the job's."""
+    def model_file(self, candidate: Candidate | None = None) -> Path | None:
+        """The ONNX file ``candidate`` (default: the choice) runs: its quantized model for int8, else the job's
+        (None: the user's own model that no exporter could export)."""
         candidate = candidate or self.choice.candidate
         if candidate.precision is not Precision.int8:
             return self.source.onnx_path
@@ -136,7 +137,19 @@ class Plan:
             runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
             batch_size=job.model.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
-            zoo=self.source.zoo)
+            zoo=self.source.zoo, pytorch=self._user_deployment())
+
+    def _user_deployment(self) -> dict[str, Any] | None:
+        """The user's own model as the image's PyTorch runtimes build it (:attr:`Deployment.pytorch`): names of
+        the files that :func:`modak.render.ir.build_description` puts beside the model file."""
+        spec, files = self.loaded.job.model, self.loaded.files
+        if spec.exported is not None:
+            return {"program": Path(spec.exported).name}
+        if spec.pytorch is None:
+            return None
+        module = spec.pytorch.module
+        return {"module": Path(module).name if module.endswith(".py") else module, "factory": spec.pytorch.factory,
+                "kwargs": dict(spec.pytorch.kwargs), "weights": files.weights.name if files.weights else None}
 
     def to_dict(self) -> dict[str, Any]:
         """Stable, JSON-ready form (``modak plan --json``, ``plan.json``)."""
@@ -277,10 +290,10 @@ def _source_reasons(source: ModelSource) -> tuple[str, ...]:
     if user is None:
         return ()
     if user.exporter is not None:
-        return (f"model {user.source}: analysed on its ONNX export (the {user.exporter} exporter, "
-                f"{user.export_seconds:.1f} s on its first plan; cached since), which the ONNX runtimes run",)
-    return (f"model {user.source}: {user.why_no_onnx()}; the ONNX runtimes are left out, and the PyTorch runtimes "
-            "are predicted from torch.utils.flop_counter's FLOPs and the bytes of the parameters and activations",)
+        return ((f"model {user.source}: analysed on its ONNX export (the {user.exporter} exporter, "
+                 f"{user.export_seconds:.1f} s on its first plan; cached since), which the ONNX runtimes run"),)
+    return ((f"model {user.source}: {user.why_no_onnx()}; the ONNX runtimes are left out, and the PyTorch runtimes "
+             "are predicted from torch.utils.flop_counter's FLOPs and the bytes of the parameters and activations"),)
 
 
 def choose_batch(loaded: LoadedJob, plan_at: Callable[[LoadedJob], Plan]) -> Plan:

@@ -4,6 +4,8 @@ written here; their code runs only in a child process, and every bad input is on
 from __future__ import annotations
 
 import json
+import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -64,10 +66,8 @@ def write(tmp_path: Path, job: str, module: str | None = MODULE) -> Path:
 
 
 def modak(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run([sys.executable, "-m", "modak", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, check=False)
 
 
 def error_of(path: Path) -> InputError:
@@ -169,9 +169,8 @@ def test_a_module_file_plans_pytorch_compile_and_onnx_runtimes(tmp_path: Path) -
 def test_an_exported_program_needs_no_user_code(tmp_path: Path) -> None:
     import torch
 
-    namespace: dict = {}
-    exec(MODULE, namespace)  # the user's class, to make the program as they would
-    model = namespace["build_model"](width=4).eval()
+    (tmp_path / "nets.py").write_text(MODULE)
+    model = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=4).eval()  # as the user would
     program = torch.export.export(model, (torch.randn(2, 3, 8, 8),),
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
     torch.export.save(program, tmp_path / "mixer.pt2")
@@ -277,10 +276,39 @@ def test_a_factory_that_allocates_past_its_memory_limit(tmp_path: Path) -> None:
 def test_weights_with_missing_keys(tmp_path: Path) -> None:
     import torch
 
-    namespace: dict = {}
-    exec(MODULE, namespace)
-    state = namespace["build_model"](width=8).state_dict()
+    (tmp_path / "nets.py").write_text(MODULE)
+    state = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=8).state_dict()
     del state["head.bias"]
     torch.save(state, tmp_path / "weights.pt")
     error = fails(tmp_path, job_text(PYTORCH.replace("width: 8}", "width: 8}, weights: weights.pt")))
     assert "model.pytorch.weights:" in error and "missing 1 key(s): head.bias" in error
+
+
+# --- the image carries the user's model ---------------------------------------------------------------------------
+
+def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export(tmp_path: Path) -> None:
+    import torch
+
+    from modak import api
+    from modak.image.deployment import Deployment
+    from modak.image.runtimes.base import RunRequest
+    from modak.runtime import measure as runner
+
+    (tmp_path / "nets.py").write_text(MODULE)
+    torch.save(runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=8).state_dict(), tmp_path / "w.pt")
+    job = write(tmp_path, job_text(PYTORCH.replace("width: 8}", "width: 8}, weights: w.pt"), extra=(
+        "constraints: {runtimes: [pytorch]}\n")))
+    plan = api.plan_job(job, predictor_name="roofline")
+    deployment = plan.to_dict()["deployment"]
+    assert deployment["pytorch"] == {"module": "model.py", "factory": "build_model", "kwargs": {"width": 8},
+                                     "weights": "w.pt"}
+    api.render_plan(plan, tmp_path / "out")
+    model_dir = tmp_path / "out" / "model"
+    assert {"model.onnx", "model.py", "w.pt"} <= {p.name for p in model_dir.iterdir()}
+    # The image's runtime builds the module from the files beside the graph, and its outputs are the export's.
+    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params={}, threads=None,
+                         task="inference", onnx_path=str(model_dir / "model.onnx"), zoo=None, batch_size=4,
+                         input_shapes={"input": [3, 16, 16]}, workdir=str(tmp_path / "work"),
+                         pytorch=Deployment.from_dict(deployment).pytorch)
+    result = runner.measure(request, min_seconds=0.1, budget_s=1)
+    assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result

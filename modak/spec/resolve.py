@@ -102,6 +102,15 @@ def _existing_file(relative: str, doc: SpecDocument, loc: tuple[str, ...]) -> Pa
     return path
 
 
+def module_code(module: str, path: Path) -> Path:
+    """What holds the user's module ``module`` found at ``path``: the file (a ``.py`` file or a top-level module),
+    or the folder of a dotted name's top-level package."""
+    if module.endswith(".py"):
+        return path
+    depth = module.count(".") + (path.name == "__init__.py")
+    return path.parents[depth - 1] if depth else path
+
+
 def module_file(module: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:
     """The file of a user's module: a ``.py`` file relative to the job file, or a dotted name looked up (without
     importing anything) in the job file's folder, then on ``sys.path``."""

@@ -21,9 +21,8 @@ from modak.spec.models import AUTO_BATCH, Task
 from modak.image.zoo import get_entry
 from modak.workload import zoo
 from modak.paths import cache_dir, write_atomic
-from modak.workload import analysis
+from modak.workload import analysis, usercode_child
 from modak.workload.analysis import OpStats, WorkloadProfile, analyze, load_model, step_profile
-from modak.workload import usercode_child
 from modak.workload.usercode import UserModel, load_user_model
 
 if TYPE_CHECKING:
@@ -89,8 +88,8 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
     batch = loaded.job.model.batch_size
     if source.onnx_path is None:
         assert source.user is not None
-        profile = step_profile(source.name, loaded.job.task, batch, {k: tuple(v) for k, v in source.input_shapes.items()},
-                               source.user.counted_ops(batch), source.user.parameters, source.user.parameter_bytes,
+        shapes = {k: tuple(v) for k, v in source.input_shapes.items()}
+        profile = step_profile(source.name, loaded.job.task, batch, shapes, source.user.counted_ops(batch), source.user.parameters, source.user.parameter_bytes,
                                optimizer)
     else:
         try:

@@ -29,6 +29,7 @@ from typing import Any
 from modak.errors import InputError, ModakError
 from modak.paths import cache_dir
 from modak.spec.loader import LoadedJob
+from modak.spec.resolve import module_code
 from modak.workload import usercode_child
 from modak.workload.analysis import OpStats
 
@@ -128,12 +129,12 @@ def _request(loaded: LoadedJob) -> tuple[dict[str, Any], dict[str, str]]:
     digests: dict[str, str] = {}
     if spec.pytorch is not None:
         assert files.model_module is not None
-        root = _code_root(spec.pytorch.module, files.model_module)
+        code = module_code(spec.pytorch.module, files.model_module)
+        root = code.parent if code.is_file() else code  # a traceback's frames in the user's code are below it
         request.update(module=spec.pytorch.module, module_file=str(files.model_module), factory=spec.pytorch.factory,
                        kwargs=spec.pytorch.kwargs, weights=str(files.weights) if files.weights else None,
                        root=str(root))
-        digests["module"] = (_digest_file(files.model_module) if root.is_file() or spec.pytorch.module.endswith(".py")
-                             else _digest_package(root))
+        digests["module"] = _digest_file(code) if code.is_file() else _digest_package(code)
         digests["kwargs"] = hashlib.sha256(json.dumps(spec.pytorch.kwargs, sort_keys=True).encode()).hexdigest()
         if files.weights is not None:
             digests["weights"] = _digest_file(files.weights)
@@ -142,15 +143,6 @@ def _request(loaded: LoadedJob) -> tuple[dict[str, Any], dict[str, str]]:
         request["exported"] = str(files.exported)
         digests["program"] = _digest_file(files.exported)
     return request, digests
-
-
-def _code_root(module: str, path: Path) -> Path:
-    """Where the user's code is, for locating a traceback's frames: a file module's folder, or a dotted module's
-    top-level package folder (or its file, for a top-level module)."""
-    if module.endswith(".py"):
-        return path.parent
-    depth = module.count(".") + (path.name == "__init__.py")
-    return path.parents[depth - 1] if depth else path
 
 
 def _digest_package(root: Path) -> str:
@@ -195,7 +187,8 @@ def _limit(variable: str, default: float) -> float:
 
 def _run_child(folder: Path, seconds: float, memory_gb: float, loaded: LoadedJob) -> None:
     """Run the child on ``folder`` within ``seconds`` (then kill its whole process group), in the job file's
-    folder (the user's relative paths are relative to it); its output goes to ``folder/log``. A child that did not write its result is an error at the field of the phase it was in."""
+    folder (the user's relative paths are relative to it); its output goes to ``folder/log``. A child that did
+    not write its result is an error at the field of the phase it was in."""
     package_parent = str(Path(usercode_child.__file__).resolve().parents[2])  # modak itself, for ``-m``
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",  # nothing written into the user's folders
            "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}

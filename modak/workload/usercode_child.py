@@ -70,7 +70,9 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
     _set_phase(folder, "model.exported" if request["exported"] else "model.pytorch.module")
     import torch
 
-    torch.manual_seed(0)
+    from modak.image.zoo import SEED
+
+    torch.manual_seed(SEED)  # as the PyTorch runtimes do: weights the factory initializes are the same there
     if request["exported"]:
         model, shapes = _load_program(request)
     else:

@@ -50,6 +50,7 @@ class RunRequest:
     workdir: str
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    pytorch: dict[str, Any] | None = None  # the user's own model (Deployment.pytorch), beside onnx_path
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -22,28 +22,33 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
 
 def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
                   wrap: Callable[[Any], Any] | None = None) -> FunctionSession:
-    """The session for a zoo model; ``wrap`` transforms the module (e.g. ``torch.compile``). ``inputs`` are
-    unused: eager modules take any batch."""
+    """The session for a zoo model or the user's own (:func:`user_module`); ``wrap`` transforms the module (e.g.
+    ``torch.compile``). ``inputs`` are unused: eager modules take any batch."""
     import torch
 
-    from modak.image.zoo import get_entry
-
-    if request.zoo is None:
-        raise ValueError(f"{request.runtime} runs zoo architectures; this request has only an ONNX file")
+    if request.zoo is None and request.pytorch is None:
+        raise ValueError(f"{request.runtime} runs PyTorch modules (a zoo architecture or the user's own); this "
+                         "request has only an ONNX file")
     if request.threads:
         torch.set_num_threads(request.threads)
     device = torch.device("cuda" if request.device == "gpu" else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = request.precision == "tf32"
         torch.backends.cudnn.allow_tf32 = request.precision == "tf32"
-    entry = get_entry(request.zoo)
-    model = entry.build(request.input_shapes).to(device)
+    if request.zoo is not None:
+        from modak.image.zoo import get_entry
+
+        entry = get_entry(request.zoo)
+        model, input_names = entry.build(request.input_shapes), list(entry.input_shapes)
+    else:
+        model, input_names = user_module(request), list(request.input_shapes)
+    model = model.to(device)
     channels_last = bool(request.params.get("channels_last"))
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
 
     def tensors(feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        found = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(device) for name in entry.input_shapes]
+        found = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(device) for name in input_names]
         return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
                 for t in found]
     module = wrap(model) if wrap else model
@@ -75,6 +80,40 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         sync()
         return [loss.detach().float().cpu().numpy()]
     return FunctionSession(train_step)
+
+
+def user_module(request: RunRequest) -> Any:
+    """The user's own model (``request.pytorch``) from the files beside the request's model file (the image's
+    model folder): the factory's module called with its kwargs and the weights loaded (``weights_only``), or a
+    ``torch.export`` program's module. The plan checked them in a child process when it was made."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from modak.image.zoo import SEED
+
+    spec = dict(request.pytorch or {})
+    folder = Path(request.onnx_path).parent
+    torch.manual_seed(SEED)  # as the plan's child did: weights the factory initializes are the export's
+    if "program" in spec:
+        return torch.export.load(folder / spec["program"]).module()
+    module_name = spec["module"]
+    if module_name.endswith(".py"):
+        found = importlib.util.spec_from_file_location(Path(module_name).stem, folder / Path(module_name).name)
+        assert found is not None and found.loader is not None
+        module = importlib.util.module_from_spec(found)
+        sys.modules[found.name] = module
+        found.loader.exec_module(module)
+    else:
+        sys.path.insert(0, str(folder))
+        module = importlib.import_module(module_name)
+    model = getattr(module, spec["factory"])(**spec.get("kwargs", {}))
+    if spec.get("weights"):
+        model.load_state_dict(torch.load(folder / spec["weights"], map_location="cpu", weights_only=True), strict=True)
+    return model.eval()  # as exported (a training session sets train mode)
 
 
 def _as_list(outputs: Any) -> list[Any]:
