@@ -286,7 +286,8 @@ def test_weights_with_missing_keys(tmp_path: Path) -> None:
 
 # --- the image carries the user's model ---------------------------------------------------------------------------
 
-def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", ["pytorch", "xla"])
+def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export(tmp_path: Path, runtime: str) -> None:
     import torch
 
     from modak import api
@@ -297,7 +298,7 @@ def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export
     (tmp_path / "nets.py").write_text(MODULE)
     torch.save(runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=8).state_dict(), tmp_path / "w.pt")
     job = write(tmp_path, job_text(PYTORCH.replace("width: 8}", "width: 8}, weights: w.pt"), extra=(
-        "constraints: {runtimes: [pytorch]}\n")))
+        f"constraints: {{runtimes: [{runtime}]}}\n")))
     plan = api.plan_job(job, predictor_name="roofline")
     deployment = plan.to_dict()["deployment"]
     assert deployment["pytorch"] == {"module": "model.py", "factory": "build_model", "kwargs": {"width": 8},
@@ -306,7 +307,7 @@ def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export
     model_dir = tmp_path / "out" / "model"
     assert {"model.onnx", "model.py", "w.pt"} <= {p.name for p in model_dir.iterdir()}
     # The image's runtime builds the module from the files beside the graph, and its outputs are the export's.
-    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params={}, threads=None,
+    request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params={}, threads=None,
                          task="inference", onnx_path=str(model_dir / "model.onnx"), zoo=None, batch_size=4,
                          input_shapes={"input": [3, 16, 16]}, workdir=str(tmp_path / "work"),
                          pytorch=Deployment.from_dict(deployment).pytorch)

@@ -1,6 +1,7 @@
-"""XLA through JAX: torchax runs the zoo's PyTorch module as a JAX function, compiled by ``jax.jit``.
+"""XLA through JAX: torchax runs a PyTorch module as a JAX function, compiled by ``jax.jit``.
 
-The model definition is the zoo's own ``torch.nn.Module``: torchax lowers every ATen op to ``jax.numpy``, so
+The model definition is the zoo's own ``torch.nn.Module``, or the user's (:func:`modak.image.runtimes.pytorch.
+user_module`): torchax lowers every ATen op to ``jax.numpy``, so
 nothing is redefined here. A step is one call of the jitted function, waited on with
 ``jax.block_until_ready``:
 
@@ -41,17 +42,23 @@ _LOWER = {"bf16": "bfloat16", "fp16": "float16"}  # compute dtype of the reduced
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
-    if request.zoo is None:
-        raise ValueError("xla runs zoo architectures (a torch module); this request has only an ONNX file")
+    if request.zoo is None and request.pytorch is None:
+        raise ValueError("xla runs PyTorch modules (a zoo architecture or the user's own); this request has only an "
+                         "ONNX file")
     if request.device == "cpu":
         _limit_threads(request.threads)
     import jax
 
     torchax = import_torchax()
-    from modak.image.zoo import get_entry
+    if request.zoo is not None:
+        from modak.image.zoo import get_entry
 
-    entry = get_entry(request.zoo)
-    model = entry.build(request.input_shapes)
+        entry = get_entry(request.zoo)
+        model, input_names = entry.build(request.input_shapes), list(entry.input_shapes)
+    else:
+        from modak.image.runtimes.pytorch import user_module
+
+        model, input_names = user_module(request), list(request.input_shapes)
     if request.task == "training":
         model.train()
     device = jax.devices("gpu" if request.device == "gpu" else "cpu")[0]
@@ -59,10 +66,10 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     jittable = torchax.interop.JittableModule(model)
     params = {k: _to_jax(v, device) for k, v in jittable.params.items()}
     buffers = {k: _to_jax(v, device) for k, v in jittable.buffers.items()}
-    args = [jax.device_put(inputs[name], device) for name in entry.input_shapes]  # the shapes to compile for
+    args = [jax.device_put(inputs[name], device) for name in input_names]  # the shapes to compile for
 
     def arguments(feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        return [jax.device_put(np.ascontiguousarray(feeds[name]), device) for name in entry.input_shapes]
+        return [jax.device_put(np.ascontiguousarray(feeds[name]), device) for name in input_names]
     compute = getattr(jax.numpy, _LOWER[request.precision]) if request.precision in _LOWER else None
 
     def forward(params: dict, buffers: dict, args: list) -> tuple[list, dict]:
