@@ -306,6 +306,8 @@ def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export
     api.render_plan(plan, tmp_path / "out")
     model_dir = tmp_path / "out" / "model"
     assert {"model.onnx", "model.py", "w.pt"} <= {p.name for p in model_dir.iterdir()}
+    dockerfile = (tmp_path / "out" / "Dockerfile").read_text()
+    assert "io.modak.model-source" in dockerfile and "model.py:build_model" in dockerfile
     # The image's runtime builds the module from the files beside the graph, and its outputs are the export's.
     request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params={}, threads=None,
                          task="inference", onnx_path=str(model_dir / "model.onnx"), zoo=None, batch_size=4,

@@ -337,7 +337,8 @@ def image_requirements(task: str | None = None) -> tuple[str, ...]:
 
 
 def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> tuple[tuple[str, str], ...]:
-    """OCI annotations and modak's decision (runtime, parameters, target, prediction, plan digest)."""
+    """OCI annotations and modak's decision (runtime, parameters, target, prediction, plan digest; the user's own
+    model's source, exporter and digests)."""
     job, target = plan.loaded.job, plan.loaded.target
     candidate, prediction = plan.choice.candidate, plan.choice.prediction
     created = created or _created(plan)
@@ -358,6 +359,7 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
         ("io.modak.predictor", prediction.predictor),
         ("io.modak.plan-digest", plan.digest()),
         *((("io.modak.quantized-model", _json(plan.choice.accuracy.to_dict())),) if plan.choice.accuracy else ()),
+        *((("io.modak.model-source", _json(plan.source.user.describe())),) if plan.source.user else ()),
         *((("io.modak.tuned", _json({"step-seconds": plan.tuned.step_s, "interval-seconds":
                                      [plan.tuned.ci_low_s, plan.tuned.ci_high_s], "confident": plan.tuned.confident,
                                      "trials": plan.tuned.trials, "measured-at": plan.tuned.measured_at})),)
