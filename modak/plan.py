@@ -19,6 +19,7 @@ from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_
 from modak.predict.default import default_predictor
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.spec.loader import LoadedJob
+from modak.spec.resolve import module_code
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.workload.analysis import WorkloadProfile
 from modak.workload.source import ModelSource
@@ -138,6 +139,17 @@ class Plan:
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
             batch_size=job.model.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
             zoo=self.source.zoo, pytorch=self._user_deployment())
+
+    def user_files(self) -> list[Path]:
+        """The user's own model's files, which the PyTorch runtimes build it from beside the model file
+        (:attr:`Deployment.pytorch`): the module file (or its top-level package folder) and the weights, or the
+        torch.export program; none for an ONNX file or a zoo model."""
+        spec, files = self.loaded.job.model, self.loaded.files
+        if files.exported is not None:
+            return [files.exported]
+        if spec.pytorch is None or files.model_module is None:
+            return []
+        return [module_code(spec.pytorch.module, files.model_module), *([files.weights] if files.weights else [])]
 
     def _user_deployment(self) -> dict[str, Any] | None:
         """The user's own model as the image's PyTorch runtimes build it (:attr:`Deployment.pytorch`): names of

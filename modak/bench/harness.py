@@ -87,10 +87,18 @@ def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
 
 def launch_environment(plan: Plan, candidate: Candidate, plan_file: Path, workdir: Path) -> dict[str, str]:
     """Where the launcher finds ``candidate``'s deployment, model (an int8 candidate's quantized model) and work
-    folder (the image bakes the same variables with its own paths); ``plan_file`` gets the deployment."""
+    folder (the image bakes the same variables with its own paths); ``plan_file`` gets the deployment. The user's
+    own module, for a PyTorch runtime, is linked beside the graph in ``workdir/model``, as the image has it."""
     write_atomic(plan_file, json.dumps({"deployment": plan.deployment(candidate).to_dict()}, sort_keys=True))
-    return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(plan.model_file(candidate)),
-            WORKDIR_VARIABLE: str(workdir)}
+    model = plan.model_file(candidate)
+    if model is not None and plan.user_files() and plan.recipe(candidate).model_format == "torch":
+        folder = workdir / "model"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for path in (model, *(model.parent / name for name in plan.source.data_files), *plan.user_files()):
+            (folder / path.name).symlink_to(path)
+        model = folder / model.name
+    return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(model), WORKDIR_VARIABLE: str(workdir)}
 
 
 def launch_command(*command: str) -> list[str]:

@@ -24,7 +24,7 @@ from modak.scaling import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.render.package import wheel_name
 from modak.spec.loader import read_catalog
-from modak.spec.resolve import APP_DIR, DataBind, module_code
+from modak.spec.resolve import APP_DIR, DataBind
 
 if TYPE_CHECKING:
     from modak.plan import Plan
@@ -272,7 +272,7 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
     context += [ContextItem(model_file.parent / location, f"{MODEL_CONTEXT}/{location}")
                 for location in (() if quantized or model_file is None else plan.source.data_files)]
     if recipe.model_format == "torch":  # the user's own module: the PyTorch runtimes build it beside the graph
-        context += [ContextItem(path, f"{MODEL_CONTEXT}/{path.name}", ("__pycache__",)) for path in _user_files(plan)]
+        context += [ContextItem(path, f"{MODEL_CONTEXT}/{path.name}", ("__pycache__",)) for path in plan.user_files()]
     files = loaded.files
     if files.ca_bundle:
         context.append(ContextItem(files.ca_bundle, CA_CONTEXT))
@@ -297,18 +297,6 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
         plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
         runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", ports=(SERVE_PORT,) if serving else (),
         templates=files.templates)
-
-
-def _user_files(plan: Plan) -> list[Path]:
-    """The user's own model's files, which the PyTorch runtimes build it from beside the model file
-    (:attr:`modak.image.deployment.Deployment.pytorch`): the module file (or its top-level package folder) and the
-    weights, or the torch.export program."""
-    spec, files = plan.loaded.job.model, plan.loaded.files
-    if files.exported is not None:
-        return [files.exported]
-    if spec.pytorch is None or files.model_module is None:
-        return []
-    return [module_code(spec.pytorch.module, files.model_module), *([files.weights] if files.weights else [])]
 
 
 def _pip_step(plan: Plan) -> PipStep:
@@ -380,7 +368,7 @@ def _created(plan: Plan) -> str:
     else:
         source = plan.source
         graph = [source.onnx_path] if source.onnx_path and source.zoo is None and source.user is None else []
-        paths = [*plan.loaded.files.inputs(), *graph, *_user_files(plan)]
+        paths = [*plan.loaded.files.inputs(), *graph, *plan.user_files()]
         stamps = [p.stat().st_mtime for p in paths if p.exists()]
         stamp = max(stamps) if stamps else 0.0
     moment = datetime.fromtimestamp(int(stamp), UTC)
