@@ -268,9 +268,11 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
     # An int8 choice ships its quantized model (one file) instead of the job's.
     quantized = plan.choice.accuracy is not None
     model_file = plan.model_file()
-    context = [ContextItem(model_file, f"{MODEL_CONTEXT}/{MODEL_FILE}")] if model_file else []
-    context += [ContextItem(model_file.parent / location, f"{MODEL_CONTEXT}/{location}")
-                for location in (() if quantized or model_file is None else plan.source.data_files)]
+    context = []
+    if model_file is not None:  # None: the user's own model that no exporter could export
+        context.append(ContextItem(model_file, f"{MODEL_CONTEXT}/{MODEL_FILE}"))
+        context += [ContextItem(model_file.parent / location, f"{MODEL_CONTEXT}/{location}")
+                    for location in (() if quantized else plan.source.data_files)]
     if recipe.model_format == "torch":  # the user's own module: the PyTorch runtimes build it beside the graph
         context += [ContextItem(path, f"{MODEL_CONTEXT}/{path.name}", ("__pycache__",)) for path in plan.user_files()]
     files = loaded.files

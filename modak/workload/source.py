@@ -57,8 +57,9 @@ def resolve_model(loaded: LoadedJob, user: UserModel | None = None) -> ModelSour
         import onnx
 
         source = _resolve_zoo(spec.zoo, spec.input_shape, doc)
-        field = ("model", "zoo")
-        model = onnx.load(source.onnx_path, load_external_data=False)  # modak's own export: checked when made
+        path, field = source.onnx_path, ("model", "zoo")
+        assert path is not None
+        model = onnx.load(path, load_external_data=False)  # modak's own export: checked when made
     else:
         path = doc.resolve(spec.onnx)
         if not path.is_file():
@@ -66,7 +67,7 @@ def resolve_model(loaded: LoadedJob, user: UserModel | None = None) -> ModelSour
         field = _ONNX
         model = _load_checked(path, doc, field)
         source = ModelSource(path.stem, path, _graph_shapes(model, spec.input_shape, spec.batch_size, doc), None)
-    return replace(source, data_files=_data_files(model, source.onnx_path, doc, field))
+    return replace(source, data_files=_data_files(model, path, doc, field))
 
 
 def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[ModelSource, WorkloadProfile]:

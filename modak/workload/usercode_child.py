@@ -219,6 +219,7 @@ def _export_dynamo(request: dict[str, Any], model: Any, inputs: dict[str, Any], 
         program = torch.onnx.export(model, tuple(inputs.values()), dynamo=True, input_names=list(inputs),
                                     dynamic_shapes=tuple({0: batch} for _ in inputs), opset_version=OPSET,
                                     optimize=False, verbose=False)
+        assert program is not None  # dynamo=True returns the program
         onnxscript.optimizer.fold_constants(program.model)
     _save(onnx, program.model_proto, path)
 
