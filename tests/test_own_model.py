@@ -315,3 +315,29 @@ def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export
                          pytorch=Deployment.from_dict(deployment).pytorch)
     result = runner.measure(request, min_seconds=0.1, budget_s=1)
     assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result
+
+
+def test_the_pytorch_image_runs_an_exported_program(tmp_path: Path) -> None:
+    import torch
+
+    from modak import api
+    from modak.image.runtimes.base import RunRequest
+    from modak.runtime import measure as runner
+
+    (tmp_path / "nets.py").write_text(MODULE)
+    model = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=4).eval()
+    program = torch.export.export(model, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "mixer.pt2")
+    job = write(tmp_path, job_text("  exported: mixer.pt2\n", extra="constraints: {runtimes: [pytorch]}\n"), None)
+    plan = api.plan_job(job, predictor_name="roofline")
+    deployment = plan.to_dict()["deployment"]
+    assert deployment["pytorch"] == {"program": "mixer.pt2"} and deployment["input_shapes"] == {"x": [3, 8, 8]}
+    api.render_plan(plan, tmp_path / "out")
+    model_dir = tmp_path / "out" / "model"
+    assert {"model.onnx", "mixer.pt2"} <= {p.name for p in model_dir.iterdir()}
+    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params={}, threads=None,
+                         task="inference", onnx_path=str(model_dir / "model.onnx"), zoo=None, batch_size=4,
+                         input_shapes=deployment["input_shapes"], workdir=str(tmp_path / "work"),
+                         pytorch=deployment["pytorch"])
+    result = runner.measure(request, min_seconds=0.1, budget_s=1)
+    assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result
