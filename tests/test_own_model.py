@@ -341,3 +341,24 @@ def test_the_pytorch_image_runs_an_exported_program(tmp_path: Path) -> None:
                          pytorch=deployment["pytorch"])
     result = runner.measure(request, min_seconds=0.1, budget_s=1)
     assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result
+
+
+def test_a_module_returning_a_mapping_runs_as_its_export(tmp_path: Path) -> None:
+    """Like a Hugging Face ModelOutput: the values that are set, in order, are the export's outputs."""
+    from modak import api
+    from modak.image.runtimes.base import RunRequest
+    from modak.runtime import measure as runner
+
+    module = MODULE.replace("        return self.head((y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3)))",
+                            "        pooled = (y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3))\n"
+                            "        return {'logits': self.head(pooled), 'hidden': None, 'pooled': pooled}")
+    job = write(tmp_path, job_text(PYTORCH, extra="constraints: {runtimes: [pytorch]}\n"), module)
+    plan = api.plan_job(job, predictor_name="roofline")
+    api.render_plan(plan, tmp_path / "out")
+    deployment = plan.to_dict()["deployment"]
+    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params={}, threads=None,
+                         task="inference", onnx_path=str(tmp_path / "out" / "model" / "model.onnx"), zoo=None,
+                         batch_size=4, input_shapes=deployment["input_shapes"], workdir=str(tmp_path / "work"),
+                         pytorch=deployment["pytorch"])
+    result = runner.measure(request, min_seconds=0.1, budget_s=1)
+    assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result

@@ -117,4 +117,8 @@ def user_module(request: RunRequest) -> Any:
 
 
 def _as_list(outputs: Any) -> list[Any]:
+    """A module's outputs as a list, in the order its ONNX export lists them (a mapping, e.g. a Hugging Face
+    ``ModelOutput``: its values that are set)."""
+    if isinstance(outputs, Mapping):
+        return [value for value in outputs.values() if value is not None]
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
