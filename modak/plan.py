@@ -138,18 +138,29 @@ class Plan:
             runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
             batch_size=job.model.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
-            zoo=self.source.zoo, pytorch=self._user_deployment())
+            zoo=self.source.zoo, pytorch=self._user_deployment(), loss=self._loss())
 
     def user_files(self) -> list[Path]:
-        """The user's own model's files, which the PyTorch runtimes build it from beside the model file
-        (:attr:`Deployment.pytorch`): the module file (or its top-level package folder) and the weights, or the
-        torch.export program; none for an ONNX file or a zoo model."""
-        spec, files = self.loaded.job.model, self.loaded.files
-        if files.exported is not None:
-            return [files.exported]
-        if spec.pytorch is None or files.model_module is None:
-            return []
-        return [module_code(spec.pytorch.module, files.model_module), *([files.weights] if files.weights else [])]
+        """The user's own files, which the PyTorch runtimes read beside the model file (:attr:`Deployment.pytorch`,
+        :attr:`Deployment.loss`): the module file (or its top-level package folder) and the weights, or the
+        torch.export program; the loss's module."""
+        job, files = self.loaded.job, self.loaded.files
+        found = [*([files.exported] if files.exported else []), *([files.weights] if files.weights else [])]
+        if job.model.pytorch is not None and files.model_module is not None:
+            found.insert(0, module_code(job.model.pytorch.module, files.model_module))
+        if job.loss is not None and files.loss_module is not None:
+            loss_code = module_code(job.loss.rpartition(":")[0], files.loss_module)
+            found += [loss_code] if loss_code not in found else []
+        return found
+
+    def _loss(self) -> str | None:
+        """The job's loss as the image's runtimes read it: a built-in, or ``module:function`` with the module
+        named as it is beside the model file."""
+        loss = self.loaded.job.loss
+        if loss is None or ":" not in loss:
+            return loss
+        module, _, function = loss.rpartition(":")
+        return f"{Path(module).name if module.endswith('.py') else module}:{function}"
 
     def _user_deployment(self) -> dict[str, Any] | None:
         """The user's own model as the image's PyTorch runtimes build it (:attr:`Deployment.pytorch`): names of

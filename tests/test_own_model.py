@@ -362,3 +362,33 @@ def test_a_module_returning_a_mapping_runs_as_its_export(tmp_path: Path) -> None
                          pytorch=deployment["pytorch"])
     result = runner.measure(request, min_seconds=0.1, budget_s=1)
     assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result
+
+
+@pytest.mark.parametrize(("runtime", "loss"), [("pytorch", "cross_entropy"), ("xla", "cross_entropy"),
+                                               ("pytorch", "model.py:steady_loss")])
+def test_training_measures_the_jobs_loss(tmp_path: Path, runtime: str, loss: str) -> None:
+    import math
+
+    from modak import api
+    from modak.image.runtimes.base import RunRequest, load_runtime, make_inputs
+    from modak.runtime import measure as runner
+
+    module = MODULE + "\n\ndef steady_loss(outputs, batch):\n    return outputs.float().mean() * 0 + 7 + 0 * batch['input'].sum()\n"
+    job = write(tmp_path, job_text(PYTORCH, "training", f"loss: {loss}\nconstraints: {{runtimes: [{runtime}, xla]}}\n"),
+                module)
+    plan = api.plan_job(job, predictor_name="roofline")
+    if ":" in loss:  # PyTorch code: XLA cannot run it
+        assert any(p.runtime == "xla" and "is PyTorch code" in p.reason for p in plan.pruned)
+    candidate = next(r.candidate for r in plan.ranked if r.candidate.runtime == runtime)
+    api.render_plan(plan, tmp_path / "out")
+    deployment = plan.deployment(candidate).to_dict()
+    assert deployment["loss"] == ("model.py:steady_loss" if ":" in loss else loss)
+    request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params={}, threads=None, task="training",
+                         onnx_path=str(tmp_path / "out" / "model" / "model.onnx"), zoo=None, batch_size=4,
+                         input_shapes=deployment["input_shapes"], workdir=str(tmp_path / "work"),
+                         pytorch=deployment["pytorch"], loss=deployment["loss"])
+    inputs = make_inputs(request)
+    first = float(load_runtime(runtime).prepare(request, inputs).run(inputs)[0])
+    assert first == pytest.approx(7.0) if ":" in loss else abs(first - math.log(10)) < 0.5  # not a mean square
+    result = runner.measure(request, min_seconds=0.1, budget_s=1)
+    assert result["status"] == "ok", result  # checked against PyTorch eager's losses

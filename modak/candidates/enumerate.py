@@ -89,6 +89,8 @@ def _job_excludes(recipe: Recipe, loaded: LoadedJob, no_onnx: str | None) -> str
         return f"does not support {job.task.value}"
     if recipe.model_format == "torch" and job.model.onnx is not None:
         return "needs a PyTorch model (a zoo architecture, model.pytorch or model.exported); the job gives an ONNX file"
+    if job.loss is not None and ":" in job.loss and recipe.framework != "pytorch":
+        return f"the job's loss {job.loss} is PyTorch code; {recipe.framework} runs the built-in losses only"
     if recipe.model_format == "onnx" and no_onnx is not None:
         return f"needs an ONNX graph: {no_onnx}"
     return None

@@ -61,6 +61,9 @@ class Deployment:
     # folder): {"module": file or dotted name, "factory", "kwargs", "weights": file or None}, or {"program": file}
     # (a torch.export program); None for an ONNX file or a zoo architecture.
     pytorch: Mapping[str, Any] | None = None
+    # The training step's loss (job.loss): a built-in (cross_entropy, mse) or "module:function" with the module
+    # beside the model file; None: the mean square of the outputs.
+    loss: str | None = None
 
     @property
     def threads_policy(self) -> str:
@@ -71,9 +74,10 @@ class Deployment:
         data = asdict(self)
         data["params"], data["env"] = dict(self.params), dict(self.env)
         data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
-        if self.pytorch is None:
-            del data["pytorch"]  # plans of ONNX files and zoo models are what they were
-        else:
+        for key in ("pytorch", "loss"):  # plans of ONNX files and zoo models are what they were
+            if data[key] is None:
+                del data[key]
+        if self.pytorch is not None:
             data["pytorch"] = dict(self.pytorch)
         return data
 

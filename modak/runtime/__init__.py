@@ -188,7 +188,7 @@ def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequ
         runtime=deployment.runtime, device=deployment.device, precision=deployment.precision,
         params=dict(deployment.params), threads=int(threads) if threads.isdigit() else None, task=deployment.task,
         onnx_path=location(MODEL_VARIABLE, environ), zoo=deployment.zoo,
-        pytorch=dict(deployment.pytorch) if deployment.pytorch is not None else None,
+        pytorch=dict(deployment.pytorch) if deployment.pytorch is not None else None, loss=deployment.loss,
         batch_size=deployment.batch_size, input_shapes={k: list(v) for k, v in deployment.input_shapes.items()},
         workdir=location(WORKDIR_VARIABLE, environ))
 
@@ -196,7 +196,8 @@ def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequ
 def _deployment_of(request: RunRequest) -> Deployment:
     return Deployment(runtime=request.runtime, device=request.device, precision=request.precision,
                       task=request.task, params=dict(request.params), env={}, batch_size=request.batch_size,
-                      input_shapes=dict(request.input_shapes), zoo=request.zoo, pytorch=request.pytorch)
+                      input_shapes=dict(request.input_shapes), zoo=request.zoo, pytorch=request.pytorch,
+                      loss=request.loss)
 
 
 def _without_preload(deployment: Deployment, environ: Mapping[str, str]) -> dict[str, str]:

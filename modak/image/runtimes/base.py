@@ -51,6 +51,7 @@ class RunRequest:
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     pytorch: dict[str, Any] | None = None  # the user's own model (Deployment.pytorch), beside onnx_path
+    loss: str | None = None  # the training step's loss (Deployment.loss)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -96,6 +97,15 @@ def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> flo
         scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-6)
         worst = max(worst, float(np.max(np.abs(out - ref))) / scale if ref.size else 0.0)
     return worst
+
+
+def loss_targets(loss: str, output_shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """The seeded targets of built-in training loss ``loss`` for a first output of ``output_shape`` (the same in
+    every runtime): class labels over its last dimension for cross_entropy, values shaped like it for mse."""
+    rng = np.random.default_rng(seed + 1)
+    if loss == "cross_entropy":
+        return rng.integers(0, output_shape[-1], size=output_shape[:-1]).astype(np.int64)
+    return rng.standard_normal(output_shape).astype(np.float32)
 
 
 def make_inputs(request: RunRequest) -> dict[str, np.ndarray]:

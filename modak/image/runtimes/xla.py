@@ -6,7 +6,7 @@ nothing is redefined here. A step is one call of the jitted function, waited on 
 ``jax.block_until_ready``:
 
 - inference: the forward pass on the request's batch;
-- training: forward, the loss of :mod:`modak.image.runtimes.pytorch` (sum over outputs of the mean square),
+- training: forward, the loss of :mod:`modak.image.runtimes.pytorch` (the job's built-in, or the mean square),
   gradients over the trainable parameters (``jax.value_and_grad``) and the ``torch.optim.SGD`` update
   (lr 1e-3, momentum 0.9: ``buf = 0.9 * buf + grad; w -= 1e-3 * buf``), all in one XLA program. Buffers
   (BatchNorm running statistics) are carried from step to step as in torch's train mode.
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import FunctionSession, RunRequest, loss_targets
 
 LR = 1e-3
 MOMENTUM = 0.9
@@ -99,8 +99,7 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
 
     def loss_fn(params: dict, buffers: dict, args: list) -> tuple[Any, dict]:
         outputs, new_buffers = forward(params, buffers, args)
-        loss = sum((o.astype(np.float32) ** 2).mean() for o in outputs)
-        return loss, new_buffers
+        return _loss(request, outputs), new_buffers
 
     @jax.jit
     def train_step(params: dict, buffers: dict, momentum: dict, args: list) -> tuple:
@@ -118,6 +117,24 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
             train_step(state["params"], state["buffers"], state["momentum"], arguments(feeds)))
         return [np.asarray(loss, dtype=np.float32)]
     return FunctionSession(run_training)
+
+
+def _loss(request: RunRequest, outputs: list) -> Any:
+    """The loss of :mod:`modak.image.runtimes.pytorch` in ``jax.numpy``: a built-in on the same seeded targets,
+    else the mean square of the outputs (a ``module:function`` loss is PyTorch code: the plan leaves XLA out)."""
+    import jax
+    import jax.numpy as jnp
+
+    if request.loss is None:
+        return sum((o.astype(np.float32) ** 2).mean() for o in outputs)
+    if ":" in request.loss:
+        raise ValueError(f"xla cannot run the PyTorch loss {request.loss}")
+    first = outputs[0].astype(np.float32)
+    target = loss_targets(request.loss, tuple(first.shape), request.seed)
+    if request.loss == "cross_entropy":
+        logits = jax.nn.log_softmax(first.reshape(-1, first.shape[-1]))
+        return -jnp.take_along_axis(logits, target.reshape(-1, 1), axis=1).mean()
+    return ((first - target) ** 2).mean()
 
 
 def import_torchax() -> Any:
