@@ -392,3 +392,9 @@ def test_training_measures_the_jobs_loss(tmp_path: Path, runtime: str, loss: str
     assert first == pytest.approx(7.0) if ":" in loss else abs(first - math.log(10)) < 0.5  # not a mean square
     result = runner.measure(request, min_seconds=0.1, budget_s=1)
     assert result["status"] == "ok", result  # checked against PyTorch eager's losses
+
+
+def test_the_own_model_example_plans_every_runtime_family() -> None:
+    plan = plan_dict(Path(__file__).resolve().parents[1] / "examples" / "own-model-cpu" / "job.yaml")
+    assert {"pytorch", "torch-compile", "xla", "onnxruntime", "openvino"} <= runtimes(plan)
+    assert plan["model_source"]["source"] == "model.py:build_model" and plan["model_source"]["exporter"] == "dynamo"
