@@ -398,3 +398,27 @@ def test_the_own_model_example_plans_every_runtime_family() -> None:
     plan = plan_dict(Path(__file__).resolve().parents[1] / "examples" / "own-model-cpu" / "job.yaml")
     assert {"pytorch", "torch-compile", "xla", "onnxruntime", "openvino"} <= runtimes(plan)
     assert plan["model_source"]["source"] == "model.py:build_model" and plan["model_source"]["exporter"] == "dynamo"
+
+
+def test_the_pytorch_image_runs_a_model_no_exporter_could_export(tmp_path: Path) -> None:
+    from modak import api
+    from modak.image.runtimes.base import RunRequest
+    from modak.runtime import measure as runner
+    from modak.runtime import open_model
+
+    job = write(tmp_path, job_text(PYTORCH.replace("build_model", "build_twisted").replace(", kwargs: {width: 8}", ""),
+                                   extra="constraints: {runtimes: [pytorch, onnxruntime]}\n"), UNEXPORTABLE)
+    plan = api.plan_job(job, predictor_name="roofline")
+    api.render_plan(plan, tmp_path / "out")
+    model_dir = tmp_path / "out" / "model"
+    assert {p.name for p in model_dir.iterdir()} == {"model.py"}  # no graph: the runtime builds the module
+    deployment = plan.to_dict()["deployment"]
+    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params={}, threads=None,
+                         task="inference", onnx_path=str(model_dir / "model.onnx"), zoo=None, batch_size=4,
+                         input_shapes=deployment["input_shapes"], workdir=str(tmp_path / "work"),
+                         pytorch=deployment["pytorch"])
+    model = open_model(request)
+    assert [(s.name, s.shape) for s in model.inputs] == [("input", (3, 16, 16))]
+    assert [(s.name, s.shape) for s in model.outputs] == [("output_0", (10,))]
+    result = runner.measure(request, min_seconds=0.1, budget_s=1)
+    assert result["status"] == "ok", result

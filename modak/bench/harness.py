@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 from modak.bench.dispatch import Dispatcher, LaunchTask, LocalDispatcher
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
-from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
+from modak.image.deployment import MODEL_FILE, MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
 from modak.measurements.stats import median_interval, spread
 from modak.measurements.store import Measurement, PerfStore, as_json
 from modak.paths import write_atomic
@@ -91,13 +91,14 @@ def launch_environment(plan: Plan, candidate: Candidate, plan_file: Path, workdi
     own module, for a PyTorch runtime, is linked beside the graph in ``workdir/model``, as the image has it."""
     write_atomic(plan_file, json.dumps({"deployment": plan.deployment(candidate).to_dict()}, sort_keys=True))
     model = plan.model_file(candidate)
-    if model is not None and plan.user_files() and plan.recipe(candidate).model_format == "torch":
+    if plan.user_files() and plan.recipe(candidate).model_format == "torch":
         folder = workdir / "model"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        for path in (model, *(model.parent / name for name in plan.source.data_files), *plan.user_files()):
+        graph = (model, *(model.parent / name for name in plan.source.data_files)) if model else ()
+        for path in (*graph, *plan.user_files()):
             (folder / path.name).symlink_to(path)
-        model = folder / model.name
+        model = folder / MODEL_FILE  # absent for a model no exporter could export: the runtime builds the module
     return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(model), WORKDIR_VARIABLE: str(workdir)}
 
 
