@@ -373,7 +373,8 @@ def test_training_measures_the_jobs_loss(tmp_path: Path, runtime: str, loss: str
     from modak.image.runtimes.base import RunRequest, load_runtime, make_inputs
     from modak.runtime import measure as runner
 
-    module = MODULE + "\n\ndef steady_loss(outputs, batch):\n    return outputs.float().mean() * 0 + 7 + 0 * batch['input'].sum()\n"
+    module = MODULE + ("\n\ndef steady_loss(outputs, batch):\n"
+                       "    return outputs.float().mean() * 0 + 7 + 0 * batch['input'].sum()\n")
     job = write(tmp_path, job_text(PYTORCH, "training", f"loss: {loss}\nconstraints: {{runtimes: [{runtime}, xla]}}\n"),
                 module)
     plan = api.plan_job(job, predictor_name="roofline")

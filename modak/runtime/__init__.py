@@ -178,7 +178,8 @@ def open_model(request: RunRequest, deployment: Deployment | None = None) -> Mod
     else:  # the user's own model without an ONNX export: the specs of what it takes and gives
         inputs = tuple(TensorSpec(name, tuple(shape), "float32") for name, shape in request.input_shapes.items())
         outputs = () if request.task == "training" else tuple(  # (a training step would change the weights)
-            TensorSpec(f"output_{index}", tuple(o.shape[1:]), o.dtype.name) for index, o in enumerate(session.run(sample)))
+            TensorSpec(f"output_{index}", tuple(o.shape[1:]), o.dtype.name)
+            for index, o in enumerate(session.run(sample)))
     if request.task == "training":
         outputs = (TensorSpec("loss", (), "float32"),)
     return Model(deployment, request, session, inputs, outputs, sample, prepare_s)

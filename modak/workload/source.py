@@ -90,8 +90,8 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
     if source.onnx_path is None:
         assert source.user is not None
         shapes = {k: tuple(v) for k, v in source.input_shapes.items()}
-        profile = step_profile(source.name, loaded.job.task, batch, shapes, source.user.counted_ops(batch), source.user.parameters, source.user.parameter_bytes,
-                               optimizer)
+        profile = step_profile(source.name, loaded.job.task, batch, shapes, source.user.counted_ops(batch),
+                               source.user.parameters, source.user.parameter_bytes, optimizer)
     else:
         try:
             profile = analyze(source.onnx_path, batch, source.input_shapes, loaded.job.task, optimizer,
