@@ -19,6 +19,7 @@ from modak.measurements.store import Measurement, TunedChoice, as_json
 from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
 from modak.spec.loader import LoadedJob
+from modak.spec.resolve import module_code
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.workload.analysis import WorkloadProfile
 from modak.workload.source import ModelSource
@@ -118,8 +119,9 @@ class Plan:
         """The recipe of ``candidate`` (default: the choice)."""
         return self.recipes[(candidate or self.choice.candidate).runtime]
 
-    def model_file(self, candidate: Candidate | None = None) -> Path:
-        """The ONNX file ``candidate`` (default: the choice) runs: its quantized model for int8, else the job's."""
+    def model_file(self, candidate: Candidate | None = None) -> Path | None:
+        """The ONNX file ``candidate`` (default: the choice) runs: its quantized model for int8, else the job's
+        (None: the user's own model that no exporter could export)."""
         candidate = candidate or self.choice.candidate
         if candidate.precision is not Precision.int8:
             return self.source.onnx_path
@@ -136,7 +138,41 @@ class Plan:
             runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
             batch_size=self.workload.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
-            zoo=self.source.zoo)
+            zoo=self.source.zoo, pytorch=self._user_deployment(), loss=self._loss())
+
+    def user_files(self) -> list[Path]:
+        """The user's own files, which the PyTorch runtimes read beside the model file (:attr:`Deployment.pytorch`,
+        :attr:`Deployment.loss`): the module file (or its top-level package folder) and the weights, or the
+        torch.export program; the loss's module."""
+        job, files = self.loaded.job, self.loaded.files
+        found = [*([files.exported] if files.exported else []), *([files.weights] if files.weights else [])]
+        if job.model.pytorch is not None and files.model_module is not None:
+            found.insert(0, module_code(job.model.pytorch.module, files.model_module))
+        if job.loss is not None and files.loss_module is not None:
+            loss_code = module_code(job.loss.rpartition(":")[0], files.loss_module)
+            found += [loss_code] if loss_code not in found else []
+        return found
+
+    def _loss(self) -> str | None:
+        """The job's loss as the image's runtimes read it: a built-in, or ``module:function`` with the module
+        named as it is beside the model file."""
+        loss = self.loaded.job.loss
+        if loss is None or ":" not in loss:
+            return loss
+        module, _, function = loss.rpartition(":")
+        return f"{Path(module).name if module.endswith('.py') else module}:{function}"
+
+    def _user_deployment(self) -> dict[str, Any] | None:
+        """The user's own model as the image's PyTorch runtimes build it (:attr:`Deployment.pytorch`): names of
+        the files that :func:`modak.render.ir.build_description` puts beside the model file."""
+        spec, files = self.loaded.job.model, self.loaded.files
+        if spec.exported is not None:
+            return {"program": Path(spec.exported).name}
+        if spec.pytorch is None:
+            return None
+        module = spec.pytorch.module
+        return {"module": Path(module).name if module.endswith(".py") else module, "factory": spec.pytorch.factory,
+                "kwargs": dict(spec.pytorch.kwargs), "weights": files.weights.name if files.weights else None}
 
     def to_dict(self) -> dict[str, Any]:
         """Stable, JSON-ready form (``modak plan --json``, ``plan.json``)."""
@@ -163,6 +199,7 @@ class Plan:
             "deployment": self.deployment().to_dict(),
             "batches": [option.to_dict() for option in self.batches],
             "reasons": list(self.reasons),
+            **({"model_source": self.source.user.describe()} if self.source.user is not None else {}),
         })
         return body
 
@@ -206,7 +243,8 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     ceilings = target_ceilings(loaded.target, loaded.target_doc)
     if job.device is Device.gpu and ceilings.gpu is None:
         raise loaded.job_doc.error(("device",), f"the job needs a GPU but target '{loaded.target.name}' has none")
-    space = enumerate_candidates(loaded, ceilings, catalog, frozenset(op.op_class for op in workload.ops))
+    no_onnx = source.user.why_no_onnx() if source.user is not None and source.onnx_path is None else None
+    space = enumerate_candidates(loaded, ceilings, catalog, frozenset(op.op_class for op in workload.ops), no_onnx)
     pruned = list(space.pruned)
     fitting: list[Candidate] = []
     for candidate in space.candidates:
@@ -260,8 +298,21 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
             chosen = next((r for r in ranked if _safe_against_stock(r, stock, job.objective.steps)), stock)
             ranked = [chosen] + [r for r in ranked if r is not chosen]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
-    reasons = _reasons(loaded, ranked, pruned, stock, kept_over, tuned, gate_reasons)
+    reasons = _reasons(loaded, ranked, pruned, stock, kept_over, tuned,
+                       (*gate_reasons, *_source_reasons(source)))
     return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
+
+
+def _source_reasons(source: ModelSource) -> tuple[str, ...]:
+    """Where the user's own model came from and what the analysis read: its ONNX export, or the flop counter."""
+    user = source.user
+    if user is None:
+        return ()
+    if user.exporter is not None:
+        return ((f"model {user.source}: analysed on its ONNX export (the {user.exporter} exporter, "
+                 f"{user.export_seconds:.1f} s on its first plan; cached since), which the ONNX runtimes run"),)
+    return ((f"model {user.source}: {user.why_no_onnx()}; the ONNX runtimes are left out, and the PyTorch runtimes "
+             "are predicted from torch.utils.flop_counter's FLOPs and the bytes of the parameters and activations"),)
 
 
 def choose_batch(loaded: LoadedJob, plan_at: Callable[[LoadedJob], Plan]) -> Plan:
@@ -447,7 +498,9 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
 
 def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned],
              stock: RankedCandidate | None, passed_over: RankedCandidate | None, tuned: TunedChoice | None,
-             gate_reasons: Sequence[str]) -> tuple[str, ...]:
+             after_choice: Sequence[str]) -> tuple[str, ...]:
+    """Why the plan chose what it chose; ``after_choice``: what the int8 gate and the model's source add right
+    after the choice."""
     job = loaded.job
     best = ranked[0]
     p = best.prediction
@@ -459,7 +512,7 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
     reasons = ([f"chose {predicted}"] if tuned is None  # a tuned winner is chosen for its measurement
                else [f"chose {tuned.candidate}: tuned on {loaded.target.name} — {tuned.summary}",
                      f"the model predicted for it: {predicted}"])
-    reasons.extend(gate_reasons)
+    reasons.extend(after_choice)
     if passed_over is not None and stock is not None:  # the fastest predicted may be too slow against stock
         high = paired_ratio_high(passed_over, stock, job.objective.steps)
         how = ("in 9 of 10 of the model's trees, paired" if _paired(passed_over.prediction, stock.prediction)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 from modak.bench.dispatch import Dispatcher, LaunchTask, LocalDispatcher
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
-from modak.image.deployment import MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
+from modak.image.deployment import MODEL_FILE, MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
 from modak.measurements.stats import median_interval, spread
 from modak.measurements.store import Measurement, PerfStore, as_json
 from modak.paths import write_atomic
@@ -87,10 +87,19 @@ def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
 
 def launch_environment(plan: Plan, candidate: Candidate, plan_file: Path, workdir: Path) -> dict[str, str]:
     """Where the launcher finds ``candidate``'s deployment, model (an int8 candidate's quantized model) and work
-    folder (the image bakes the same variables with its own paths); ``plan_file`` gets the deployment."""
+    folder (the image bakes the same variables with its own paths); ``plan_file`` gets the deployment. The user's
+    own module, for a PyTorch runtime, is linked beside the graph in ``workdir/model``, as the image has it."""
     write_atomic(plan_file, json.dumps({"deployment": plan.deployment(candidate).to_dict()}, sort_keys=True))
-    return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(plan.model_file(candidate)),
-            WORKDIR_VARIABLE: str(workdir)}
+    model = plan.model_file(candidate)
+    if plan.user_files() and plan.recipe(candidate).model_format == "torch":
+        folder = workdir / "model"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        graph = (model, *(model.parent / name for name in plan.source.data_files)) if model else ()
+        for path in (*graph, *plan.user_files()):
+            (folder / path.name).symlink_to(path)
+        model = folder / MODEL_FILE  # absent for a model no exporter could export: the runtime builds the module
+    return {PLAN_VARIABLE: str(plan_file), MODEL_VARIABLE: str(model), WORKDIR_VARIABLE: str(workdir)}
 
 
 def launch_command(*command: str) -> list[str]:

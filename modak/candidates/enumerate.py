@@ -31,14 +31,15 @@ class CandidateSpace:
 
 
 def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: Mapping[str, Recipe],
-                         op_classes: frozenset[str]) -> CandidateSpace:
-    """All candidates the job's constraints and the target's hardware allow, plus the reasons for the rest."""
+                         op_classes: frozenset[str], no_onnx: str | None = None) -> CandidateSpace:
+    """All candidates the job's constraints and the target's hardware allow, plus the reasons for the rest;
+    ``no_onnx``: why the job's model has no ONNX graph (the user's own model that no exporter could export)."""
     job = loaded.job
     candidates: list[Candidate] = []
     pruned: list[Pruned] = []
     seen: set[tuple] = set()
     for recipe in catalog.values():
-        reason = _job_excludes(recipe, loaded)
+        reason = _job_excludes(recipe, loaded, no_onnx)
         if reason:
             pruned.append(Pruned(recipe.name, reason))
             continue
@@ -79,7 +80,7 @@ def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: M
     return CandidateSpace(tuple(candidates), tuple(pruned))
 
 
-def _job_excludes(recipe: Recipe, loaded: LoadedJob) -> str | None:
+def _job_excludes(recipe: Recipe, loaded: LoadedJob, no_onnx: str | None) -> str | None:
     job = loaded.job
     if job.constraints.runtimes is not None and recipe.name not in job.constraints.runtimes:
         return "not in the job's constraints.runtimes"
@@ -87,8 +88,12 @@ def _job_excludes(recipe: Recipe, loaded: LoadedJob) -> str | None:
         return f"framework {recipe.framework} is not in the job's frameworks"
     if job.task not in recipe.tasks:
         return f"does not support {job.task.value}"
-    if recipe.model_format == "torch" and job.model.zoo is None:
-        return "needs a PyTorch model (a zoo architecture); the job gives an ONNX file"
+    if recipe.model_format == "torch" and job.model.onnx is not None:
+        return "needs a PyTorch model (a zoo architecture, model.pytorch or model.exported); the job gives an ONNX file"
+    if job.loss is not None and ":" in job.loss and recipe.framework != "pytorch":
+        return f"the job's loss {job.loss} is PyTorch code; {recipe.framework} runs the built-in losses only"
+    if recipe.model_format == "onnx" and no_onnx is not None:
+        return f"needs an ONNX graph: {no_onnx}"
     return None
 
 

@@ -57,6 +57,13 @@ class Deployment:
     batch_size: int
     input_shapes: Mapping[str, list[int]]  # per sample, no batch dimension
     zoo: str | None = None  # the zoo architecture (PyTorch runtimes build it), else None
+    # The user's own model, which the PyTorch runtimes build from files beside the model file (the image's model
+    # folder): {"module": file or dotted name, "factory", "kwargs", "weights": file or None}, or {"program": file}
+    # (a torch.export program); None for an ONNX file or a zoo architecture.
+    pytorch: Mapping[str, Any] | None = None
+    # The training step's loss (job.loss): a built-in (cross_entropy, mse) or "module:function" with the module
+    # beside the model file; None: the mean square of the outputs.
+    loss: str | None = None
 
     @property
     def threads_policy(self) -> str:
@@ -67,6 +74,11 @@ class Deployment:
         data = asdict(self)
         data["params"], data["env"] = dict(self.params), dict(self.env)
         data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
+        for key in ("pytorch", "loss"):  # plans of ONNX files and zoo models are what they were
+            if data[key] is None:
+                del data[key]
+        if self.pytorch is not None:
+            data["pytorch"] = dict(self.pytorch)
         return data
 
     @classmethod

@@ -76,6 +76,7 @@ def _input_specs(source: ModelSource) -> dict[str, tuple[tuple[int, ...], np.dty
     import onnx
     from onnx.helper import tensor_dtype_to_np_dtype
 
+    assert source.onnx_path is not None  # int8 quantizes the ONNX graph: its candidates are pruned without one
     graph = onnx.load(source.onnx_path, load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
     return {v.name: (tuple(source.input_shapes[v.name]),

@@ -124,6 +124,7 @@ def cache_key(source: ModelSource, runtime: str, method: str, samples: Samples) 
         {"format": FORMAT, "runtime": runtime, "method": method, "settings": SETTINGS[method],
          "samples": samples.digest, "versions": {name: _version(name) for name in _LIBRARIES[method]}},
         sort_keys=True).encode())
+    assert source.onnx_path is not None  # int8 quantizes the ONNX graph: its candidates are pruned without one
     for path in (source.onnx_path, *(source.onnx_path.parent / name for name in source.data_files)):
         with path.open("rb") as handle:
             while chunk := handle.read(1 << 20):
@@ -137,6 +138,7 @@ def _quantize_and_measure(source: ModelSource, runtime: str, method: str, sample
     finished first wins; its result is the same)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    assert source.onnx_path is not None  # int8 quantizes the ONNX graph: its candidates are pruned without one
     try:
         with _quiet():
             _QUANTIZERS[method](source.onnx_path, work / MODEL_FILE, samples)

@@ -212,9 +212,14 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
 
     # An int8 choice ships its quantized model (one file) instead of the job's.
     quantized = plan.choice.accuracy is not None
-    context = [ContextItem(plan.model_file(), f"{MODEL_CONTEXT}/{MODEL_FILE}")]
-    context += [ContextItem(plan.source.onnx_path.parent / location, f"{MODEL_CONTEXT}/{location}")
-                for location in (() if quantized else plan.source.data_files)]
+    model_file = plan.model_file()
+    context = []
+    if model_file is not None:  # None: the user's own model that no exporter could export
+        context.append(ContextItem(model_file, f"{MODEL_CONTEXT}/{MODEL_FILE}"))
+        context += [ContextItem(model_file.parent / location, f"{MODEL_CONTEXT}/{location}")
+                    for location in (() if quantized else plan.source.data_files)]
+    if recipe.model_format == "torch":  # the user's own module: the PyTorch runtimes build it beside the graph
+        context += [ContextItem(path, f"{MODEL_CONTEXT}/{path.name}", ("__pycache__",)) for path in plan.user_files()]
     files = loaded.files
     if files.ca_bundle:
         context.append(ContextItem(files.ca_bundle, CA_CONTEXT))
@@ -267,7 +272,8 @@ def image_requirements(task: str | None = None) -> tuple[str, ...]:
 
 
 def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> tuple[tuple[str, str], ...]:
-    """OCI annotations and modak's decision (runtime, parameters, target, prediction, plan digest)."""
+    """OCI annotations and modak's decision (runtime, parameters, target, prediction, plan digest; the user's own
+    model's source, exporter and digests)."""
     job, target = plan.loaded.job, plan.loaded.target
     candidate, prediction = plan.choice.candidate, plan.choice.prediction
     created = created or _created(plan)
@@ -288,6 +294,7 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
         ("io.modak.predictor", prediction.predictor),
         ("io.modak.plan-digest", plan.digest()),
         *((("io.modak.quantized-model", _json(plan.choice.accuracy.to_dict())),) if plan.choice.accuracy else ()),
+        *((("io.modak.model-source", _json(plan.source.user.describe())),) if plan.source.user else ()),
         *((("io.modak.tuned", _json({"step-seconds": plan.tuned.step_s, "interval-seconds":
                                      [plan.tuned.ci_low_s, plan.tuned.ci_high_s], "confident": plan.tuned.confident,
                                      "trials": plan.tuned.trials, "measured-at": plan.tuned.measured_at})),)
@@ -297,7 +304,7 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
 
 def _created(plan: Plan) -> str:
     """The ``created`` label: ``$SOURCE_DATE_EPOCH`` when set, else the newest modification time of the job's
-    own inputs (job and target files, the ONNX file, the entrypoint files).
+    own inputs (job and target files, the ONNX file or the user's model files, the entrypoint files).
 
     Not the time of rendering: the label is a layer of the image, and a render of unchanged inputs must produce
     the same Dockerfile so that a rebuild reuses every cached layer.
@@ -306,7 +313,9 @@ def _created(plan: Plan) -> str:
     if epoch.isdigit():
         stamp = float(epoch)
     else:
-        paths = [*plan.loaded.files.inputs(), *([plan.source.onnx_path] if plan.source.zoo is None else [])]
+        source = plan.source
+        graph = [source.onnx_path] if source.onnx_path and source.zoo is None and source.user is None else []
+        paths = [*plan.loaded.files.inputs(), *graph, *plan.user_files()]
         stamps = [p.stat().st_mtime for p in paths if p.exists()]
         stamp = max(stamps) if stamps else 0.0
     moment = datetime.fromtimestamp(int(stamp), UTC)

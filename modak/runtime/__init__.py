@@ -31,7 +31,7 @@ import numpy as np
 
 from modak.image.deployment import (MODEL_VARIABLE, PLAN_VARIABLE, PRELOAD, WORKDIR_VARIABLE, Deployment,
                                     environment, location, read_deployment)
-from modak.image.runtimes.base import (TOLERANCE, RunRequest, Session, load_runtime, make_inputs,
+from modak.image.runtimes.base import (TOLERANCE, RunRequest, Session, has_graph, load_runtime, make_inputs,
                                       relative_error)
 
 __all__ = ["FeedError", "Model", "TensorSpec", "load", "request_from_environment"]
@@ -170,11 +170,17 @@ def runs_partial_batches(model: Model) -> bool:
 def open_model(request: RunRequest, deployment: Deployment | None = None) -> Model:
     """A :class:`Model` for ``request`` (what :func:`load` and ``modak measure`` both use)."""
     deployment = deployment or _deployment_of(request)
-    inputs, outputs = _graph_specs(request)
     sample = make_inputs(request)
     start = time.perf_counter()
     session = load_runtime(request.runtime).prepare(request, sample)
     prepare_s = time.perf_counter() - start
+    if has_graph(request):
+        inputs, outputs = _graph_specs(request)
+    else:  # the user's own model without an ONNX export: the specs of what it takes and gives
+        inputs = tuple(TensorSpec(name, tuple(shape), "float32") for name, shape in request.input_shapes.items())
+        outputs = () if request.task == "training" else tuple(  # (a training step would change the weights)
+            TensorSpec(f"output_{index}", tuple(o.shape[1:]), o.dtype.name)
+            for index, o in enumerate(session.run(sample)))
     if request.task == "training":
         outputs = (TensorSpec("loss", (), "float32"),)
     return Model(deployment, request, session, inputs, outputs, sample, prepare_s)
@@ -189,6 +195,7 @@ def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequ
         runtime=deployment.runtime, device=deployment.device, precision=deployment.precision,
         params=dict(deployment.params), threads=int(threads) if threads.isdigit() else None, task=deployment.task,
         onnx_path=location(MODEL_VARIABLE, environ), zoo=deployment.zoo,
+        pytorch=dict(deployment.pytorch) if deployment.pytorch is not None else None, loss=deployment.loss,
         batch_size=deployment.batch_size, input_shapes={k: list(v) for k, v in deployment.input_shapes.items()},
         workdir=location(WORKDIR_VARIABLE, environ))
 
@@ -196,7 +203,8 @@ def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequ
 def _deployment_of(request: RunRequest) -> Deployment:
     return Deployment(runtime=request.runtime, device=request.device, precision=request.precision,
                       task=request.task, params=dict(request.params), env={}, batch_size=request.batch_size,
-                      input_shapes=dict(request.input_shapes), zoo=request.zoo)
+                      input_shapes=dict(request.input_shapes), zoo=request.zoo, pytorch=request.pytorch,
+                      loss=request.loss)
 
 
 def _without_preload(deployment: Deployment, environ: Mapping[str, str]) -> dict[str, str]:

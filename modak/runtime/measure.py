@@ -30,7 +30,7 @@ import numpy as np
 
 from modak.errors import EXIT_OK, EXIT_RUN_FAILED
 from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE
-from modak.image.runtimes.base import TOLERANCE, RunRequest, relative_error
+from modak.image.runtimes.base import TOLERANCE, RunRequest, has_graph, relative_error
 from modak.runtime import Model, open_model, request_from_environment
 
 _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
@@ -206,18 +206,20 @@ def canary_seconds() -> float:
 
 
 def reference_outputs(request: RunRequest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The reference: ONNX Runtime on the ONNX graph (inference) or PyTorch eager (training losses).
+    """The reference: ONNX Runtime on the ONNX graph (inference) or PyTorch eager (training losses; the outputs of
+    the user's own model that has no ONNX export).
 
     For int8 the graph is the quantized one, so the check says that the runtime executes that graph (within int8's
     tolerance: runtimes round int8 arithmetic differently); how far int8 moves from fp32 is the plan's accuracy
     gate, measured once on the calibration samples (:mod:`modak.quantize.gate`, on the host)."""
-    if request.task == "training":
+    if request.task == "training" or not has_graph(request):  # without a graph, eager is the reference
         from modak.image.runtimes import pytorch
 
         fp32 = RunRequest(**{**request.__dict__, "runtime": "pytorch", "precision": "fp32", "params": {},
                              "device": "cpu"})
         session = pytorch.prepare(fp32, inputs)
-        return _flatten([session.run(inputs) for _ in range(TRAINING_CHECK_STEPS)])
+        steps = TRAINING_CHECK_STEPS if request.task == "training" else 1
+        return _flatten([session.run(inputs) for _ in range(steps)])
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -41,6 +41,8 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
     modak runs on, for a target ``local`` and a target file's ``cpu: local``."""
     job, job_doc = load_spec(job_path, Job)
     _check_auto_batch(job, job_doc)
+    if job.loss is not None and job.task is not Task.training:
+        raise job_doc.error(("loss",), "the loss is what a training step measures: an inference job has none")
     if job.scaling is not None and job.task is not Task.training:
         raise job_doc.error(("scaling",), "data-parallel scaling is for training jobs (an inference job scales by "
                                           "running more replicas, each its own job)")

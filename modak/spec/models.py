@@ -6,10 +6,11 @@ safe alphabet (names, image references, scheduler fields) or escaped by the rend
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
 
 from modak.schedulers import SCHEDULERS
 from modak.spec.names import EngineName
@@ -77,11 +78,47 @@ class Device(str, Enum):
     gpu = "gpu"
 
 
+# A Python identifier (a factory or function name) and a module: a .py file relative to the job file, or a dotted
+# importable name (mypkg.models).
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_MODULE = rf"([A-Za-z0-9_./-]+\.py|{_IDENTIFIER}(\.{_IDENTIFIER})*)"
+PythonName = Annotated[str, StringConstraints(pattern=rf"^{_IDENTIFIER}$", max_length=128)]
+PythonModule = Annotated[str, StringConstraints(pattern=rf"^{_MODULE}$", max_length=255)]
+BUILTIN_LOSSES = ("cross_entropy", "mse")  # job.loss built-ins: class labels / targets shaped like the outputs
+
+
+def _loss(value: str) -> str:
+    if value not in BUILTIN_LOSSES and not re.fullmatch(rf"{_MODULE}:{_IDENTIFIER}", value):
+        raise ValueError(f"expected a built-in loss ({', '.join(BUILTIN_LOSSES)}) or module:function (model.py:"
+                         f"my_loss, mypkg.losses:my_loss), got {value!r}")
+    return value
+
+
+Loss = Annotated[str, StringConstraints(max_length=255), AfterValidator(_loss)]
+
+
+class PyTorchModel(Strict):
+    """The user's own ``torch.nn.Module``: a factory in their code, called only in a child process with a time and
+    memory limit (:mod:`modak.workload.usercode`)."""
+
+    module: PythonModule = Field(description="A Python file relative to the job file (model.py), or an importable "
+                                             "module name (mypkg.models; the job file's folder is searched first).")
+    factory: PythonName = Field(description="The callable in `module` that returns the torch.nn.Module.")
+    kwargs: dict[str, JsonValue] = Field(default_factory=dict, description="Keyword arguments of the factory.")
+    weights: Text | None = Field(None, description="A state_dict file relative to the job file, loaded with "
+                                                   "torch.load(weights_only=True) and load_state_dict(strict=True).")
+
+
 class ModelSpec(Strict):
-    """The network: an ONNX file or a zoo architecture, with its input and batch size."""
+    """The network: an ONNX file, a zoo architecture, the user's own PyTorch module or a ``torch.export`` program,
+    with its input and batch size."""
 
     onnx: Text | None = Field(None, description="Path to an ONNX file, relative to the job file.")
     zoo: Name | None = Field(None, description="Name of a modak zoo architecture (see `modak zoo`).")
+    pytorch: PyTorchModel | None = Field(None, description="The user's own PyTorch module (its factory and weights); "
+                                                           "needs input_shape.")
+    exported: Text | None = Field(None, description="A torch.export program (.pt2, torch.export.save), relative to "
+                                                    "the job file; needs none of the user's code.")
     input_shape: list[PositiveInt] | dict[str, list[PositiveInt]] | None = Field(
         None, description="Per-sample input shape without the batch dimension; a mapping for several inputs.")
     batch_size: PositiveInt | Literal["auto"] = Field(
@@ -91,8 +128,11 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
-        if (self.onnx is None) == (self.zoo is None):
-            raise ValueError("give exactly one of 'onnx' (a file) or 'zoo' (an architecture name)")
+        if sum(source is not None for source in (self.onnx, self.zoo, self.pytorch, self.exported)) != 1:
+            raise ValueError("give exactly one of 'onnx' (a file), 'zoo' (an architecture name), 'pytorch' (your "
+                             "module and factory) or 'exported' (a torch.export .pt2 file)")
+        if self.pytorch is not None and self.input_shape is None:
+            raise ValueError("a PyTorch model needs input_shape (per sample, without the batch dimension)")
         return self
 
 
@@ -208,6 +248,11 @@ class Job(Strict):
                                                    "is the machine modak runs on, from its cached `modak probe`.")
     task: Task
     model: ModelSpec
+    loss: Loss | None = Field(
+        None, description="Training only: the loss the step measures: a built-in (cross_entropy on class labels, "
+                          "mse against targets shaped like the outputs) or `module:function` (a .py file relative to "
+                          "the job file, or an importable module) called as function(outputs, batch). Default: the "
+                          "mean square of the outputs (random data, the work of a real step).")
     precision: list[Precision] = Field(default_factory=lambda: [Precision.fp32], min_length=1)
     frameworks: Literal["any"] | list[Name] = "any"
     device: Device = Device.any

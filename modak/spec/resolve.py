@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,10 @@ class ResolvedFiles:
     data: DataBind | None
     templates: tuple[Path, ...]  # site template folders, in lookup order (before modak's own)
     calibration: Path | None = None  # the folder of calibration samples (calibration.data)
+    model_module: Path | None = None  # the file of model.pytorch.module
+    weights: Path | None = None  # model.pytorch.weights
+    exported: Path | None = None  # model.exported, a torch.export program
+    loss_module: Path | None = None  # the file of the job's loss module (loss: module:function)
 
     def inputs(self) -> tuple[Path, ...]:
         """The job's own input files (for the image's ``created`` time): spec files and application files."""
@@ -72,7 +77,52 @@ def resolve_files(job: Job, target: Target, job_doc: SpecDocument, target_doc: S
     return ResolvedFiles(job_file=job_doc.path.resolve(), target_file=target_doc.path.resolve(),
                          ca_bundle=ca_bundle, wheels=wheels, app_files=_app_files(job, job_doc),
                          data=_data(job, target, job_doc), templates=_templates(target, target_doc),
-                         calibration=_calibration(job, job_doc))
+                         calibration=_calibration(job, job_doc), **_model_files(job, job_doc))
+
+
+def _model_files(job: Job, doc: SpecDocument) -> dict[str, Path]:
+    """The files of the user's own model (model.pytorch, model.exported) and loss, each checked to exist."""
+    files = {}
+    spec = job.model
+    if spec.pytorch is not None:
+        files["model_module"] = module_file(spec.pytorch.module, doc, ("model", "pytorch", "module"))
+        if spec.pytorch.weights is not None:
+            files["weights"] = _existing_file(spec.pytorch.weights, doc, ("model", "pytorch", "weights"))
+    if spec.exported is not None:
+        files["exported"] = _existing_file(spec.exported, doc, ("model", "exported"))
+    if job.loss is not None and ":" in job.loss:
+        files["loss_module"] = module_file(job.loss.rpartition(":")[0], doc, ("loss",))
+    return files
+
+
+def _existing_file(relative: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:
+    path = doc.resolve(relative)
+    if not path.is_file():
+        raise doc.error(loc, f"file not found: {path}" if not path.exists() else f"not a file: {path}")
+    return path
+
+
+def module_code(module: str, path: Path) -> Path:
+    """What holds the user's module ``module`` found at ``path``: the file (a ``.py`` file or a top-level module),
+    or the folder of a dotted name's top-level package."""
+    if module.endswith(".py"):
+        return path
+    depth = module.count(".") + (path.name == "__init__.py")
+    return path.parents[depth - 1] if depth else path
+
+
+def module_file(module: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:
+    """The file of a user's module: a ``.py`` file relative to the job file, or a dotted name looked up (without
+    importing anything) in the job file's folder, then on ``sys.path``."""
+    if module.endswith(".py"):
+        return _existing_file(module, doc, loc)
+    parts = module.split(".")
+    for base in (doc.path.parent.resolve(), *(Path(p) for p in sys.path if p)):
+        for candidate in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
+            if candidate.is_file():
+                return candidate.resolve()
+    raise doc.error(loc, f"module '{module}' not found: neither in {doc.path.parent.resolve()} nor importable "
+                         "(give a .py file relative to the job file, or install the package)")
 
 
 def _calibration(job: Job, doc: SpecDocument) -> Path | None:

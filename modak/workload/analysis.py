@@ -160,6 +160,16 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
     params = [t for t in weights.values() if t.data_type in _FLOAT_TYPES and t.name not in statistics]
     parameters = sum(math.prod(t.dims) for t in params)
     parameter_bytes = sum(_nbytes(t.data_type, tuple(t.dims)) for t in params)
+    return step_profile(name or graph.name or "model", task, batch_size, fixed, ops, parameters, parameter_bytes,
+                        optimizer)
+
+
+def step_profile(name: str, task: Task | str, batch_size: int, input_shapes: Mapping[str, tuple[int, ...]],
+                 ops: tuple[OpStats, ...], parameters: int, parameter_bytes: int,
+                 optimizer: str = "sgd_momentum") -> WorkloadProfile:
+    """The profile of one step of ``task`` from the forward pass's ``ops`` (of an ONNX graph, or of PyTorch's
+    flop counter where a model has no ONNX graph): training adds the backward pass and the optimizer update."""
+    task = Task(task)
     forward_flops = sum(op.flops for op in ops)
     forward_bytes = sum(op.bytes for op in ops)
     flops, nbytes = forward_flops, forward_bytes
@@ -167,8 +177,8 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
         update_flops, update_tensors = OPTIMIZERS[optimizer]
         flops = round(forward_flops * (1 + BACKWARD_FLOPS) + parameters * update_flops)
         nbytes = round(forward_bytes * (1 + BACKWARD_BYTES) + parameter_bytes * update_tensors)
-    return WorkloadProfile(name or graph.name or "model", task, batch_size, fixed, ops, parameters,
-                           parameter_bytes, forward_flops, forward_bytes, flops, nbytes)
+    return WorkloadProfile(name, task, batch_size, dict(input_shapes), ops, parameters, parameter_bytes,
+                           forward_flops, forward_bytes, flops, nbytes)
 
 
 def load_model(path: Path) -> onnx.ModelProto:

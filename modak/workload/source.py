@@ -20,8 +20,9 @@ from modak.paths import cache_dir, write_atomic
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Task
-from modak.workload import analysis, zoo
-from modak.workload.analysis import OpStats, WorkloadProfile, analyze, load_model
+from modak.workload import analysis, usercode_child, zoo
+from modak.workload.analysis import OpStats, WorkloadProfile, analyze, load_model, step_profile
+from modak.workload.usercode import UserModel, load_user_model
 
 if TYPE_CHECKING:
     import onnx
@@ -33,24 +34,31 @@ _SHAPE = ("model", "input_shape")
 @dataclass(frozen=True)
 class ModelSource:
     """The job's model as an ONNX file; ``input_shapes`` are per sample (no batch dimension); ``data_files`` are
-    the external data files the graph references, relative to the ONNX file's folder (checked to be there)."""
+    the external data files the graph references, relative to the ONNX file's folder (checked to be there).
+    ``user``: the user's own model (``model.pytorch``, ``model.exported``), whose ONNX file is its export, or
+    None (``onnx_path`` too) where no exporter could export it."""
 
     name: str
-    onnx_path: Path
+    onnx_path: Path | None
     input_shapes: dict[str, list[int]]
     zoo: str | None
     data_files: tuple[str, ...] = ()
+    user: UserModel | None = None
 
 
-def resolve_model(loaded: LoadedJob) -> ModelSource:
-    """The ONNX file of the job's model (a zoo model is exported on first use, then cached)."""
+def resolve_model(loaded: LoadedJob, user: UserModel | None = None) -> ModelSource:
+    """The ONNX file of the job's model (a zoo model is exported on first use, then cached; the user's own model
+    is exported in a child process, then cached: ``user`` if already loaded)."""
     spec, doc = loaded.job.model, loaded.job_doc
+    if _is_user(loaded):
+        return _resolve_user(loaded, user or load_user_model(loaded))
     if spec.zoo is not None:
         import onnx
 
         source = _resolve_zoo(spec.zoo, spec.input_shape, doc)
-        field = ("model", "zoo")
-        model = onnx.load(source.onnx_path, load_external_data=False)  # modak's own export: checked when made
+        path, field = source.onnx_path, ("model", "zoo")
+        assert path is not None
+        model = onnx.load(path, load_external_data=False)  # modak's own export: checked when made
     else:
         assert spec.onnx is not None  # a model is a zoo name or an ONNX file (the spec's validator)
         path = doc.resolve(spec.onnx)
@@ -59,7 +67,7 @@ def resolve_model(loaded: LoadedJob) -> ModelSource:
         field = _ONNX
         model = _load_checked(path, doc, field)
         source = ModelSource(path.stem, path, _graph_shapes(model, spec.input_shape, spec.batch_size, doc), None)
-    return replace(source, data_files=_data_files(model, source.onnx_path, doc, field))
+    return replace(source, data_files=_data_files(model, path, doc, field))
 
 
 def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[ModelSource, WorkloadProfile]:
@@ -72,32 +80,68 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
     if not isinstance(batch, int):  # 'auto'
         raise loaded.job_doc.error(("model", "batch_size"), "the analysis needs a number: 'auto' is chosen by `modak "
                                                            "plan` (the batch it chose is its workload.batch_size)")
-    key = _analysis_key(loaded, optimizer)
+    user = load_user_model(loaded) if _is_user(loaded) else None
+    key = _analysis_key(loaded, optimizer, user)
     cached = _cached_analysis(key) if key else None
     if cached is not None:
-        return cached
-    source = resolve_model(loaded)
-    try:
-        profile = analyze(source.onnx_path, batch, source.input_shapes, loaded.job.task,
-                          optimizer, name=source.name)
-    except InputError as exc:
-        raise loaded.job_doc.error(("model", "zoo") if source.zoo else _ONNX, exc.message) from None
-    key = key or _analysis_key(loaded, optimizer)
+        source, profile = cached
+        return replace(source, user=user), profile
+    source = resolve_model(loaded, user)
+    if source.onnx_path is None:
+        assert source.user is not None
+        shapes = {k: tuple(v) for k, v in source.input_shapes.items()}
+        profile = step_profile(source.name, loaded.job.task, batch, shapes, source.user.counted_ops(batch),
+                               source.user.parameters, source.user.parameter_bytes, optimizer)
+    else:
+        try:
+            profile = analyze(source.onnx_path, batch, source.input_shapes, loaded.job.task, optimizer,
+                              name=source.name)
+        except InputError as exc:
+            raise loaded.job_doc.error(_source_field(loaded), exc.message) from None
+    key = key or _analysis_key(loaded, optimizer, user)
     if key:
+        onnx_path = str(source.onnx_path) if source.onnx_path else None
         write_atomic(cache_dir() / "analysis" / f"{key}.json", json.dumps(
-            {"source": {**asdict(source), "onnx_path": str(source.onnx_path)}, "profile": asdict(profile)}))
+            {"source": {**asdict(replace(source, user=None)), "onnx_path": onnx_path}, "profile": asdict(profile)}))
     return source, profile
 
 
-def _analysis_key(loaded: LoadedJob, optimizer: str) -> str | None:
+def _is_user(loaded: LoadedJob) -> bool:
+    return loaded.job.model.pytorch is not None or loaded.job.model.exported is not None
+
+
+def _source_field(loaded: LoadedJob) -> tuple[str, ...]:
+    """The job's field that names its model."""
+    spec = loaded.job.model
+    return next(("model", name) for name in ("zoo", "pytorch", "exported", "onnx") if getattr(spec, name) is not None)
+
+
+def _resolve_user(loaded: LoadedJob, user: UserModel) -> ModelSource:
+    """The user's own model: its ONNX export, or none (the analysis then reads the flop counter's ops) where no
+    exporter could export it."""
+    spec = loaded.job.model
+    name = (f"{Path(spec.pytorch.module).stem if spec.pytorch.module.endswith('.py') else spec.pytorch.module}"
+            f".{spec.pytorch.factory}" if spec.pytorch is not None else Path(spec.exported or "").stem)
+    source = ModelSource(name, user.onnx_path, user.input_shapes, None, user=user)
+    if user.onnx_path is None:
+        return source
+    import onnx
+
+    model = onnx.load(user.onnx_path, load_external_data=False)  # modak's own export: checked when made
+    return replace(source, data_files=_data_files(model, user.onnx_path, loaded.job_doc, _source_field(loaded)))
+
+
+def _analysis_key(loaded: LoadedJob, optimizer: str, user: UserModel | None = None) -> str | None:
     """What a job's analysis depends on, hashed; None while its ONNX file does not exist (a zoo model not yet
-    exported) or cannot be read."""
+    exported) or cannot be read. The user's own model (``user``) is its export's result."""
     spec = loaded.job.model
     try:
-        if spec.zoo:
+        if user is not None:
+            path = user.folder / usercode_child.RESULT_FILE
+        elif spec.zoo:
             path = zoo.export_path(spec.zoo, _zoo_overrides(spec.zoo, spec.input_shape))
         else:
-            assert spec.onnx is not None  # a model is a zoo name or an ONNX file (the spec's validator)
+            assert spec.onnx is not None  # a model is a zoo name, an ONNX file or the user's own (the validator)
             path = loaded.job_doc.resolve(spec.onnx)
         stat = path.stat()
     except (OSError, ModakError):
@@ -114,7 +158,8 @@ def _cached_analysis(key: str) -> tuple[ModelSource, WorkloadProfile] | None:
     """A cached analysis whose external data files are all still there, or None."""
     try:
         data = json.loads((cache_dir() / "analysis" / f"{key}.json").read_text())
-        source = ModelSource(**{**data["source"], "onnx_path": Path(data["source"]["onnx_path"]),
+        onnx_path = data["source"]["onnx_path"]
+        source = ModelSource(**{**data["source"], "onnx_path": Path(onnx_path) if onnx_path else None,
                                 "data_files": tuple(data["source"]["data_files"])})
         stored = data["profile"]
         profile = WorkloadProfile(**{**stored, "task": Task(stored["task"]),
@@ -122,6 +167,8 @@ def _cached_analysis(key: str) -> tuple[ModelSource, WorkloadProfile] | None:
                                      "ops": tuple(OpStats(**op) for op in stored["ops"])})
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if source.onnx_path is None:
+        return source, profile
     folder = source.onnx_path.parent
     return (source, profile) if all((folder / name).is_file() for name in source.data_files) else None
 

@@ -50,6 +50,8 @@ class RunRequest:
     workdir: str
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    pytorch: dict[str, Any] | None = None  # the user's own model (Deployment.pytorch), beside onnx_path
+    loss: str | None = None  # the training step's loss (Deployment.loss)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -97,14 +99,33 @@ def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> flo
     return worst
 
 
+def loss_targets(loss: str, output_shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """The seeded targets of built-in training loss ``loss`` for a first output of ``output_shape`` (the same in
+    every runtime): class labels over its last dimension for cross_entropy, values shaped like it for mse."""
+    rng = np.random.default_rng(seed + 1)
+    if loss == "cross_entropy":
+        return rng.integers(0, output_shape[-1], size=output_shape[:-1]).astype(np.int64)
+    return rng.standard_normal(output_shape).astype(np.float32)
+
+
+def has_graph(request: RunRequest) -> bool:
+    """Whether the request has an ONNX graph: all but the user's own model that no exporter could export (whose
+    PyTorch runtimes build it from the files beside where the graph would be)."""
+    return request.pytorch is None or Path(request.onnx_path).is_file()
+
+
 def make_inputs(request: RunRequest) -> dict[str, np.ndarray]:
-    """Deterministic inputs for the request's ONNX graph: random floats, in-range integer ids."""
+    """Deterministic inputs for the request's ONNX graph: random floats, in-range integer ids (without a graph:
+    floats of the request's input shapes)."""
     import onnx
 
+    rng = np.random.default_rng(request.seed)
+    if not has_graph(request):
+        return {name: rng.standard_normal([request.batch_size, *shape]).astype(np.float32)
+                for name, shape in request.input_shapes.items()}
     model = onnx.load(request.onnx_path, load_external_data=False)
     bounds = _index_bounds(request.zoo)
     initializers = {i.name for i in model.graph.initializer}
-    rng = np.random.default_rng(request.seed)
     inputs: dict[str, np.ndarray] = {}
     for value in model.graph.input:
         if value.name in initializers:

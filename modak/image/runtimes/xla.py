@@ -1,11 +1,12 @@
-"""XLA through JAX: torchax runs the zoo's PyTorch module as a JAX function, compiled by ``jax.jit``.
+"""XLA through JAX: torchax runs a PyTorch module as a JAX function, compiled by ``jax.jit``.
 
-The model definition is the zoo's own ``torch.nn.Module``: torchax lowers every ATen op to ``jax.numpy``, so
+The model definition is the zoo's own ``torch.nn.Module``, or the user's (:func:`modak.image.runtimes.pytorch.
+user_module`): torchax lowers every ATen op to ``jax.numpy``, so
 nothing is redefined here. A step is one call of the jitted function, waited on with
 ``jax.block_until_ready``:
 
 - inference: the forward pass on the request's batch;
-- training: forward, the loss of :mod:`modak.image.runtimes.pytorch` (sum over outputs of the mean square),
+- training: forward, the loss of :mod:`modak.image.runtimes.pytorch` (the job's built-in, or the mean square),
   gradients over the trainable parameters (``jax.value_and_grad``) and the ``torch.optim.SGD`` update
   (lr 1e-3, momentum 0.9: ``buf = 0.9 * buf + grad; w -= 1e-3 * buf``), all in one XLA program. Buffers
   (BatchNorm running statistics) are carried from step to step as in torch's train mode.
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import FunctionSession, RunRequest, loss_targets
 
 LR = 1e-3
 MOMENTUM = 0.9
@@ -41,17 +42,23 @@ _LOWER = {"bf16": "bfloat16", "fp16": "float16"}  # compute dtype of the reduced
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
-    if request.zoo is None:
-        raise ValueError("xla runs zoo architectures (a torch module); this request has only an ONNX file")
+    if request.zoo is None and request.pytorch is None:
+        raise ValueError("xla runs PyTorch modules (a zoo architecture or the user's own); this request has only an "
+                         "ONNX file")
     if request.device == "cpu":
         _limit_threads(request.threads)
     import jax
 
     torchax = import_torchax()
-    from modak.image.zoo import get_entry
+    if request.zoo is not None:
+        from modak.image.zoo import get_entry
 
-    entry = get_entry(request.zoo)
-    model = entry.build(request.input_shapes)
+        entry = get_entry(request.zoo)
+        model, input_names = entry.build(request.input_shapes), list(entry.input_shapes)
+    else:
+        from modak.image.runtimes.pytorch import user_module
+
+        model, input_names = user_module(request), list(request.input_shapes)
     if request.task == "training":
         model.train()
     device = jax.devices("gpu" if request.device == "gpu" else "cpu")[0]
@@ -59,10 +66,10 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
     jittable = torchax.interop.JittableModule(model)
     params = {k: _to_jax(v, device) for k, v in jittable.params.items()}
     buffers = {k: _to_jax(v, device) for k, v in jittable.buffers.items()}
-    args = [jax.device_put(inputs[name], device) for name in entry.input_shapes]  # the shapes to compile for
+    args = [jax.device_put(inputs[name], device) for name in input_names]  # the shapes to compile for
 
     def arguments(feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        return [jax.device_put(np.ascontiguousarray(feeds[name]), device) for name in entry.input_shapes]
+        return [jax.device_put(np.ascontiguousarray(feeds[name]), device) for name in input_names]
     compute = getattr(jax.numpy, _LOWER[request.precision]) if request.precision in _LOWER else None
 
     def forward(params: dict, buffers: dict, args: list) -> tuple[list, dict]:
@@ -92,8 +99,7 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
 
     def loss_fn(params: dict, buffers: dict, args: list) -> tuple[Any, dict]:
         outputs, new_buffers = forward(params, buffers, args)
-        loss = sum((o.astype(np.float32) ** 2).mean() for o in outputs)
-        return loss, new_buffers
+        return _loss(request, outputs), new_buffers
 
     @jax.jit
     def train_step(params: dict, buffers: dict, momentum: dict, args: list) -> tuple:
@@ -111,6 +117,24 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
             train_step(state["params"], state["buffers"], state["momentum"], arguments(feeds)))
         return [np.asarray(loss, dtype=np.float32)]
     return FunctionSession(run_training)
+
+
+def _loss(request: RunRequest, outputs: list) -> Any:
+    """The loss of :mod:`modak.image.runtimes.pytorch` in ``jax.numpy``: a built-in on the same seeded targets,
+    else the mean square of the outputs (a ``module:function`` loss is PyTorch code: the plan leaves XLA out)."""
+    import jax
+    import jax.numpy as jnp
+
+    if request.loss is None:
+        return sum((o.astype(np.float32) ** 2).mean() for o in outputs)
+    if ":" in request.loss:
+        raise ValueError(f"xla cannot run the PyTorch loss {request.loss}")
+    first = outputs[0].astype(np.float32)
+    target = loss_targets(request.loss, tuple(first.shape), request.seed)
+    if request.loss == "cross_entropy":
+        logits = jax.nn.log_softmax(first.reshape(-1, first.shape[-1]))
+        return -jnp.take_along_axis(logits, target.reshape(-1, 1), axis=1).mean()
+    return ((first - target) ** 2).mean()
 
 
 def import_torchax() -> Any:
