@@ -192,7 +192,8 @@ def run_case(case: Case) -> Outcome:
         work = Path(tmp)
         (work / "job.yaml").write_bytes(case.job)
         (work / "target.yaml").write_bytes(case.target)
-        shutil.copy(EXAMPLES / "cnn-train-cpu" / "train.py", work / "train.py")
+        for name in ("train.py", "model.py"):  # the training example's script and the network it plans for
+            shutil.copy(EXAMPLES / "cnn-train-cpu" / name, work / name)
         write_onnx(work / "tiny.onnx")
         out = work / "out"
         if case.existing_output:

@@ -7,6 +7,7 @@ The quick CI profile; ``benchmarks/fuzz.py --cases 10000`` is the long one. The 
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,7 @@ def test_cli_hostile_command_is_quoted_in_every_output(tmp_path: Path) -> None:
     job["target"] = str(EXAMPLES / "resnet50-train-gpu" / "target.yaml")  # Slurm and Apptainer
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     (tmp_path / "train.py").write_text("print('hi')\n")
+    shutil.copy(EXAMPLES / "cnn-train-cpu" / "model.py", tmp_path / "model.py")
     result = modak("render", str(tmp_path / "job.yaml"), "--predictor", "roofline", "-o", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert check_rendered(tmp_path / "out") == []

@@ -423,3 +423,14 @@ def test_the_pytorch_image_runs_a_model_no_exporter_could_export(tmp_path: Path)
     assert [(s.name, s.shape) for s in model.outputs] == [("output_0", (10,))]
     result = runner.measure(request, min_seconds=0.1, budget_s=1)
     assert result["status"] == "ok", result
+
+
+def test_the_training_example_plans_the_network_its_script_trains() -> None:
+    """examples/cnn-train-cpu: train.py trains model.py's network, which the job names (no zoo stand-in); its
+    flatten (a view with a dynamic batch in the dynamo export) is analysed at the plan's batch."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "cnn-train-cpu"
+    assert "from model import build_model" in (example / "train.py").read_text()
+    plan = plan_dict(example / "job.yaml")
+    assert plan["model_source"]["source"] == "model.py:build_model" and plan["model_source"]["exporter"] == "dynamo"
+    assert plan["deployment"]["pytorch"] == {"module": "model.py", "factory": "build_model", "kwargs": {}, "weights": None}
+    assert plan["deployment"]["loss"] == "cross_entropy" and {"pytorch", "torch-compile"} == runtimes(plan)

@@ -1,4 +1,5 @@
-"""An ordinary PyTorch training loop, with the image's plan applied by modak.runtime.torch.prepare.
+"""An ordinary PyTorch training loop over the network of model.py (the one the job plans for), with the image's
+plan applied by modak.runtime.torch.prepare.
 
 Synthetic, learnable data (noisy copies of ten fixed images), so the loss must go down.
 Steps: the first argument or $STEPS (default 60). Logs the plan, the loss and step times.
@@ -9,23 +10,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import modak.runtime.torch
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.fc1 = nn.Linear(64 * 7 * 7, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+from model import build_model
 
 
 def batches(steps: int, batch: int = 64):
@@ -40,7 +27,7 @@ def batches(steps: int, batch: int = 64):
 def main() -> int:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("STEPS", "60"))
     torch.manual_seed(0)
-    model = Net()
+    model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model, optimizer, step = modak.runtime.torch.prepare(model, optimizer)
     print(step.describe(), flush=True)

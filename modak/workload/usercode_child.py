@@ -221,7 +221,25 @@ def _export_dynamo(request: dict[str, Any], model: Any, inputs: dict[str, Any], 
                                     optimize=False, verbose=False)
         assert program is not None  # dynamo=True returns the program
         onnxscript.optimizer.fold_constants(program.model)
-    _save(onnx, program.model_proto, path)
+    proto = program.model_proto
+    _unsqueeze_scalar_reshapes(onnx, proto)
+    _save(onnx, proto, path)
+
+
+def _unsqueeze_scalar_reshapes(onnx: Any, proto: Any) -> None:
+    """``Reshape(scalar, [-1])`` as ``Unsqueeze(scalar, [0])``, its equal: the dynamo exporter builds the shape
+    of a ``flatten``/``view`` with a dynamic batch that way, and ONNX shape inference propagates the values of
+    Unsqueeze, not of Reshape, so the analysis would not know the view's shape at a fixed batch."""
+    scalars = {vi.name for vi in proto.graph.value_info
+               if vi.type.tensor_type.HasField("shape") and not vi.type.tensor_type.shape.dim}
+    minus_one = {node.output[0] for node in proto.graph.node if node.op_type == "Constant"
+                 and [onnx.helper.get_attribute_value(a) for a in node.attribute] == [[-1]]}
+    for index, node in enumerate(proto.graph.node):
+        if node.op_type == "Reshape" and node.input[0] in scalars and node.input[1] in minus_one:
+            axes = f"{node.output[0]}_axes"
+            proto.graph.initializer.append(onnx.helper.make_tensor(axes, onnx.TensorProto.INT64, [1], [0]))
+            proto.graph.node[index].CopyFrom(onnx.helper.make_node("Unsqueeze", [node.input[0], axes],
+                                                                   list(node.output), name=node.name))
 
 
 def _export_torchscript(request: dict[str, Any], model: Any, inputs: dict[str, Any], path: Path) -> None:
