@@ -434,3 +434,25 @@ def test_the_training_example_plans_the_network_its_script_trains() -> None:
     assert plan["model_source"]["source"] == "model.py:build_model" and plan["model_source"]["exporter"] == "dynamo"
     assert plan["deployment"]["pytorch"] == {"module": "model.py", "factory": "build_model", "kwargs": {}, "weights": None}
     assert plan["deployment"]["loss"] == "cross_entropy" and {"pytorch", "torch-compile"} == runtimes(plan)
+
+
+def test_the_pt2_example_is_what_its_script_makes(tmp_path: Path) -> None:
+    """examples/pt2-cpu: the committed model.pt2 is small, and make_program.py makes a loadable program of the
+    same network and weights again; the job plans the PyTorch runtimes on the program and the ONNX ones on its
+    export."""
+    import torch
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "pt2-cpu"
+    assert (example / "model.pt2").stat().st_size < 200_000
+    made = subprocess.run([sys.executable, str(example / "make_program.py"), str(tmp_path / "model.pt2")],
+                          capture_output=True, text=True, check=False)
+    assert made.returncode == 0, made.stderr
+    committed, remade = (torch.export.load(str(path)).module() for path in (example / "model.pt2",
+                                                                              tmp_path / "model.pt2"))
+    mel = torch.randn(5, 40, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(remade(mel), committed(mel), rtol=0, atol=0)
+    plan = plan_dict(example / "job.yaml")
+    assert {"pytorch", "torch-compile", "onnxruntime", "openvino"} <= runtimes(plan)
+    assert plan["model_source"]["source"] == "program model.pt2" and plan["deployment"]["input_shapes"] == {
+        "mel": [40, 64]}
