@@ -456,3 +456,83 @@ def test_the_pt2_example_is_what_its_script_makes(tmp_path: Path) -> None:
     assert {"pytorch", "torch-compile", "onnxruntime", "openvino"} <= runtimes(plan)
     assert plan["model_source"]["source"] == "program model.pt2" and plan["deployment"]["input_shapes"] == {
         "mel": [40, 64]}
+
+
+# --- the in-image commands on the user's model -------------------------------------------------------------------
+
+def _image_env(out: Path, work: Path) -> dict[str, str]:
+    """The variables the image sets, for the rendered folder ``out`` (its plan.json and model folder)."""
+    import modak as package
+
+    work.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "MODAK_PLAN": str(out / "plan.json"), "MODAK_MODEL": str(out / "model" / "model.onnx"),
+            "MODAK_WORKDIR": str(work), "PYTHONPATH": str(Path(package.__file__).parents[1])}
+
+
+@pytest.mark.parametrize("runtime", ["pytorch", "torch-compile"])
+def test_serve_and_run_answer_as_eager_pytorch_on_the_users_module(tmp_path: Path, runtime: str) -> None:
+    """``modak serve`` and ``modak run`` (the image's commands, started through its launcher against the rendered
+    folder) on a module-file model with weights: their outputs are eager PyTorch's for the same inputs."""
+    import queue
+    import threading
+    import urllib.request
+
+    import numpy as np
+    import torch
+
+    from modak import api
+
+    (tmp_path / "nets.py").write_text(MODULE)
+    torch.manual_seed(2)
+    model = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=8)
+    with torch.no_grad():
+        model.norm.running_mean.uniform_(-0.5, 0.5)
+        model.norm.running_var.uniform_(0.5, 1.5)
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    job = write(tmp_path, job_text(PYTORCH.replace("width: 8}", "width: 8}, weights: w.pt"), extra=(
+        f"constraints: {{runtimes: [{runtime}]}}\n")))
+    api.render_plan(api.plan_job(job, predictor_name="roofline"), tmp_path / "out")
+    env = _image_env(tmp_path / "out", tmp_path / "work")
+    launch = [sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m", "modak.runtime"]
+    rng = np.random.default_rng(0)
+    items = {name: rng.standard_normal((n, 3, 16, 16)).astype(np.float32) for name, n in (("a", 3), ("b", 6))}
+    with torch.no_grad():
+        eager = {name: model.eval()(torch.from_numpy(x)).numpy() for name, x in items.items()}
+    # modak run over a folder of .npy files
+    (tmp_path / "in").mkdir()
+    for name, x in items.items():
+        np.save(tmp_path / "in" / f"{name}.npy", x)
+    done = subprocess.run([*launch, "run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "results"),
+                           "--json", "--quiet"], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["done"] == 2
+    for name, expected in eager.items():
+        with np.load(tmp_path / "results" / f"{name}.npz") as result:
+            (output,) = result.files
+            np.testing.assert_allclose(result[output], expected, rtol=1e-4, atol=1e-5)
+    # modak serve, one infer request of the Open Inference Protocol
+    server = subprocess.Popen([*launch, "serve", "--host", "127.0.0.1", "--port", "0"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stderr or ()], daemon=True).start()
+    try:
+        seen = []
+        while not (seen and seen[-1].startswith("modak serve:") and "http://" in seen[-1]):
+            try:
+                seen.append(lines.get(timeout=300))
+            except queue.Empty:
+                raise AssertionError("".join(seen)) from None
+        base = seen[-1].split(" on ", 1)[1].strip()  # http://127.0.0.1:PORT/v2
+        x = items["b"]
+        document = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                "data": x.reshape(-1).tolist()}]}
+        request = urllib.request.Request(f"{base}/models/own/infer",  # served under the job's name
+                                         json.dumps(document).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as response:
+            (output,) = json.loads(response.read())["outputs"]
+        assert output["shape"] == [6, 10]
+        np.testing.assert_allclose(np.array(output["data"], np.float32).reshape(6, 10), eager["b"], rtol=1e-4,
+                                   atol=1e-5)
+    finally:
+        server.kill()
+        server.wait(timeout=30)
