@@ -536,3 +536,27 @@ def test_serve_and_run_answer_as_eager_pytorch_on_the_users_module(tmp_path: Pat
     finally:
         server.kill()
         server.wait(timeout=30)
+
+
+def test_whatif_and_pack_accept_the_users_model(tmp_path: Path) -> None:
+    """``modak whatif`` plans the module-file job on each target; ``modak pack`` places it beside a training job of
+    the same module and renders each with the user's files."""
+    job = write(tmp_path, job_text(PYTORCH))
+    (tmp_path / "big.yaml").write_text(TARGET.replace("name: cpu-box", "name: big-box").replace(
+        "cores_per_socket: 4", "cores_per_socket: 16"))
+    whatif = modak("whatif", str(job), "--targets", str(tmp_path / "target.yaml"), str(tmp_path / "big.yaml"),
+                   "--predictor", "roofline", "--json")
+    assert whatif.returncode == 0, whatif.stderr
+    report = json.loads(whatif.stdout)
+    assert report["job"] == "own" and {row["target"] for row in report["targets"]} == {"cpu-box", "big-box"}
+    assert all(row["step_seconds"] > 0 for row in report["targets"])
+    training = tmp_path / "train.yaml"
+    training.write_text(job_text(PYTORCH, "training", "loss: cross_entropy\nconstraints: {runtimes: [pytorch]}\n")
+                        .replace("name: own", "name: own-train"))
+    pack = modak("pack", str(job), str(training), "--target", str(tmp_path / "target.yaml"), "--predictor",
+                 "roofline", "--render", str(tmp_path / "packed"), "--json")
+    assert pack.returncode == 0, pack.stderr
+    assert {name for group in json.loads(pack.stdout)["groups"] for name in group["jobs"]} == {"own", "own-train"}
+    rendered = tmp_path / "packed" / "own-train"
+    assert json.loads((rendered / "plan.json").read_text())["model_source"]["source"] == "model.py:build_model"
+    assert (rendered / "model" / "model.py").read_text() == MODULE  # the PyTorch image builds the module
