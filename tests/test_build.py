@@ -279,6 +279,24 @@ def _onnx_reference(model: Path, feeds: dict[str, Any]) -> list[Any]:
     return onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def _ready_client(container: Any, port: int) -> Any:
+    """Triton's HTTP client of the server in ``container`` on ``port``, once the server says it is ready."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if client.is_server_ready():
+                return client
+        except Exception:  # not listening yet
+            pass
+        container.reload()
+        assert container.status == "running", container.logs().decode()[-2000:]
+        assert time.monotonic() < deadline, "the server did not become ready in 180 s"
+        time.sleep(0.5)
+
+
 def test_served_image_answers_the_reference_client(cnn: Built, engine: DockerEngine) -> None:
     """The inference image's default command serves the Open Inference Protocol: Triton's reference client gets
     ONNX Runtime's outputs for the same inputs, /metrics counts the requests, SIGTERM ends it cleanly."""
@@ -288,18 +306,7 @@ def test_served_image_answers_the_reference_client(cnn: Built, engine: DockerEng
     port = _free_port()
     container = engine.client.containers.run(cnn.ref, detach=True, ports={"8080/tcp": ("127.0.0.1", port)})
     try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:  # not listening yet
-                pass
-            container.reload()
-            assert container.status == "running", container.logs().decode()[-2000:]
-            assert time.monotonic() < deadline, "the server did not become ready in 180 s"
-            time.sleep(0.5)
+        client = _ready_client(container, port)
         assert client.is_server_live()
         assert client.is_model_ready(cnn.data["job"]), "the model is served under the job's name"
         metadata = client.get_model_metadata(cnn.data["job"])
@@ -384,6 +391,10 @@ def test_training_image_runs_the_users_script(engine: DockerEngine, wheelhouse: 
     data = build(folder / "job.yaml", "-o", tmp_path / "out")
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert data["smoke_test"]["status"] == "ok" and data["smoke_test"]["steps"] >= 20
+    # planned for the network train.py trains (model.py's factory), no zoo stand-in; the image says so too
+    assert plan["model_source"]["source"] == "model.py:build_model" and plan["deployment"]["zoo"] is None
+    label = json.loads(image_labels(engine, data["image"]["ref"])["io.modak.model-source"])
+    assert label["source"] == "model.py:build_model"
     outcome = engine.run(data["image"]["ref"], None, env={"STEPS": "30"}, timeout=600)
     assert outcome.exit_code == 0, outcome.stderr[-3000:]
     lines = outcome.stdout.splitlines()
@@ -393,6 +404,77 @@ def test_training_image_runs_the_users_script(engine: DockerEngine, wheelhouse: 
     assert all(f"{name}={value}" in lines[0] for name, value in deployment["params"].items())
     done = lines[-1].split()
     assert done[0] == "done:" and float(done[6].rstrip(",")) < float(done[4]), lines[-1]  # loss A -> B: B < A
+
+
+# A network of the user's own (not a zoo architecture), in a module file of its own.
+OWN_MODULE = """\
+import torch
+from torch import nn
+
+
+class Mixer(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.norm = nn.BatchNorm2d(width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.norm(self.conv(x)))
+        return self.head((y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3)))
+
+
+def build_model(width=8):
+    return Mixer(width)
+"""
+
+
+@pytest.mark.engine
+def test_served_image_of_the_users_module_equals_eager_pytorch(engine: DockerEngine, wheelhouse: Path,
+                                                                tmp_path: Path) -> None:
+    """A job of the user's own module file and weights, built on PyTorch eager (torch from the wheelhouse): the
+    image carries the module and says where the model came from, and what it serves is eager PyTorch's output
+    on the host for the same inputs."""
+    import runpy
+
+    import numpy as np
+    import torch
+    import tritonclient.http as httpclient
+
+    folder = tmp_path / "spec"
+    write_target(folder, "local-cpu-wheels", python={"wheelhouse": str(wheelhouse), "recipe_indexes": False})
+    (folder / "nets.py").write_text(OWN_MODULE)
+    torch.manual_seed(4)
+    model = runpy.run_path(str(folder / "nets.py"))["build_model"](width=8)
+    with torch.no_grad():
+        model.norm.running_mean.uniform_(-0.5, 0.5)  # weights whose batch-norm statistics are not the defaults
+        model.norm.running_var.uniform_(0.5, 1.5)
+    torch.save(model.state_dict(), folder / "weights.pt")
+    job = write_job(folder, name="own-module", model={
+        "pytorch": {"module": "nets.py", "factory": "build_model", "kwargs": {"width": 8}, "weights": "weights.pt"},
+        "input_shape": [3, 16, 16], "batch_size": 4}, frameworks=["pytorch"], constraints={"runtimes": ["pytorch"]})
+    data = build(job, "-o", tmp_path / "out")
+    assert data["choice"]["runtime"] == "pytorch" and data["smoke_test"]["status"] == "ok", data["smoke_test"]
+    source = json.loads(image_labels(engine, data["image"]["ref"])["io.modak.model-source"])
+    assert source["source"] == "nets.py:build_model" and set(source["digests"]) >= {"module", "weights"}
+    port = _free_port()
+    container = engine.client.containers.run(data["image"]["ref"], detach=True,
+                                             ports={"8080/tcp": ("127.0.0.1", port)})
+    try:
+        client = _ready_client(container, port)
+        metadata = client.get_model_metadata(data["job"])
+        (tensor,) = metadata["inputs"]
+        assert tensor["datatype"] == "FP32" and tensor["shape"] == [-1, 3, 16, 16]
+        x = np.random.default_rng(0).standard_normal((5, 3, 16, 16)).astype(np.float32)
+        infer_input = httpclient.InferInput(tensor["name"], list(x.shape), "FP32")
+        infer_input.set_data_from_numpy(x)
+        result = client.infer(data["job"], [infer_input])
+        with torch.no_grad():
+            expected = model.eval()(torch.from_numpy(x)).numpy()
+        (output,) = metadata["outputs"]
+        np.testing.assert_allclose(result.as_numpy(output["name"]), expected, rtol=1e-4, atol=1e-5)
+    finally:
+        container.remove(force=True)
 
 
 # --- failures ------------------------------------------------------------------------------------------------
