@@ -14,6 +14,17 @@ TEST_HOST_PROBE = ProbeResult(
     triad_gbs={1: 30.0, 2: 40.9}, triad_spread={1: 0.0, 2: 0.0}, theoretical_fp32_gflops=None, frequency_ghz=None,
     frequency_source="unknown", host="test-host")
 
+# Markers of what a test needs beyond Python (registered in pyproject.toml); each implies `integration`.
+SERVICES = ("engine", "slurm", "opera", "netns")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs a service `integration` as well."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SERVICES):
+            item.add_marker(pytest.mark.integration)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _modak_cache(tmp_path_factory: pytest.TempPathFactory):

@@ -328,8 +328,7 @@ def test_a_repeated_analysis_comes_from_the_cache_without_onnx_and_a_changed_fil
     import subprocess
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from onnx_graphs import write_onnx
+    from tests.support.onnx_graphs import write_onnx
 
     write_onnx(tmp_path / "model.onnx", external=True)
     (tmp_path / "target.yaml").write_text("apiVersion: modak/v1\nkind: Target\nname: t\ncpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\n"

@@ -13,7 +13,8 @@ import pytest
 from modak.bench.dispatch import LaunchTask, SlurmDispatcher
 from modak.errors import InputError
 
-pytestmark = pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch not on PATH (needs a Slurm cluster)")
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch not on PATH (needs a Slurm cluster)")]
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"

@@ -1,7 +1,7 @@
 """Property-based fuzzing (hypothesis) of the spec loader, the render filters and the command line.
 
-The quick CI profile; ``benchmarks/fuzz.py --cases 10000`` is the long one. The cases and checks are in
-``tests/fuzzing.py``.
+The quick CI profile; ``benchmarks/tools/fuzz.py --cases 10000`` is the long one. The cases and checks are in
+``tests/support/fuzzing.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzzing import EXAMPLES, HOSTILE, MARKER, PAYLOADS, cases, check_rendered, example_seeds, mutated, run_case
+from tests.support.fuzzing import EXAMPLES, HOSTILE, MARKER, PAYLOADS, cases, check_rendered, example_seeds, mutated, run_case
 from modak.errors import InputError
 from modak.render.render import def_sh, def_text, dockerfile_sh, dockerfile_str, oneline, sh, word
 from modak.spec.loader import parse_yaml

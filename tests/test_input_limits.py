@@ -16,7 +16,7 @@ from modak.errors import InputError
 from modak.measurements.store import COLUMNS, read_csv
 from modak.spec.loader import load_job, parse_yaml
 from modak.workload import analysis
-from onnx_graphs import write_onnx
+from tests.support.onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "examples" / "mnist-cnn-cpu" / "target.yaml"

@@ -195,6 +195,7 @@ def test_tune_command_races_for_real(tmp_path):
     assert all(1 <= r.launches <= result["rounds"] for r in rows if r.status in ("ok", "contended"))
 
 
+@pytest.mark.slurm
 @pytest.mark.skipif(not __import__("shutil").which("sbatch"), reason="Slurm's sbatch is not installed")
 def test_tune_dispatches_rounds_as_slurm_job_arrays(tmp_path):
     """`--dispatch slurm`: every round runs as a job array on the real Slurm; rows and winner as locally."""

@@ -33,7 +33,7 @@ runtime, threads and wait policy fit it), and the sharing model adds what the jo
   other term. Every set of profiles that fits the GPU is searched.
 * GPU, ``time-slicing``: without MPS the GPU runs one process's context at a time, in time slices, and does not
   fill the gaps of the one it runs (its launch overhead) with the others' kernels (what MPS adds): each of n jobs
-  slows by n, so time-slicing gains no throughput (published: 1.05-1.11 n, ``benchmarks/share_published.py``).
+  slows by n, so time-slicing gains no throughput (published: 1.05-1.11 n, ``benchmarks/published/share_published.py``).
 
 Each arrangement is refused when the jobs' memory (parameters and every operator's output, the plan's upper
 bound; training: parameters x 4) exceeds :data:`MEMORY_SHARE` of the capacity they share (the node's memory, the

@@ -57,7 +57,7 @@ NEW_MACHINE_SPREAD = 0.405
 NEW_MODEL_SPREAD = 0.245
 # The same for another probe of a machine kind the model knows (same microarchitecture or GPU model and cores, other
 # measured ceilings: the machine probed in another session): calibrated on two re-probed sessions' rows (Zen 3, 268;
-# Ice Lake, 84; benchmarks/reprobe.py, 3 seeds) to put 80% in the interval (0.132 and 0.114 alone; calibrated on
+# Ice Lake, 84; benchmarks/models/reprobe.py, 3 seeds) to put 80% in the interval (0.132 and 0.114 alone; calibrated on
 # one, scored on the other: 77%, 81%; 98% and 100% with NEW_MACHINE_SPREAD).
 SAME_KIND_SPREAD = 0.13
 _Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs

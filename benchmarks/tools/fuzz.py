@@ -1,12 +1,12 @@
 """The long fuzz profile: many hostile jobs and targets through `modak plan/render/analyze` (in-process).
 
-Cases come from the strategies of ``tests/fuzzing.py`` (the bundled examples' jobs and targets, mutated) and
+Cases come from the strategies of ``tests/support/fuzzing.py`` (the bundled examples' jobs and targets, mutated) and
 are checked the same way as ``tests/test_fuzz.py`` does: exit code 0 or 2 only, one error line, no partial
 output folder, rendered scripts and build files with every hostile value quoted. Prints the cases run, the
 exit-code histogram, the crashes (the first few inputs in full), the maximum RSS and the wall time; exits 1
 when any case crashed.
 
-    python benchmarks/fuzz.py [--cases 10000] [--seed N] [--show 3]
+    python -m benchmarks.tools.fuzz [--cases 10000] [--seed N] [--show 3]
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main() -> int:
@@ -37,7 +34,7 @@ def main() -> int:
 
     from hypothesis import HealthCheck, given, seed, settings
 
-    from fuzzing import cases, example_seeds, run_case
+    from tests.support.fuzzing import cases, example_seeds, run_case
 
     jobs, targets = example_seeds()
     codes: collections.Counter[int] = collections.Counter()
