@@ -11,12 +11,14 @@ from typing import Any, Callable
 
 from modak.documents import document
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
+from modak.paths import refusal
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        _check_paths(args)
         return args.handler(args) or 0
     except ModakError as exc:
         print(f"modak: error: {exc}", file=sys.stderr)
@@ -32,6 +34,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"modak: internal error: {type(exc).__name__}: {exc} (set MODAK_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """A path argument the operating system refuses (:func:`modak.paths.refusal`) is bad input."""
+    for name, value in vars(args).items():
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, Path) and (reason := refusal(path)):
+                raise InputError(f"cannot use this path: {reason}", path, field=name)
 
 
 def _parser() -> argparse.ArgumentParser:
