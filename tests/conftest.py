@@ -1,8 +1,15 @@
 """Shared test fixtures."""
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from modak.hardware.probe import ProbeResult
+
+# Hypothesis in the suite: derandomized, the same examples on every run and machine, so that a change cannot fail CI
+# on an example found that day (the exploring profile, random and long: benchmarks/tools/fuzz.py).
+settings.register_profile("ci", derandomize=True, database=None, deadline=None,
+                          suppress_health_check=list(HealthCheck))
+settings.load_profile("ci")
 
 # What the tests take as this host's probe (`cpu: local` in the example targets): the shipped data's machine
 # (perfmodels/targets/ci-epyc-2c-b.yaml: 2 AVX-512/bf16 cores), so plans do not depend on the CPU the tests run
