@@ -21,15 +21,16 @@ TEST_HOST_PROBE = ProbeResult(
     triad_gbs={1: 30.0, 2: 40.9}, triad_spread={1: 0.0, 2: 0.0}, theoretical_fp32_gflops=None, frequency_ghz=None,
     frequency_source="unknown", host="test-host")
 
-# Markers of what a test needs beyond Python (registered in pyproject.toml); each implies `integration`.
-SERVICES = ("engine", "slurm", "opera", "netns")
+# Markers of what a test needs beyond Python and a few seconds (registered in pyproject.toml); each implies
+# `integration`, so that `pytest -m "not integration"` is the quick run.
+INTEGRATION_MARKERS = ("engine", "slurm", "opera", "netns", "slow")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs a service `integration` as well."""
+    """Mark every test that carries one of INTEGRATION_MARKERS `integration` as well."""
     for item in items:
-        if any(item.get_closest_marker(name) for name in SERVICES):
+        if any(item.get_closest_marker(name) for name in INTEGRATION_MARKERS):
             item.add_marker(pytest.mark.integration)
 
 

@@ -37,6 +37,7 @@ def macs_of(profile, *op_classes):
 
 # --- published counts ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, gmacs, params, torchvision_params", [
     ("resnet50", 4.1, 25.6e6, 25_557_032),
     ("resnet18", 1.8, 11.7e6, 11_689_512),
@@ -53,6 +54,7 @@ def test_vision_models_match_published_counts(profile, name, gmacs, params, torc
     assert p.parameter_bytes == 4 * p.parameters
 
 
+@pytest.mark.slow
 def test_bert_base_matches_published_counts(profile):
     p = profile("bert_base")
     matmuls = [op for op in p.ops if op.op_type == "MatMul"]
@@ -324,6 +326,7 @@ def test_zoo_source(tmp_path):
     assert p.input_shapes == {"input_ids": (128,)} and p.batch_size == 2
 
 
+@pytest.mark.slow
 def test_a_repeated_analysis_comes_from_the_cache_without_onnx_and_a_changed_file_is_analyzed_again(tmp_path):
     import subprocess
     import sys

@@ -400,6 +400,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_rendered_torchrun_line_starts_a_process_group(tmp_path: Path) -> None:
     """The launch line of a 2-node CPU job script, run for real: two torchrun agents on this machine stand in for
     the two nodes (rendezvous on 127.0.0.1, a free port instead of 29500), each starting the command it is given;

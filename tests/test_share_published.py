@@ -44,6 +44,7 @@ def test_every_row_carries_its_source_and_quote(share: ModuleType) -> None:
             assert row["notes"]  # why it is left out, fitted to, or fitted
 
 
+@pytest.mark.slow
 def test_the_comparison_runs_on_every_row(share: ModuleType, tmp_path: Path) -> None:
     points = share.load(FOLDER / "gpu_sharing.csv")
     planner = share.Planner(api.predictor("roofline"), tmp_path)
