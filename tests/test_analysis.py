@@ -113,6 +113,7 @@ def test_tiny_graph_exact_counts():
     assert adam.flops == 3 * 38_932 + 12 * 2_682
 
 
+@pytest.mark.slow
 def test_lstm_language_model_counts_its_recurrence_as_its_own_class(profile):
     p = profile("lstm_lm")
     (first, second) = [op for op in p.ops if op.op_type == "LSTM"]
@@ -168,6 +169,7 @@ def test_groupings_and_table():
 
 # --- batch scaling and training -------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "bert_base", "mobilenet_v2"])
 def test_batch_scaling(profile, name):
     one, eight = profile(name, 1), profile(name, 8)
@@ -177,6 +179,7 @@ def test_batch_scaling(profile, name):
     assert eight.parameters == one.parameters
 
 
+@pytest.mark.slow
 def test_training_costs_at_least_three_forward_passes():
     path = zoo.export_onnx("resnet50")
     inference = analyze(path, 16)

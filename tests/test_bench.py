@@ -47,6 +47,7 @@ def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
         assert len(perf.rows()) <= len(rows) + 1
 
 
+@pytest.mark.slow
 def test_bench_rejects_unknown_candidate(tmp_path: Path) -> None:
     result = modak("bench", str(CNN), "--candidates", "nosuchruntime", "--store", str(tmp_path / "s.sqlite"))
     assert result.returncode == 2 and "no candidate named 'nosuchruntime'" in result.stderr

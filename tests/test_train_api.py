@@ -98,6 +98,7 @@ def test_bf16_channels_last_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "channels_last=True" in step.describe()
 
 
+@pytest.mark.slow
 def test_torch_compile_plan_compiles_the_model(tmp_path: Path) -> None:
     net = _net()
     model, optimizer, step = modak_torch.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1),
