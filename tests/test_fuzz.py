@@ -16,7 +16,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.fuzzing import EXAMPLES, HOSTILE, MARKER, PAYLOADS, cases, check_rendered, example_seeds, mutated, run_case
+from tests.support.fuzzing import (EXAMPLES, HOSTILE, MARKER, PAYLOADS, cases, check_rendered, example_seeds, mutated,
+                                   run_case)
 from modak.errors import InputError
 from modak.render.render import def_sh, def_text, dockerfile_sh, dockerfile_str, oneline, sh, word
 from modak.spec.loader import parse_yaml

@@ -284,13 +284,14 @@ def test_check_json_files_are_bounded_and_never_crash(tmp_path: Path, text: str)
 
 # ---- paths the operating system refuses ------------------------------------------------------------------------
 
-SPEC_TARGET = "apiVersion: modak/v1\nkind: Target\nname: t\ncpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\n" \
-              "memory: {size_gb: 8}\n"
+SPEC_TARGET = ("apiVersion: modak/v1\nkind: Target\nname: t\n"
+               "cpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\nmemory: {size_gb: 8}\n")
 # Each path field of a job or target, as the YAML that sets it to VALUE (relative paths: resolved against the file).
 PATH_FIELDS = {
     "target": ("job", "target: VALUE\nmodel: {zoo: mnist_cnn}\n"),
     "model.onnx": ("job", "target: target.yaml\nmodel: {onnx: VALUE}\n"),
-    "entrypoint.files.0": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\nentrypoint: {command: [python3], files: [VALUE]}\n"),
+    "entrypoint.files.0": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\n"
+                                  "entrypoint: {command: [python3], files: [VALUE]}\n"),
     "calibration.data": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\ncalibration: {data: VALUE}\n"),
     "data.location": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\ndata: {location: VALUE}\n"),
     "data.output": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\ndata: {location: /data, output: VALUE}\n"),
@@ -338,7 +339,8 @@ def test_a_path_the_os_refuses_in_a_spec_is_a_located_input_error(tmp_path: Path
 
 
 @pytest.mark.parametrize("argv, field", [
-    (["plan", "PATH"], "job"), (["plan", "JOB", "--target", "PATH"], "target"), (["plan", "JOB", "--store", "PATH"], "store"),
+    (["plan", "PATH"], "job"), (["plan", "JOB", "--target", "PATH"], "target"),
+    (["plan", "JOB", "--store", "PATH"], "store"),
     (["render", "JOB", "-o", "PATH"], "output"), (["check", "JOB", "--baseline", "PATH"], "baseline"),
     (["whatif", "JOB", "--targets", "TARGET", "PATH"], "targets"),
 ])
