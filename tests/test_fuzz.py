@@ -1,6 +1,6 @@
 """Property-based fuzzing (hypothesis) of the spec loader, the render filters and the command line.
 
-The quick CI profile, derandomized (tests/conftest.py); ``benchmarks/tools/fuzz.py --cases 10000`` is the long
+The quick CI profile, derandomized (tests/conftest.py); ``python -m benchmarks.tools.fuzz --cases 10000`` is the long
 one. The cases and checks are in ``tests/support/fuzzing.py``.
 """
 
