@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from modak.bench.dispatch import dispatch_names
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
+from modak.paths import refusal
 from modak.render.sharing import SHARING_MODES
 from modak.spec.names import ENGINE_NAMES
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        _check_paths(args)
         return args.handler(args) or 0
     except ModakError as exc:
         print(f"modak: error: {exc}", file=sys.stderr)
@@ -34,6 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"modak: internal error: {type(exc).__name__}: {exc} (set MODAK_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """A path argument the operating system refuses (:func:`modak.paths.refusal`) is bad input."""
+    for name, value in vars(args).items():
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, Path) and (reason := refusal(path)):
+                raise InputError(f"cannot use this path: {reason}", path, field=name)
 
 
 def _parser() -> argparse.ArgumentParser:

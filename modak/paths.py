@@ -18,6 +18,20 @@ def data_dir(kind: str) -> Path:
     return packaged if packaged.is_dir() else _PACKAGE.parent / kind
 
 
+def refusal(path: Path) -> str | None:
+    """Why the operating system refuses ``path`` (a name too long, a loop of links, no permission, a NUL byte), or
+    None: a path that exists, or is only missing, is usable."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def cache_dir() -> Path:
     """modak's cache (exported zoo models, ...): ``$MODAK_CACHE`` or ``~/.cache/modak``."""
     base = os.environ.get("MODAK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modak"

@@ -37,6 +37,7 @@ def macs_of(profile, *op_classes):
 
 # --- published counts ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, gmacs, params, torchvision_params", [
     ("resnet50", 4.1, 25.6e6, 25_557_032),
     ("resnet18", 1.8, 11.7e6, 11_689_512),
@@ -53,6 +54,7 @@ def test_vision_models_match_published_counts(profile, name, gmacs, params, torc
     assert p.parameter_bytes == 4 * p.parameters
 
 
+@pytest.mark.slow
 def test_bert_base_matches_published_counts(profile):
     p = profile("bert_base")
     matmuls = [op for op in p.ops if op.op_type == "MatMul"]
@@ -111,6 +113,7 @@ def test_tiny_graph_exact_counts():
     assert adam.flops == 3 * 38_932 + 12 * 2_682
 
 
+@pytest.mark.slow
 def test_lstm_language_model_counts_its_recurrence_as_its_own_class(profile):
     p = profile("lstm_lm")
     (first, second) = [op for op in p.ops if op.op_type == "LSTM"]
@@ -166,6 +169,7 @@ def test_groupings_and_table():
 
 # --- batch scaling and training -------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "bert_base", "mobilenet_v2"])
 def test_batch_scaling(profile, name):
     one, eight = profile(name, 1), profile(name, 8)
@@ -175,6 +179,7 @@ def test_batch_scaling(profile, name):
     assert eight.parameters == one.parameters
 
 
+@pytest.mark.slow
 def test_training_costs_at_least_three_forward_passes():
     path = zoo.export_onnx("resnet50")
     inference = analyze(path, 16)
@@ -324,12 +329,12 @@ def test_zoo_source(tmp_path):
     assert p.input_shapes == {"input_ids": (128,)} and p.batch_size == 2
 
 
+@pytest.mark.slow
 def test_a_repeated_analysis_comes_from_the_cache_without_onnx_and_a_changed_file_is_analyzed_again(tmp_path):
     import subprocess
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from onnx_graphs import write_onnx
+    from tests.support.onnx_graphs import write_onnx
 
     write_onnx(tmp_path / "model.onnx", external=True)
     (tmp_path / "target.yaml").write_text("apiVersion: modak/v1\nkind: Target\nname: t\ncpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\n"

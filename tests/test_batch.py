@@ -121,6 +121,7 @@ def test_one_archive_and_npy_format(mlp, tmp_path):
                                reference(mlp, {"input": feed})["output"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_without_partial_or_repeated_outputs(mlp, tmp_path):
     rng = np.random.default_rng(2)
     data, out = tmp_path / "in", tmp_path / "out"

@@ -129,6 +129,7 @@ def test_memory_excludes_huge_batches(tmp_path: Path) -> None:
     assert raised.value.field == "model.batch_size" and "256: excluded (memory)" in raised.value.message
 
 
+@pytest.mark.slow
 def test_auto_batch_through_the_command_line_with_the_learned_model(tmp_path: Path) -> None:
     job = specs(tmp_path)
     done = subprocess.run([sys.executable, "-m", "modak", "plan", str(job), "--json"], capture_output=True, text=True)

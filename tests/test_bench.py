@@ -24,6 +24,7 @@ def modak(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     return subprocess.run([sys.executable, "-m", "modak", *args], capture_output=True, text=True, env=env)
 
 
+@pytest.mark.slow
 def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
     store = tmp_path / "perf.sqlite"
     result = modak("bench", str(CNN), "--candidates", "onnxruntime", "--launches", "2", "--min-seconds", "0.2", "--budget", "0.5",
@@ -46,6 +47,7 @@ def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
         assert len(perf.rows()) <= len(rows) + 1
 
 
+@pytest.mark.slow
 def test_bench_rejects_unknown_candidate(tmp_path: Path) -> None:
     result = modak("bench", str(CNN), "--candidates", "nosuchruntime", "--store", str(tmp_path / "s.sqlite"))
     assert result.returncode == 2 and "no candidate named 'nosuchruntime'" in result.stderr
@@ -70,6 +72,7 @@ def test_store_csv_round_trip(tmp_path: Path) -> None:
         assert other.rows(status="error")[0].error == 'a "quoted",\nline'
 
 
+@pytest.mark.slow
 def test_probe_writes_a_target_the_planner_accepts(tmp_path: Path) -> None:
     out = tmp_path / "target.yaml"
     env = {**os.environ, "MODAK_CACHE": str(tmp_path / "cache")}  # the probe also replaces the host's cached probe
@@ -86,6 +89,7 @@ def test_probe_writes_a_target_the_planner_accepts(tmp_path: Path) -> None:
     assert json.loads(plan.stdout)["target"] == "probe-test"
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     """SIGINT during a bench run: exit 130, and every round measured before it stays in the store (rows are
     stored after each round, so the interrupt comes in the second)."""

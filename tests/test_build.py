@@ -41,7 +41,7 @@ from modak.build.submit import Submission, wait
 from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED,
                           EXIT_PUSH_FAILED, EngineUnavailable, SubmitFailed)
 from modak.schedulers import scheduler
-from onnx_graphs import write_onnx
+from tests.support.onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mnist-cnn-cpu"
@@ -172,6 +172,7 @@ def torch_image(engine: DockerEngine, wheelhouse: Path, tmp_path_factory: pytest
 
 # --- the bundled example -------------------------------------------------------------------------------------
 
+@pytest.mark.engine
 def test_example_image_is_labelled_locked_and_smoke_tested(cnn: Built, engine: DockerEngine) -> None:
     data, out = cnn.data, cnn.out
     plan = json.loads((out / "plan.json").read_text())
@@ -214,6 +215,7 @@ def test_example_image_is_labelled_locked_and_smoke_tested(cnn: Built, engine: D
         <= set(data["artifacts"])
 
 
+@pytest.mark.engine
 def test_rebuild_without_changes_reuses_every_layer(cnn: Built, engine: DockerEngine) -> None:
     # The first rebuild takes in whatever changed since the session's build (modak's own sources are copied into
     # the image); the second one has nothing new and must reuse every layer.
@@ -241,6 +243,7 @@ def test_render_is_deterministic(tmp_path: Path) -> None:
 
 # --- a PyTorch image from a wheelhouse ----------------------------------------------------------------------
 
+@pytest.mark.engine
 def test_torch_from_wheelhouse(torch_image: Built, engine: DockerEngine) -> None:
     data = torch_image.data
     assert data["choice"]["runtime"] == "pytorch"
@@ -297,6 +300,7 @@ def _ready_client(container: Any, port: int) -> Any:
         time.sleep(0.5)
 
 
+@pytest.mark.engine
 def test_served_image_answers_the_reference_client(cnn: Built, engine: DockerEngine) -> None:
     """The inference image's default command serves the Open Inference Protocol: Triton's reference client gets
     ONNX Runtime's outputs for the same inputs, /metrics counts the requests, SIGTERM ends it cleanly."""
@@ -327,6 +331,8 @@ def test_served_image_answers_the_reference_client(cnn: Built, engine: DockerEng
         container.remove(force=True)
 
 
+@pytest.mark.engine
+@pytest.mark.netns
 def test_batch_mode_in_the_image(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     """``modak run`` in the image over a folder of .npy/.npz files: outputs as ONNX Runtime's, each written once;
     a second run resumes (skips what is there, writes what is missing)."""
@@ -379,6 +385,7 @@ def test_batch_mode_in_the_image(cnn: Built, engine: DockerEngine, tmp_path: Pat
                 np.testing.assert_allclose(got, reference, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.engine
 def test_training_image_runs_the_users_script(engine: DockerEngine, wheelhouse: Path, tmp_path: Path) -> None:
     """examples/cnn-train-cpu built for real (torch from the wheelhouse, as in test_torch_from_wheelhouse): the
     image's default command is the user's train.py, which logs the plan it applies and a falling loss."""
@@ -479,6 +486,7 @@ def test_served_image_of_the_users_module_equals_eager_pytorch(engine: DockerEng
 
 # --- failures ------------------------------------------------------------------------------------------------
 
+@pytest.mark.engine
 def test_failing_build_step_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine,
                                                             tmp_path: Path) -> None:
     write_target(tmp_path, "local-cpu")
@@ -500,6 +508,7 @@ def test_failing_build_step_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: 
     assert not (out / "smoke-test.json").exists() and not (out / "requirements.lock").exists()
 
 
+@pytest.mark.engine
 def test_ctrl_c_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     write_target(tmp_path, "local-cpu")
     # A requirement of its own makes the pip step new, so the build is still running when Ctrl-C comes; the
@@ -530,6 +539,7 @@ def test_ctrl_c_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine
 
 # --- concurrent builds ---------------------------------------------------------------------------------------
 
+@pytest.mark.engine
 def test_concurrent_builds_keep_their_contexts_and_tags(engine: DockerEngine, tmp_path: Path) -> None:
     """Two ``modak build`` processes of two jobs at once (their own targets and batch sizes, the same runtime so
     that the pip layer is shared): each image carries its own job's plan and labels, each output folder its own."""
@@ -586,6 +596,7 @@ def test_engine_not_reachable(tmp_path: Path) -> None:
     assert not out.exists(), "nothing is written when the engine is not reachable"
 
 
+@pytest.mark.engine
 def test_apptainer_engine(tmp_path: Path) -> None:
     """Apptainer cannot be installed here (not in Debian 12, not on PyPI): without its binary, asking for it is
     exit code 4 with how to get one; with it, the example builds and runs as a SIF."""
@@ -623,6 +634,8 @@ def _all_tags(engine: DockerEngine) -> list[str]:
 
 # --- hostile strings in a real build -------------------------------------------------------------------------
 
+@pytest.mark.engine
+@pytest.mark.netns
 def test_hostile_strings_stay_data_in_a_real_image(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     """Hostile free text (command, file name, model file and input names) in a real build and a real run: the
     command's arguments arrive verbatim and nothing the strings say is executed."""
@@ -658,6 +671,7 @@ def test_hostile_strings_stay_data_in_a_real_image(cnn: Built, engine: DockerEng
 
 # --- push to a real registry ---------------------------------------------------------------------------------
 
+@pytest.mark.engine
 def test_push_pull_and_labels(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     try:
         urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=5).close()
@@ -725,6 +739,7 @@ def _push_to_auth_registry(tmp_path: Path, name: str, env: dict[str, str]) -> su
                  "--no-smoke", "--json", env={**_no_login_env(tmp_path), **env})
 
 
+@pytest.mark.engine
 def test_push_with_credentials_from_an_auth_file_keeps_them_secret(engine: DockerEngine, tmp_path: Path) -> None:
     """Credentials from a Docker/Podman auth file (``REGISTRY_AUTH_FILE``): the push and the pull-back succeed, the
     registry has the image's labels, and the password is nowhere modak writes or builds: not in stdout, stderr,
@@ -757,6 +772,7 @@ def test_push_with_credentials_from_an_auth_file_keeps_them_secret(engine: Docke
     archive.unlink()
 
 
+@pytest.mark.engine
 def test_push_with_credentials_from_the_environment_and_refusals(engine: DockerEngine, tmp_path: Path) -> None:
     """``MODAK_REGISTRY_USERNAME``/``MODAK_REGISTRY_PASSWORD``: the push succeeds and the image pulls back with the
     same login after its local name is removed. Without credentials, or with a wrong password, the push is
@@ -803,6 +819,8 @@ def _require_slurm() -> None:
         pytest.fail(f"no usable Slurm node ({result.stderr.strip() or states}): run .ci/provision.sh slurm")
 
 
+@pytest.mark.engine
+@pytest.mark.slurm
 def test_slurm_job_runs_the_built_image(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     """``modak build --submit`` on a Slurm target: the job script's ``podman run`` (as the submitting user, root,
     sharing the storage of root's Podman service) runs the image; its output is the self-test's JSON."""
@@ -832,6 +850,7 @@ def test_slurm_job_runs_the_built_image(cnn: Built, engine: DockerEngine, tmp_pa
     assert parse_self_test(Path(second["output"]).read_text())["runtime"] == runtime
 
 
+@pytest.mark.engine
 def test_the_job_script_runs_batch_inference_into_its_results_folder(cnn: Built, tmp_path: Path) -> None:
     """A job with a data set and a results folder: its job script, run as root here (the engine's user), runs
     ``modak run`` over the data in the image as the image's own user, which it gives the folder it creates; the
@@ -922,6 +941,7 @@ def test_tuned_tvm_database_is_found(tmp_path: Path) -> None:
     assert tuned_artifacts(plan, work) == {"/tmp/modak/tvm-tuning/mnist_cnn-b64-0123456789ab": database}
 
 
+@pytest.mark.engine
 def test_smoke_test_checks_the_runtime(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     """The smoke test really runs the image: the example's image, checked against a plan that chose another
     runtime, fails with exit code 6 and keeps the run's output."""

@@ -110,6 +110,7 @@ def test_plan_json_is_a_baseline_and_a_slower_prediction_fails_with_exit_9(tmp_p
     assert json.loads(baseline.read_text())["predicted_step_seconds"] == step
 
 
+@pytest.mark.slow
 def test_measured_times_from_bench_json(tmp_path, capsys, plan):
     """A real (short) `modak bench --json` of the chosen candidate is the measured side."""
     done = subprocess.run([sys.executable, "-m", "modak", "bench", str(JOB), "--candidates", plan["choice"],

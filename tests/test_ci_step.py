@@ -226,6 +226,7 @@ def test_step_script_check_regression(tmp_path, plan):
     assert_valid("check.schema.json", json.loads((tmp_path / "modak-check.json").read_text()))
 
 
+@pytest.mark.engine
 def test_step_script_build_with_podman(tmp_path, plan):
     """`command=build`: a real Podman build of the CPU example (under its own name, removed afterwards)."""
     job = tmp_path / "job.yaml"

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from modak.measurements.store import PerfStore
 from modak.runtime.measure import CpuWatch, contention_reasons
 
@@ -18,6 +20,7 @@ CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
 HOG = "import time\nend = time.time() + 600\nwhile time.time() < end: pass"
 
 
+@pytest.mark.slow
 def test_watch_sees_a_busy_loop_in_another_process():
     hog = subprocess.Popen([sys.executable, "-c", HOG])
     try:
@@ -35,6 +38,7 @@ def test_watch_sees_a_busy_loop_in_another_process():
     assert quiet["other_cores"] < 0.2 and not contention_reasons(quiet), quiet
 
 
+@pytest.mark.slow
 def test_a_cpu_hog_during_bench_is_detected_every_time_and_not_learned_from(tmp_path):
     store = tmp_path / "perf.sqlite"
     plan = json.loads(subprocess.run([sys.executable, "-m", "modak", "plan", str(CNN), "--json"], capture_output=True,

@@ -14,7 +14,8 @@ from modak.bench.dispatch import ArrayDispatcher, LaunchTask
 from modak.errors import InputError
 from modak.schedulers import scheduler
 
-pytestmark = pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch not on PATH (needs a Slurm cluster)")
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch not on PATH (needs a Slurm cluster)")]
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"

@@ -1,7 +1,7 @@
 """Property-based fuzzing (hypothesis) of the spec loader, the render filters and the command line.
 
-The quick CI profile; ``benchmarks/fuzz.py --cases 10000`` is the long one. The cases and checks are in
-``tests/fuzzing.py``.
+The quick CI profile, derandomized (tests/conftest.py); ``python -m benchmarks.tools.fuzz --cases 10000`` is the long
+one. The cases and checks are in ``tests/support/fuzzing.py``.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzzing import EXAMPLES, HOSTILE, MARKER, PAYLOADS, cases, check_rendered, example_seeds, mutated, run_case
+from tests.support.fuzzing import (EXAMPLES, HOSTILE, MARKER, PAYLOADS, cases, check_rendered, example_seeds, mutated,
+                                   run_case)
 from modak.errors import InputError
 from modak.render.render import def_sh, def_text, dockerfile_sh, dockerfile_str, oneline, sh, word
 from modak.spec.loader import parse_yaml
 
-QUICK = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 STRINGS = st.one_of(st.text(), st.sampled_from(HOSTILE), st.text(alphabet="'\"\\$`{}%\n\r\t\x00 !;|&()<>*?[]#~="))
 BASH_SAFE = STRINGS.map(lambda s: s.replace("\x00", ""))  # bash cannot hold NUL in a word
 
@@ -35,13 +35,11 @@ def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- render filters ---------------------------------------------------------------------------------------------
 
-@QUICK
 @given(STRINGS)
 def test_sh_is_one_shell_word(value: str) -> None:
     assert shlex.split(sh(value)) == [value]
 
 
-@QUICK
 @given(STRINGS)
 def test_dockerfile_filters_stay_on_one_line(value: str) -> None:
     for text in (dockerfile_sh(value), dockerfile_str(value), def_sh(value), def_text(value), oneline(value)):
@@ -53,7 +51,6 @@ def test_dockerfile_filters_stay_on_one_line(value: str) -> None:
     assert '"' not in unescaped.replace('\\"', "") and "$" not in unescaped.replace("\\$", "")
 
 
-@QUICK
 @given(STRINGS)
 def test_definition_filters_never_write_build_arguments(value: str) -> None:
     assert shlex.split(def_sh(value)) == [oneline(value)]
@@ -61,7 +58,6 @@ def test_definition_filters_never_write_build_arguments(value: str) -> None:
         assert "{{" not in text and "}}" not in text
 
 
-@QUICK
 @given(STRINGS)
 def test_word_refuses_what_is_not_a_word(value: str) -> None:
     try:
@@ -83,7 +79,6 @@ def test_sh_round_trips_through_bash() -> None:
 JOBS, TARGETS = example_seeds(("mnist-cnn-cpu", "cnn-train-cpu"))  # zoo exports of seconds each stay out of CI
 
 
-@QUICK
 @given(st.one_of(st.text(max_size=300), mutated(JOBS["cnn-train-cpu"]).map(lambda b: b.decode("utf-8", "replace"))))
 def test_parse_yaml_returns_or_raises_input_error(text: str) -> None:
     try:
@@ -96,11 +91,16 @@ def test_parse_yaml_returns_or_raises_input_error(text: str) -> None:
 
 # --- the command line, in-process ------------------------------------------------------------------------------
 
-@settings(QUICK, max_examples=300)
+@settings(max_examples=300)
 @given(cases(JOBS, TARGETS))
 def test_cli_ends_in_exit_0_or_2_with_safe_outputs(case) -> None:
     outcome = run_case(case)
     assert not outcome.problems, f"{outcome.problems}\n{case.describe()}"
+
+
+def test_the_suites_profile_is_deterministic() -> None:
+    """Every example the suite runs is derived from the test itself (tests/conftest.py's profile)."""
+    assert settings.default.derandomize and settings.default.database is None
 
 
 def test_checks_can_fail(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the dry run plans ten jobs and measures through the launcher (about a minute)
+
 from modak import api
 from modak.bench.harness import aggregate_row
 from modak.measurements.store import read_csv
@@ -37,11 +39,8 @@ sys.meta_path.insert(0, _HostOnly())
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu_session
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from benchmarks.data import gpu_session
+
     return gpu_session
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import errno
+import os
 import subprocess
 import sys
 import time
@@ -14,9 +16,11 @@ from onnx import TensorProto, helper
 from modak import api, limits
 from modak.errors import InputError
 from modak.measurements.store import COLUMNS, read_csv
+from modak.cli import main
 from modak.spec.loader import load_job, parse_yaml
 from modak.workload import analysis
-from onnx_graphs import write_onnx
+from modak.workload.source import resolve_model
+from tests.support.onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "examples" / "mnist-cnn-cpu" / "target.yaml"
@@ -276,3 +280,98 @@ def test_check_json_files_are_bounded_and_never_crash(tmp_path: Path, text: str)
     path.write_text(text)
     with pytest.raises(InputError):
         _read_json(path)
+
+
+# ---- paths the operating system refuses ------------------------------------------------------------------------
+
+SPEC_TARGET = ("apiVersion: modak/v1\nkind: Target\nname: t\n"
+               "cpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\nmemory: {size_gb: 8}\n")
+# Each path field of a job or target, as the YAML that sets it to VALUE (relative paths: resolved against the file).
+PATH_FIELDS = {
+    "target": ("job", "target: VALUE\nmodel: {zoo: mnist_cnn}\n"),
+    "model.onnx": ("job", "target: target.yaml\nmodel: {onnx: VALUE}\n"),
+    "entrypoint.files.0": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\n"
+                                  "entrypoint: {command: [python3], files: [VALUE]}\n"),
+    "calibration.data": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\ncalibration: {data: VALUE}\n"),
+    "data.location": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\ndata: {location: VALUE}\n"),
+    "data.output": ("job", "target: target.yaml\nmodel: {zoo: mnist_cnn}\ndata: {location: /data, output: VALUE}\n"),
+    "python.ca_bundle": ("target", "python: {ca_bundle: VALUE}\n"),
+    "python.wheelhouse": ("target", "python: {wheelhouse: VALUE}\n"),
+    "container.templates": ("target", "container: {templates: VALUE}\n"),
+}
+REFUSED = {  # a path the operating system refuses, made in the folder given, and why
+    "a name too long": (lambda folder: "x" * 308, errno.ENAMETOOLONG),
+    "a path too long": (lambda folder: "/".join(["d" * 200] * 30), errno.ENAMETOOLONG),
+    "a loop of links": (lambda folder: _link_loop(folder) + "/file", errno.ELOOP),
+}
+
+
+def _link_loop(folder: Path) -> str:
+    (folder / "loop-a").symlink_to("loop-b")
+    (folder / "loop-b").symlink_to("loop-a")
+    return "loop-a"
+
+
+def _path_case(folder: Path, field: str, value: str) -> Path:
+    """A job (and its target) in ``folder`` whose ``field`` is ``value``; the job file."""
+    where, text = PATH_FIELDS[field]
+    target = SPEC_TARGET + (text.replace("VALUE", value) if where == "target" else "")
+    job = HEADER + (text.replace("VALUE", value) if where == "job" else PATH_FIELDS["model.onnx"][1].replace(
+        "VALUE", "tiny.onnx"))
+    (folder / "target.yaml").write_text(target)
+    write_onnx(folder / "tiny.onnx")
+    (folder / "job.yaml").write_text(job)
+    return folder / "job.yaml"
+
+
+@pytest.mark.parametrize("refused", REFUSED)
+@pytest.mark.parametrize("field", PATH_FIELDS)
+def test_a_path_the_os_refuses_in_a_spec_is_a_located_input_error(tmp_path: Path, field: str, refused: str) -> None:
+    """A 308-character `target:` ended in exit 1 (OSError: File name too long; found by the fuzzer): every path
+    field says where it is and why the operating system refuses it."""
+    make, code = REFUSED[refused]
+    job = _path_case(tmp_path, field, make(tmp_path))
+    with pytest.raises(InputError) as info:
+        resolve_model(load_job(job))
+    spec = tmp_path / ("target.yaml" if PATH_FIELDS[field][0] == "target" else "job.yaml")
+    assert (info.value.file, info.value.field) == (str(spec), field) and info.value.line is not None
+    assert info.value.message == f"cannot use this path: {os.strerror(code)}"
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["plan", "PATH"], "job"), (["plan", "JOB", "--target", "PATH"], "target"),
+    (["plan", "JOB", "--store", "PATH"], "store"),
+    (["render", "JOB", "-o", "PATH"], "output"), (["check", "JOB", "--baseline", "PATH"], "baseline"),
+    (["whatif", "JOB", "--targets", "TARGET", "PATH"], "targets"),
+])
+@pytest.mark.parametrize("refused", REFUSED)
+def test_a_path_argument_the_os_refuses_is_an_input_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          argv: list[str], field: str, refused: str) -> None:
+    make, code = REFUSED[refused]
+    job = _path_case(tmp_path, "target", "target.yaml")
+    path = str(tmp_path / make(tmp_path))
+    values = {"PATH": path, "JOB": str(job), "TARGET": str(tmp_path / "target.yaml")}
+    assert main([values.get(a, a) for a in argv]) == 2
+    assert capsys.readouterr().err == f"modak: error: {path}: {field}: cannot use this path: {os.strerror(code)}\n"
+
+
+def test_a_path_without_permission_is_an_input_error(tmp_path: Path) -> None:
+    """As root, without the capabilities that bypass file permissions (else as this user): a spec's path and a
+    path argument inside a folder nobody may enter."""
+    _path_case(tmp_path, "target", "closed/target.yaml")
+    (tmp_path / "closed").mkdir(mode=0)
+    without = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+               "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    try:
+        spec = subprocess.run([*without, sys.executable, "-m", "modak", "plan", str(tmp_path / "job.yaml")],
+                              capture_output=True, text=True, timeout=120)
+        argument = subprocess.run([*without, sys.executable, "-m", "modak", "render", str(tmp_path / "job.yaml"),
+                                   "--target", str(tmp_path / "target.yaml"), "-o", str(tmp_path / "closed" / "out")],
+                                  capture_output=True, text=True, timeout=120)
+    finally:
+        (tmp_path / "closed").chmod(0o755)
+    denied = os.strerror(errno.EACCES)
+    assert (spec.returncode, spec.stderr) == (2, f"modak: error: {tmp_path / 'job.yaml'}:5: target: cannot use this "
+                                                 f"path: {denied}\n")
+    assert (argument.returncode, argument.stderr) == (2, f"modak: error: {tmp_path / 'closed' / 'out'}: output: "
+                                                         f"cannot use this path: {denied}\n")

@@ -20,7 +20,7 @@ from modak.measurements.store import PerfStore
 from modak.quantize import gate
 from modak.spec.document import SpecDocument
 from modak.spec.models import Precision, Target
-from test_ci_step import assert_valid
+from tests.test_ci_step import assert_valid
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "examples" / "mnist-cnn-cpu" / "target.yaml"

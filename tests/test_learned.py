@@ -136,6 +136,7 @@ def test_scores_count_a_miss_and_interval_coverage(plans) -> None:
     assert result.kendall_tau_median == pytest.approx(0.0)  # ranks 2,3,4,1 vs 1,2,3,4: 3 concordant, 3 not
 
 
+@pytest.mark.slow
 def test_model_eval_cli_reports_the_metrics(plans, tmp_path: Path) -> None:
     store = tmp_path / "perf.sqlite"
     with PerfStore(store) as perf:
@@ -147,6 +148,7 @@ def test_model_eval_cli_reports_the_metrics(plans, tmp_path: Path) -> None:
     assert "learned over 2 seeds" in result.stdout and "family-held-out" in result.stdout
 
 
+@pytest.mark.slow
 def test_eval_of_one_machine_scores_only_its_rows(plans) -> None:
     """With ``machine``, only that target's rows are held out and scored; the other target's rows still train."""
     machine_a = synthetic_rows(plans, model="mnist_cnn") + synthetic_rows(plans, model="cnn_twin")

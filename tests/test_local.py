@@ -32,6 +32,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return cache, json.loads(cached[0].read_text())
 
 
+@pytest.mark.slow
 def test_target_local_reuses_the_hosts_cached_probe_and_names_its_cpu(probed, tmp_path) -> None:
     cache, probe = probed
     assert probe["microarchitecture"] == archspec.cpu.host().name
@@ -52,6 +53,7 @@ def test_target_local_reuses_the_hosts_cached_probe_and_names_its_cpu(probed, tm
     assert json.loads(modak("plan", str(job), "--json", cache=cache).stdout)["target"] == "local"
 
 
+@pytest.mark.slow
 def test_cpu_local_in_a_target_file_keeps_the_site_settings_and_a_given_memory(probed, tmp_path) -> None:
     cache, probe = probed
     target = tmp_path / "target.yaml"
@@ -68,6 +70,7 @@ def test_cpu_local_in_a_target_file_keeps_the_site_settings_and_a_given_memory(p
                    "3.0", "localhost/debian-base:bookworm", str(one_core)]
 
 
+@pytest.mark.slow
 def test_a_missing_probe_is_measured_once_and_said_so(tmp_path) -> None:
     """A probe cached by an older method of the probe (here method 1's file, any content) is not used either."""
     script = ("from modak.hardware.local import cache_path, local_probe; from modak.hardware import probe as p; "
@@ -93,6 +96,7 @@ def test_a_gemm_rate_off_the_theoretical_peak_is_named() -> None:
     assert _warnings(60.0, None, None, "unknown") == ()
 
 
+@pytest.mark.slow
 def test_a_probe_beside_a_cpu_hog_says_so_and_is_not_cached(tmp_path) -> None:
     """Real busy loops on this process's CPUs (one per CPU, so that any machine counts them) while the probe
     measures: the probe names them, warns that its ceilings may be low, and is not cached, so the next use probes

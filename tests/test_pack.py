@@ -27,7 +27,7 @@ from modak.errors import InputError
 from modak.predict.base import Prediction
 from modak.predict.roofline import thread_shares
 from modak.render.sharing import Sharing, cpuset
-from onnx_graphs import write_onnx
+from tests.support.onnx_graphs import write_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden" / "pack"

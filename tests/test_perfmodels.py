@@ -11,7 +11,7 @@ import yaml
 from modak.measurements.store import read_csv
 
 PERFMODELS = Path(__file__).resolve().parents[1] / "perfmodels"
-# published/ holds figures from papers (benchmarks/scale_published.py), not the perf store's measured rows.
+# published/ holds figures from papers (benchmarks/published/scale_published.py), not the perf store's measured rows.
 CSV_FILES = sorted(p for p in PERFMODELS.rglob("*.csv") if p.relative_to(PERFMODELS).parts[0] != "published")
 
 

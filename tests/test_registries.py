@@ -31,7 +31,7 @@ from modak.spec.models import Scheduler as SchedulerSpec
 from modak.spec.models import Target
 from modak.spec.names import ENGINE_NAMES
 from modak.workload.source import load_analysis
-from onnx_graphs import write_onnx
+from tests.support.onnx_graphs import write_onnx
 
 # The fake scheduler's submit command: records its arguments beside the script and prints a job id.
 FAKE_SUBMIT = ("import pathlib, sys; script = pathlib.Path(sys.argv[-1]); "

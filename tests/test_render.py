@@ -38,7 +38,7 @@ from modak.spec.models import DataSpec
 from modak.spec.resolve import resolve_files
 from modak.workload.analysis import analyze
 from modak.workload.source import ModelSource, load_analysis
-from onnx_graphs import write_onnx
+from tests.support.onnx_graphs import write_onnx
 
 GOLDEN = Path(__file__).parent / "golden"
 CREATED = "2025-01-01T00:00:00Z"

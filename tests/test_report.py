@@ -101,6 +101,7 @@ def plots(page: Page) -> dict[str, tuple[int, int, float]]:
     return found
 
 
+@pytest.mark.slow
 def test_cnn_report_renders_in_a_browser(tmp_path: Path) -> None:
     output = tmp_path / "out" / "report.html"
     result = subprocess.run([sys.executable, "-m", "modak", "report", str(CNN), "-o", str(output)],
@@ -133,6 +134,7 @@ def test_cnn_report_renders_in_a_browser(tmp_path: Path) -> None:
     assert rendered["trajectory"][:2] == (0, 0) and rendered["roofline"][0] > 0
 
 
+@pytest.mark.slow
 def test_report_escapes_paths_and_shows_local_measurements(tmp_path: Path) -> None:
     # Names are restricted, but a model path may carry markup characters.
     cnn_onnx = resolve_model(load_job(CNN)).onnx_path
@@ -174,6 +176,7 @@ def test_report_escapes_paths_and_shows_local_measurements(tmp_path: Path) -> No
     assert 'id="measured"' in html and measured.runtime in html and "local store" in html
 
 
+@pytest.mark.slow
 def test_report_data_follows_the_roofline() -> None:
     loaded = load_job(CNN)
     source, profile = load_analysis(loaded)

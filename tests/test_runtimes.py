@@ -25,6 +25,8 @@ from modak.image.runtimes.base import TOLERANCE, FunctionSession, RunRequest
 from modak.image.zoo import get_entry
 from modak.workload.zoo import export_onnx
 
+pytestmark = pytest.mark.slow  # every test runs the real runtimes
+
 # The Python modules each runtime needs; a runtime whose packages are missing is skipped.
 NEEDS = {"onnxruntime": ["onnxruntime"], "pytorch": ["torch"], "torch-compile": ["torch"],
          "tvm": ["tvm"], "openvino": ["openvino"], "xla": ["jax", "torchax"]}

@@ -23,8 +23,8 @@ from modak.scaling import Link, ScalingModel, default_overlap, fit, network_link
 from modak.cli import main
 from modak.render.ir import build_description
 from modak.render.render import render
-from onnx_graphs import write_onnx
-from test_render import CREATED, GOLDEN, GOLDEN_VERSION, Preferred, _normalized, make_plan_for
+from tests.support.onnx_graphs import write_onnx
+from tests.test_render import CREATED, GOLDEN, GOLDEN_VERSION, Preferred, _normalized, make_plan_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "modak" / "schemas" / "scale.schema.json").read_text())
@@ -374,11 +374,8 @@ def test_scaling_changes_nothing_else_in_the_build(tmp_path: Path) -> None:
 
 
 def test_published_points_carry_their_sources_and_load() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import scale_published
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks.published import scale_published
+
     folder = ROOT / "perfmodels" / "published"
     rows = list(csv.DictReader((folder / "data_parallel_scaling.csv").open()))
     readme = (folder / "README.md").read_text()
@@ -403,6 +400,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_rendered_torchrun_line_starts_a_process_group(tmp_path: Path) -> None:
     """The launch line of a 2-node CPU job script, run for real: two torchrun agents on this machine stand in for
     the two nodes (rendezvous on 127.0.0.1, a free port instead of 29500), each starting the command it is given;

@@ -316,6 +316,7 @@ def test_bad_requests_are_refused_with_a_message_and_the_server_goes_on(server, 
     assert counts[("modak_requests_total", (("code", "413"), ("endpoint", "infer")))] >= 4
 
 
+@pytest.mark.slow
 def test_full_queue_is_refused_and_sigterm_finishes_requests_in_flight(onnx_path, reference, tmp_path):
     server = Server(onnx_path, tmp_path, "--max-queue", "2", "--max-queue-delay-ms", "2000")
     try:

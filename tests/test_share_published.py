@@ -1,10 +1,9 @@
 """The published GPU-sharing points (``perfmodels/published/gpu_sharing.csv``) and the comparison
-``benchmarks/share_published.py`` makes on them: correctness, not timings."""
+``benchmarks/published/share_published.py`` makes on them: correctness, not timings."""
 
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,11 +17,8 @@ FOLDER = ROOT / "perfmodels" / "published"
 
 @pytest.fixture(scope="module")
 def share() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import share_published
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks.published import share_published
+
     return share_published
 
 
@@ -48,6 +44,7 @@ def test_every_row_carries_its_source_and_quote(share: ModuleType) -> None:
             assert row["notes"]  # why it is left out, fitted to, or fitted
 
 
+@pytest.mark.slow
 def test_the_comparison_runs_on_every_row(share: ModuleType, tmp_path: Path) -> None:
     points = share.load(FOLDER / "gpu_sharing.csv")
     planner = share.Planner(api.predictor("roofline"), tmp_path)

@@ -64,6 +64,7 @@ def _run_all(target: object, path: Path, count: int) -> list[int]:
     return [p.exitcode for p in processes]
 
 
+@pytest.mark.slow
 def test_concurrent_writers_lose_no_row(tmp_path: Path) -> None:
     """Writers in separate processes, each adding rows one transaction at a time, all from a fresh file."""
     path = tmp_path / "perf.sqlite"
@@ -93,6 +94,7 @@ def test_concurrent_opens_create_or_migrate_once(tmp_path: Path, old: bool) -> N
     db.close()
 
 
+@pytest.mark.slow
 def test_two_bench_runs_share_one_store(tmp_path: Path) -> None:
     """Two real ``modak bench`` processes (two batch sizes of the example, so that their rows differ) writing
     one store at once: both succeed and every row each printed is in the store."""

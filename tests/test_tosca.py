@@ -144,12 +144,14 @@ def test_the_definitions_are_package_data():
 # --- xOpera, for real ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.opera
 def test_opera_validates_the_service_template_and_its_playbooks(tmp_path):
     done = opera(tmp_path, "validate", "-e", "-p", tmp_path / "state", EXAMPLE / "service.yaml")
     assert "Validating cnn_image_0" in done.stdout and "Done." in done.stdout
     assert not (EXAMPLE / ".opera").exists()
 
 
+@pytest.mark.opera
 def test_opera_deploys_the_zipped_csar_dry_run_and_undeploys(tmp_path):
     csar = zip_csar(EXAMPLE, tmp_path / "cnn-service.zip")
     state, out_dir = tmp_path / "state", tmp_path / "nodes"
@@ -184,6 +186,7 @@ def test_opera_deploys_the_zipped_csar_dry_run_and_undeploys(tmp_path):
     assert info["status"] == "undeployed" and info["csar_valid"] is True
 
 
+@pytest.mark.opera
 def test_a_bad_spec_fails_the_deploy_with_modaks_message(tmp_path):
     inputs = example_inputs()
     bad_job = inputs["job"].replace("  batch_size: 64", "  batch_sise: 64")
@@ -211,6 +214,8 @@ def test_a_bad_spec_fails_the_deploy_with_modaks_message(tmp_path):
     assert not out_dir.exists()
 
 
+@pytest.mark.opera
+@pytest.mark.engine
 def test_opera_builds_the_image_runs_the_job_and_removes_both(tmp_path):
     """dry_run false: `modak build --json` with Podman, then the job script runs the image's self-test."""
     out_dir = tmp_path / "nodes"

@@ -83,6 +83,7 @@ def test_processes_of_torchrun_share_the_threads(tmp_path: Path, monkeypatch: py
     assert step.threads == 1
 
 
+@pytest.mark.slow
 def test_bf16_channels_last_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODAK_THREADS", "2")
     net = _net()
@@ -97,6 +98,7 @@ def test_bf16_channels_last_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "channels_last=True" in step.describe()
 
 
+@pytest.mark.slow
 def test_torch_compile_plan_compiles_the_model(tmp_path: Path) -> None:
     net = _net()
     model, optimizer, step = modak_torch.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1),
@@ -111,6 +113,7 @@ def test_a_plan_for_another_runtime_is_refused(tmp_path: Path) -> None:
         modak_torch.prepare(_net(), None, plan=_plan(tmp_path, runtime="onnxruntime"))
 
 
+@pytest.mark.slow
 def test_example_trains_with_the_plan_applied(tmp_path: Path) -> None:
     """The example's own plan (``modak plan --json``: its ``deployment``), applied through the image's launcher."""
     planned = subprocess.run([sys.executable, "-m", "modak", "plan", str(EXAMPLE / "job.yaml"), "--json"],

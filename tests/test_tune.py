@@ -149,6 +149,7 @@ def test_tuned_winner_reaches_the_plan_and_the_image_labels(plan, tmp_path):
     assert untuned.tuned is None and "io.modak.tuned" not in dict(build_description(untuned).labels)
 
 
+@pytest.mark.slow
 def test_a_candidate_whose_output_failed_the_check_here_is_never_chosen(plan, tmp_path):
     """An ``incorrect`` row of this workload on this target keeps its candidate ranked (last) but out of the choice and
     of ``modak tune``'s shortlist; a later row of the same configuration that passes lifts the bar; every candidate
@@ -188,6 +189,7 @@ def tune_for_real(store: Path, *options: str) -> tuple[dict, list]:
         return json.loads(done.stdout), perf.rows()
 
 
+@pytest.mark.slow
 def test_tune_command_races_for_real(tmp_path):
     """A short real race of two candidates through the command line: rows stored, winner recorded."""
     result, rows = tune_for_real(tmp_path / "perf.sqlite", "--race-budget", "120", "--seed", "0")
@@ -210,6 +212,7 @@ def test_tune_budget_is_a_deprecated_alias_of_race_budget(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slurm
 @pytest.mark.skipif(not __import__("shutil").which("sbatch"), reason="Slurm's sbatch is not installed")
 def test_tune_dispatches_rounds_as_slurm_job_arrays(tmp_path):
     """`--dispatch slurm`: every round runs as a job array on the real Slurm; rows and winner as locally."""

@@ -21,7 +21,7 @@ from modak.hardware.ceilings import Ceilings, core_share
 from modak.predict.base import Prediction
 from modak.predict.roofline import thread_shares
 from modak.spec.models import Precision
-from onnx_graphs import write_onnx
+from tests.support.onnx_graphs import write_onnx
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "modak" / "schemas" / "whatif.schema.json").read_text())
 

@@ -94,6 +94,7 @@ def test_a_changed_architecture_is_another_export(tmp_path, monkeypatch):
     assert zoo.export_path("mlp") != before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", entries.zoo_names())
 def test_export_runs_in_onnxruntime_like_pytorch(name):
     path = zoo.export_onnx(name)

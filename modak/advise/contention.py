@@ -22,7 +22,7 @@ Each process is a :class:`Load`, made from a plan's chosen candidate and its pre
   share of the busy time: at least its own utilization while U <= 1).
 * GPU, time-sliced: without MPS the GPU runs one process's context at a time, in time slices, and does not fill
   the gaps of the one it runs (its launch overhead) with the others' kernels (what MPS adds): each of n jobs
-  slows by n, so time-slicing gains no throughput (published: 1.05-1.11 n, ``benchmarks/share_published.py``).
+  slows by n, so time-slicing gains no throughput (published: 1.05-1.11 n, ``benchmarks/published/share_published.py``).
 
 A job's memory (:func:`memory_need_gb`) is its parameters and every operator's output, the plan's upper bound;
 training: parameters x :data:`modak.plan.TRAINING_STATE_FACTOR`.

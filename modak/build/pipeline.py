@@ -71,7 +71,7 @@ class BuildOptions:
     smoke: bool = True
     oci_archive: Path | None = None
     smoke_timeout: float = 900.0
-    no_cache: bool = False  # rebuild every layer (benchmarks/build_cache.py's cold build)
+    no_cache: bool = False  # rebuild every layer (benchmarks/tools/build_cache.py's cold build)
 
 
 class Progress:

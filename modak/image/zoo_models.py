@@ -72,7 +72,7 @@ class MLP(nn.Module):
 
 class LayerChain(nn.Module):
     """``layers`` tiny fully connected layers with tanh (two graph nodes each): a step that is all dispatch
-    overhead, the probe of the recipes' overhead priors (``benchmarks/overhead.py``)."""
+    overhead, the probe of the recipes' overhead priors (``benchmarks/tools/overhead.py``)."""
 
     def __init__(self, features: int, layers: int) -> None:
         super().__init__()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modak.errors import InputError
+from modak.paths import refusal
 
 Loc = tuple[str | int, ...]
 
@@ -30,9 +31,18 @@ class SpecDocument:
             loc = tuple(int(p) if p.isdigit() else p for p in loc.split(".")) if loc else ()
         return InputError(message, self.path, self.line_of(loc), dotted(loc) or None)
 
-    def resolve(self, relative: str) -> Path:
-        """A path written in this file, resolved against the file's folder."""
-        return (self.path.parent / Path(relative).expanduser()).resolve()
+    def resolve(self, relative: str, loc: Loc) -> Path:
+        """The path at ``loc`` in this file, resolved against the file's folder. A path the operating system
+        refuses (:func:`modak.paths.refusal`) is an error located at ``loc``; a missing one is left to the caller,
+        which knows what should be there."""
+        try:
+            path = self.path.parent / Path(relative).expanduser()
+            reason = refusal(path)
+            if reason is None:
+                return path.resolve()
+        except RuntimeError as exc:  # an unknown ~user
+            reason = str(exc)
+        raise self.error(loc, f"cannot use this path: {reason}")
 
 
 def dotted(loc: Loc) -> str:

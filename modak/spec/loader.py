@@ -53,7 +53,7 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
     if target_path is None:
         if job.target is None:
             raise job_doc.error((), "no target: add a 'target:' field or pass --target FILE (or 'local')")
-        target_file = Path(LOCAL) if job.target == LOCAL else job_doc.resolve(job.target)
+        target_file = Path(LOCAL) if job.target == LOCAL else job_doc.resolve(job.target, ("target",))
         if job.target != LOCAL and not target_file.is_file():
             raise job_doc.error(("target",), f"target file not found: {target_file}")
     else:

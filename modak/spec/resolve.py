@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from modak.errors import InputError
 from modak.limits import GIB, MAX_APP_BYTES, MAX_APP_FILES
+from modak.paths import refusal
 from modak.spec.document import SpecDocument
 
 if TYPE_CHECKING:
@@ -65,12 +66,12 @@ def resolve_files(job: Job, target: Target, job_doc: SpecDocument, target_doc: S
     python = target.python
     ca_bundle = None
     if python.ca_bundle:
-        ca_bundle = target_doc.resolve(python.ca_bundle)
+        ca_bundle = target_doc.resolve(python.ca_bundle, ("python", "ca_bundle"))
         if not ca_bundle.is_file():
             raise target_doc.error(("python", "ca_bundle"), f"file not found: {ca_bundle}")
     wheels: tuple[Path, ...] = ()
     if python.wheelhouse:
-        folder = target_doc.resolve(python.wheelhouse)
+        folder = target_doc.resolve(python.wheelhouse, ("python", "wheelhouse"))
         wheels = tuple(sorted(folder.glob("*.whl"))) if folder.is_dir() else ()
         if not wheels:
             raise target_doc.error(("python", "wheelhouse"), f"no *.whl files in {folder}")
@@ -96,7 +97,7 @@ def _model_files(job: Job, doc: SpecDocument) -> dict[str, Path]:
 
 
 def _existing_file(relative: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:
-    path = doc.resolve(relative)
+    path = doc.resolve(relative, loc)
     if not path.is_file():
         raise doc.error(loc, f"file not found: {path}" if not path.exists() else f"not a file: {path}")
     return path
@@ -119,6 +120,9 @@ def module_file(module: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:
     parts = module.split(".")
     for base in (doc.path.parent.resolve(), *(Path(p) for p in sys.path if p)):
         for candidate in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
+            reason = refusal(candidate)
+            if reason is not None:
+                raise doc.error(loc, f"cannot use module '{module}': {reason}")
             if candidate.is_file():
                 return candidate.resolve()
     raise doc.error(loc, f"module '{module}' not found: neither in {doc.path.parent.resolve()} nor importable "
@@ -128,7 +132,7 @@ def module_file(module: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:
 def _calibration(job: Job, doc: SpecDocument) -> Path | None:
     if job.calibration.data is None:
         return None
-    folder = doc.resolve(job.calibration.data)
+    folder = doc.resolve(job.calibration.data, ("calibration", "data"))
     if not folder.is_dir():
         raise doc.error(("calibration", "data"), f"folder not found: {folder}")
     return folder
@@ -138,8 +142,8 @@ def _app_files(job: Job, doc: SpecDocument) -> tuple[Path, ...]:
     files: list[Path] = []
     seen: dict[str, int] = {}
     for index, relative in enumerate(job.entrypoint.files if job.entrypoint else []):
-        path = doc.resolve(relative)
         loc = ("entrypoint", "files", index)
+        path = doc.resolve(relative, loc)
         if not path.exists():
             raise doc.error(loc, f"file not found: {path}")
         if path.name in seen:
@@ -182,7 +186,7 @@ def _data(job: Job, target: Target, doc: SpecDocument) -> DataBind | None:
     engine = target.container.engine
 
     def host_path(field: str, path: str) -> str:
-        path = path if path.startswith("/") else str(doc.resolve(path))
+        path = path if path.startswith("/") else str(doc.resolve(path, ("data", field)))
         if ":" in path or (engine == "apptainer" and "," in path):
             raise doc.error(("data", field), f"the {engine} bind syntax cannot express a path "
                                              "with ':' or ','; use a path (or symbolic link) without")
@@ -197,7 +201,7 @@ def _templates(target: Target, doc: SpecDocument) -> tuple[Path, ...]:
     ``$MODAK_TEMPLATES``; each must be a folder."""
     folders = []
     if target.container.templates is not None:
-        folder = doc.resolve(target.container.templates)
+        folder = doc.resolve(target.container.templates, ("container", "templates"))
         if not folder.is_dir():
             raise doc.error(("container", "templates"), f"folder not found: {folder}")
         folders.append(folder)

@@ -61,7 +61,7 @@ def resolve_model(loaded: LoadedJob, user: UserModel | None = None) -> ModelSour
         model = onnx.load(path, load_external_data=False)  # modak's own export: checked when made
     else:
         assert spec.onnx is not None  # a model is a zoo name or an ONNX file (the spec's validator)
-        path = doc.resolve(spec.onnx)
+        path = doc.resolve(spec.onnx, _ONNX)
         if not path.is_file():
             raise doc.error(_ONNX, f"file not found: {path}" if not path.exists() else f"not a file: {path}")
         field = _ONNX
@@ -142,7 +142,7 @@ def _analysis_key(loaded: LoadedJob, optimizer: str, user: UserModel | None = No
             path = zoo.export_path(spec.zoo, _zoo_overrides(spec.zoo, spec.input_shape))
         else:
             assert spec.onnx is not None  # a model is a zoo name, an ONNX file or the user's own (the validator)
-            path = loaded.job_doc.resolve(spec.onnx)
+            path = loaded.job_doc.resolve(spec.onnx, _ONNX)
         stat = path.stat()
     except (OSError, ModakError):
         return None
@@ -230,8 +230,12 @@ def _data_files(model: onnx.ModelProto, path: Path, doc: SpecDocument, field: tu
     locations = sorted({entry.value for tensor in _tensors(model.graph) for entry in tensor.external_data
                         if entry.key == "location"})
     for location in locations:
-        data = (folder / location).resolve()
-        if location == MODEL_FILE or not data.is_relative_to(folder) or not data.is_file():
+        try:
+            data = (folder / location).resolve()
+            usable = location != MODEL_FILE and data.is_relative_to(folder) and data.is_file()
+        except (OSError, RuntimeError, ValueError):  # a name too long, a loop of links, a NUL byte
+            usable = False
+        if not usable:
             raise doc.error(field, f"external data {location!r} of {path} must be a file in the model's folder "
                                    f"(and not named {MODEL_FILE})")
     return tuple(Path(location).as_posix() for location in locations)

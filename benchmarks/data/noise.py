@@ -15,8 +15,8 @@ measurement: old (one launch), new (one launch) and new (a row: median of 3 laun
 session's launches); the row's error against its own session's median (the protocol's noise, without the VM's
 drift between sessions); and the between-session drift of each protocol's session medians.
 
-    python benchmarks/noise.py [--launches 8] [--sessions 2] [--min-seconds 1.0] [--seed 0] [--save FILE.json]
-    python benchmarks/noise.py --load FILE.json        # the table again from saved launches
+    python -m benchmarks.data.noise [--launches 8] [--sessions 2] [--min-seconds 1.0] [--seed 0] [--save FILE.json]
+    python -m benchmarks.data.noise --load FILE.json        # the table again from saved launches
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from modak.bench.dispatch import LaunchTask, run_task
 from modak.bench.harness import launch_command, launch_environment
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
-from zoo_jobs import zoo_plan
+from benchmarks.tools.zoo_jobs import zoo_plan
 
 WORKLOADS = [("mlp", 1), ("mlp", 64), ("mnist_cnn", 1), ("mnist_cnn", 64), ("mobilenet_v2", 1), ("resnet18", 1)]
 RUNTIMES = ("onnxruntime", "pytorch")

@@ -1,10 +1,10 @@
-"""Measure the zoo x runtimes x parameter grid of ``benchmarks/campaign.yaml`` on this machine.
+"""Measure the zoo x runtimes x parameter grid of ``benchmarks/data/campaign.yaml`` on this machine.
 
 Every configuration goes through the same harness as ``modak bench`` (one fresh process each, output
 checked against the fp32 reference before timing) into a perf store, which is then exported to CSV under
 ``perfmodels/``. ``--resume`` skips configurations the store already measured successfully.
 
-    python benchmarks/campaign.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
+    python -m benchmarks.data.campaign --target perfmodels/targets/ci-epyc-2c-b.yaml \
         --store perfmodels/campaign-b.sqlite --export perfmodels/cpu-ci-epyc-2c-b.csv --resume
 """
 
@@ -18,11 +18,13 @@ from pathlib import Path
 import yaml
 
 from modak.bench.harness import BenchSettings, bench, measurement_row
-from zoo_jobs import zoo_plan
+from benchmarks.tools.zoo_jobs import zoo_plan
 from modak.measurements.store import PerfStore
 from modak.candidates.catalog import Recipe, load_catalog
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
+
+CONFIG = Path(__file__).with_name("campaign.yaml")  # the campaign's workloads and parameter grid
 
 
 def grid_catalog(grid: dict[str, dict[str, list]], runtimes: set[str] | None) -> dict[str, Recipe]:
@@ -39,7 +41,7 @@ def grid_catalog(grid: dict[str, dict[str, list]], runtimes: set[str] | None) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=Path(__file__).with_name("campaign.yaml"))
+    parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--target", type=Path, required=True, help="Target of this machine (modak probe)")
     parser.add_argument("--store", type=Path, required=True)
     parser.add_argument("--export", type=Path, help="CSV to write this machine's rows to at the end")

@@ -1,6 +1,6 @@
 """Fit each runtime's dispatch overhead (per graph node, per call) from the overhead probe's measurements.
 
-The probe (``benchmarks/overhead.yaml``) measures every runtime configuration on two chains of tiny fully connected
+The probe (``benchmarks/tools/overhead.yaml``) measures every runtime configuration on two chains of tiny fully connected
 layers, zoo ``chain4`` (8 graph nodes) and ``chain64`` (128), whose compute is negligible, so a step is
 
     step = call + forward graph nodes x node
@@ -10,9 +10,9 @@ update). The recipes' CPU priors (``node_overhead_us``, ``call_overhead_us``, th
 ``overhead`` effects of their parameters are these numbers; none of them comes from the models that
 ``modak model eval`` holds out.
 
-    python benchmarks/campaign.py --config benchmarks/overhead.yaml --target perfmodels/targets/ci-zen3-2c.yaml \
+    python -m benchmarks.data.campaign --config benchmarks/tools/overhead.yaml --target perfmodels/targets/ci-zen3-2c.yaml \
         --store /tmp/overhead.sqlite --export perfmodels/overhead/cpu-ci-zen3-2c.csv
-    python benchmarks/overhead.py perfmodels/overhead/cpu-ci-zen3-2c.csv
+    python -m benchmarks.tools.overhead perfmodels/overhead/cpu-ci-zen3-2c.csv
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ alternating rounds. Per workload: the pick/best ratio paired by round with its t
 verdict of ``modak model eval`` (hit: shown within 5% of the best; miss: shown more than 5% slower; undecided:
 the rounds cannot tell), the pick's speedup over stock and the share of the best's speedup it captures.
 
-    python benchmarks/decision_quality.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
+    python -m benchmarks.models.decision_quality --target perfmodels/targets/ci-epyc-2c-b.yaml \
         --data perfmodels/cpu-ci-epyc-2c-b.csv [--models mnist_cnn resnet18] [--rounds 5]
 """
 
@@ -16,13 +16,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from campaign import grid_catalog
+from benchmarks.data.campaign import CONFIG, grid_catalog
 
 import numpy as np
 import yaml
 from modak.bench.harness import BenchSettings
 from modak.candidates.enumerate import Candidate
-from zoo_jobs import measure_rounds, stock_candidate, zoo_plan
+from benchmarks.tools.zoo_jobs import measure_rounds, stock_candidate, zoo_plan
 from modak.measurements.stats import Ratio, ratio
 from modak.measurements.store import PerfStore, read_csv
 from modak.predict.base import FallbackPredictor
@@ -31,8 +31,6 @@ from modak.predict.learned import LearnedPredictor, candidate_from_row
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
-
-CONFIG = Path(__file__).with_name("campaign.yaml")
 
 
 def main() -> int:

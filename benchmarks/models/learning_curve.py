@@ -7,7 +7,7 @@ the draws [min–max]. Then the learning curve's usual form, MAPE ~ a k^-alpha, 
 every draw's point, and the slope between the two largest sizes in points per doubling: how many architectures
 each, continued, would need for ``--target`` (#13's 15%).
 
-    python benchmarks/learning_curve.py --machine ci-zen3-2c --sizes 2 4 8 16 20 --draws 3
+    python -m benchmarks.models.learning_curve --machine ci-zen3-2c --sizes 2 4 8 16 20 --draws 3
 
 ``--without`` and ``--held-out`` check the curve on models added later: the older models' scores with the data as
 it was (``--without NEW...``) against the same scores with the new models' rows in training (``--held-out OLD...``).

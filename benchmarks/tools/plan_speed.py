@@ -12,7 +12,7 @@ the shipped machine's (perfmodels/targets/ci-epyc-2c-b.yaml), so no probe runs. 
 first, as `pip install` leaves them (with PYTHONDONTWRITEBYTECODE set, as on CI machines, every start would
 otherwise compile them from source again). Target: warm <= 0.5 s.
 
-    python benchmarks/plan_speed.py [--runs 7]
+    python -m benchmarks.tools.plan_speed [--runs 7]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "perfmodels" / "targets" / "ci-epyc-2c-b.yaml"
 ZOO_JOB = """\
 apiVersion: modak/v1

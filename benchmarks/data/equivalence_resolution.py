@@ -4,7 +4,7 @@ Per workload of a protocol-2 campaign CSV: the runner-up's paired per-round rati
 deviation over the rounds and its 90% interval; then, at the median deviation, the launches a tie would need for a
 half-width of 5%.
 
-    python benchmarks/equivalence_resolution.py perfmodels/cpu-ci-zen3-2c.csv
+    python -m benchmarks.data.equivalence_resolution perfmodels/cpu-ci-zen3-2c.csv
 """
 
 from __future__ import annotations

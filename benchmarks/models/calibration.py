@@ -12,8 +12,8 @@ measuring). Then, for every ordered pair of workloads (calibration, held-out):
 
 Every pair is printed (no pair is chosen): MAPE and top-1 regret before/after, and their means over pairs.
 
-    taskset -c 0 python benchmarks/calibration.py --save calibration.csv
-    python benchmarks/calibration.py --load calibration.csv
+    taskset -c 0 python -m benchmarks.models.calibration --save calibration.csv
+    python -m benchmarks.models.calibration --load calibration.csv
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from campaign import grid_catalog
+from benchmarks.data.campaign import CONFIG, grid_catalog
 
 from modak.bench.harness import BenchSettings, bench
 from modak.candidates.catalog import load_catalog
-from zoo_jobs import zoo_plan
+from benchmarks.tools.zoo_jobs import zoo_plan
 from modak.hardware.probe import probe, to_target
 from modak.measurements.store import Measurement, PerfStore, read_csv, write_csv
 from modak.predict.training import LOCAL_WEIGHT, ok_rows, shipped_rows
@@ -36,7 +36,6 @@ from modak.predict.learned import LearnedPredictor, example_from_row
 from modak.spec.document import SpecDocument
 from modak.spec.models import Target
 
-CONFIG = Path(__file__).with_name("campaign.yaml")
 WORKLOADS = ("mobilenet_v2:inference:8", "resnet18:inference:8", "mlp:inference:64", "mnist_cnn:training:64")
 
 

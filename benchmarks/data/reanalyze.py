@@ -4,7 +4,7 @@ A stored row carries the workload's features as the analysis computed them when 
 bytes, per op class, nodes, parameters). When the cost model is corrected, those columns are recomputed
 from the zoo model, batch and task of each row; no measured or machine column is touched.
 
-    python benchmarks/reanalyze.py perfmodels/cpu-*.csv
+    python -m benchmarks.data.reanalyze perfmodels/cpu-*.csv
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from modak.bench.harness import workload_columns
-from zoo_jobs import zoo_plan
+from benchmarks.tools.zoo_jobs import zoo_plan
 from modak.measurements.store import Measurement, read_csv, write_csv
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
 
-TARGETS = Path(__file__).resolve().parents[1] / "perfmodels" / "targets"
+TARGETS = Path(__file__).resolve().parents[2] / "perfmodels" / "targets"
 
 
 def main() -> int:

@@ -1,12 +1,12 @@
 """The long fuzz profile: many hostile jobs and targets through `modak plan/render/analyze` (in-process).
 
-Cases come from the strategies of ``tests/fuzzing.py`` (the bundled examples' jobs and targets, mutated) and
+Cases come from the strategies of ``tests/support/fuzzing.py`` (the bundled examples' jobs and targets, mutated) and
 are checked the same way as ``tests/test_fuzz.py`` does: exit code 0 or 2 only, one error line, no partial
 output folder, rendered scripts and build files with every hostile value quoted. Prints the cases run, the
 exit-code histogram, the crashes (the first few inputs in full), the maximum RSS and the wall time; exits 1
-when any case crashed.
+when any case crashed. It runs in a scratch store and cache, with the tests' probe as this host's (``cpu: local``).
 
-    python benchmarks/fuzz.py [--cases 10000] [--seed N] [--show 3]
+    python -m benchmarks.tools.fuzz [--cases 10000] [--seed N] [--show 3]
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,14 +27,21 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
     parser.add_argument("--show", type=int, default=3, help="crashing inputs printed in full (default 3)")
     args = parser.parse_args()
-    scratch = tempfile.mkdtemp(prefix="modak-fuzz-store-")
-    os.environ["MODAK_STORE"] = str(Path(scratch) / "perf.sqlite")  # never the user's store
+    scratch = Path(tempfile.mkdtemp(prefix="modak-fuzz-"))
+    os.environ["MODAK_STORE"] = str(scratch / "perf.sqlite")  # never the user's store
+    # Nor the user's cache: `cpu: local` is the tests' probe there, not a probe of this machine in every case (the
+    # probe is not cached while the machine is busy, and the fuzzer keeps it busy). Zoo models export once into it.
+    os.environ["MODAK_CACHE"] = str(scratch / "cache")
     os.environ.pop("MODAK_DEBUG", None)
     os.environ.pop("MODAK_TEMPLATES", None)
 
     from hypothesis import HealthCheck, given, seed, settings
 
-    from fuzzing import cases, example_seeds, run_case
+    from modak.hardware.local import store_probe
+    from tests.support.fuzzing import cases, example_seeds, run_case
+    from tests.support.host import TEST_HOST_PROBE
+
+    store_probe(TEST_HOST_PROBE)
 
     jobs, targets = example_seeds()
     codes: collections.Counter[int] = collections.Counter()

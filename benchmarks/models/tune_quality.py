@@ -2,7 +2,7 @@
 
 1. exhaustive: every candidate of the plan measured with the protocol (``--launches`` interleaved rounds): the
    reference best, and the set of candidates statistically equivalent to it (paired ratio within 5%). With
-   ``--exhaustive-store`` (a campaign's perf store, ``benchmarks/campaign.py``) and ``--config`` (its grid), the
+   ``--exhaustive-store`` (a campaign's perf store, ``benchmarks/data/campaign.py``) and ``--config`` (its grid), the
    campaign's rows are that measurement: every candidate of the same space, measured with the same protocol on
    this machine, so it is not measured a second time;
 2. zero-shot: the plan's choice (no measurement of this workload on this machine); stock: the stock deployment,
@@ -29,9 +29,9 @@ best are measured again, side by side in further interleaved rounds of this sess
 paired ratio over all their rounds is shown within 5% or shown slower, or N rounds were added: the verdict
 against the same session's exhaustive measurement, with the launches it took.
 
-    python benchmarks/tune_quality.py [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
+    python -m benchmarks.models.tune_quality [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
         [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--resolve 24] [--keep DIR]
-        [--exhaustive-store S --config benchmarks/campaign.yaml] [--other-session S --config benchmarks/campaign.yaml]
+        [--exhaustive-store S --config benchmarks/data/campaign.yaml] [--other-session S --config benchmarks/data/campaign.yaml]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import yaml
 
-from campaign import grid_catalog
+from benchmarks.data.campaign import grid_catalog
 from modak.bench.harness import BenchSettings, bench, measurement_row
 from modak.bench.tune import TuneSettings, describe, tune
 from modak.measurements.stats import Ratio, ratio
@@ -61,7 +61,7 @@ from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_data
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
-from zoo_jobs import zoo_plan
+from benchmarks.tools.zoo_jobs import zoo_plan
 
 
 def held_out_predictor(model: str, store: Path) -> Predictor:

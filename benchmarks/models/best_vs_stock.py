@@ -17,9 +17,9 @@ adds, per workload, the plan's best candidate that has a ``wait_policy`` measure
 beside a busy process on one core (retries off: every launch is contended on purpose), and what the plan chooses
 when the target says its cores are shared.
 
-    python benchmarks/best_vs_stock.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
+    python -m benchmarks.models.best_vs_stock --target perfmodels/targets/ci-epyc-2c-b.yaml \
         --data perfmodels/cpu-ci-epyc-2c-b.csv [--rounds 2] [--models mnist_cnn resnet18] [--int8]
-    python benchmarks/best_vs_stock.py --target perfmodels/targets/ci-epyc-2c-b.yaml \
+    python -m benchmarks.models.best_vs_stock --target perfmodels/targets/ci-epyc-2c-b.yaml \
         --data perfmodels/cpu-ci-epyc-2c-b.csv --batch-auto [--co-runner] [--rounds 1] [--models mnist_cnn]
 """
 
@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from modak.bench.harness import BenchSettings
-from zoo_jobs import measure_plans, measure_side_by_side, stock_candidate, zoo_plan
+from benchmarks.tools.zoo_jobs import measure_plans, measure_side_by_side, stock_candidate, zoo_plan
 from modak.measurements.store import PerfStore, read_csv
 from modak.candidates.enumerate import Candidate
 from modak.plan import Plan, RankedCandidate

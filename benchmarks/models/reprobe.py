@@ -12,7 +12,7 @@ The model is fit on the shipped rows (``perfmodels/*.csv``, seeds 0 .. n-1) and 
 Printed per file: MAPE and mean log error of each; for the plan's, the share of rows inside the 80% interval for
 several ``s`` and the ``s`` that puts 80% in. Calibrated on all files, and on each but one and scored on that one.
 
-    python benchmarks/reprobe.py perfmodels/repeats/cpu-ci-zen3-2c-session3.csv \\
+    python -m benchmarks.models.reprobe perfmodels/repeats/cpu-ci-zen3-2c-session3.csv \\
         perfmodels/repeats/cpu-ci-icelake-2c-session4.csv --seeds 3
 """
 

@@ -1,6 +1,6 @@
 """`modak pack`'s GPU sharing model against published figures.
 
-    python benchmarks/share_published.py [--data perfmodels/published/gpu_sharing.csv] [--tolerance 15]
+    python -m benchmarks.published.share_published [--data perfmodels/published/gpu_sharing.csv] [--tolerance 15]
 
 Every row of ``perfmodels/published/gpu_sharing.csv`` is a published point (source, where in it, and the quote):
 a job's slowdown when n jobs share one GPU (by MPS, MIG slices or time-slicing) against the job alone, or one MIG
@@ -18,7 +18,7 @@ slice's throughput against the whole GPU's. The sharing model (``modak.advise.co
 Nothing is fitted in the first table. Rows whose workload is not in modak's zoo get no load there; the second
 table fits that load's GPU utilization to one MPS row of the same setup (a row marked ``calibration``: for n
 identical jobs the MPS model gives max(1, n u)) and predicts the setup's other rows with it. Errors are relative to
-the published figure; 15% is the target of ``benchmarks/pack.py``. The script reports; it does not fail when points
+the published figure; 15% is the target of ``benchmarks/models/pack.py``. The script reports; it does not fail when points
 miss the tolerance (exit 0 unless the data cannot be read).
 """
 
@@ -41,7 +41,7 @@ from modak.plan import Plan
 from modak.predict.base import Predictor
 
 DATA = data_dir("perfmodels") / "published" / "gpu_sharing.csv"
-TOLERANCE = 15.0  # percent: the target of benchmarks/pack.py
+TOLERANCE = 15.0  # percent: the target of benchmarks/models/pack.py
 SECONDS = "s per inference"  # each job's time per step
 PER_JOB = "samples/s"  # each job's throughput
 ALL_JOBS = "samples/s, all jobs"  # the n jobs' throughput together
@@ -228,7 +228,7 @@ def report(points: list[Point], planner: Planner, tolerance: float, out: Callabl
         compared += 1
     for point in left_out:
         out(f"{point.name:34} not compared: {point.row['notes']}")
-    out(f"{within}/{compared} points within {tolerance:g}% (the target of benchmarks/pack.py), model alone, nothing "
+    out(f"{within}/{compared} points within {tolerance:g}% (the target of benchmarks/models/pack.py), model alone, nothing "
         f"fitted; {len(left_out)} rows left out (their workload is not in modak's zoo)")
     return within
 

@@ -13,7 +13,7 @@ unless memory bandwidth binds). Printed per job and arrangement: predicted and m
 it, outside, or undecided), and each arrangement's aggregate throughput (sum of alone / shared step).
 Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
 
-    flock -x /tmp/modak-quiet.lock python benchmarks/pack.py [--rounds 3] [--pairs mnist-cnn:mlp mnist-cnn:mnist-cnn]
+    flock -x /tmp/modak-quiet.lock python -m benchmarks.models.pack [--rounds 3] [--pairs mnist-cnn:mlp mnist-cnn:mnist-cnn]
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from allocations import WARM_UP_S, beside, job_runner, measure, round_ratio, within_verdict, write_jobs, write_target
+from benchmarks.models.allocations import (WARM_UP_S, beside, job_runner, measure, round_ratio, within_verdict,
+                                          write_jobs, write_target)
 from modak import api
 from modak.advise.pack import Arrangement, Planner, evaluate
 from modak.measurements.store import PerfStore

@@ -11,7 +11,7 @@ tau of the two rankings (target: tau >= 0.8), also over the pairs of targets the
 the measured slowdown with its interval against the predicted one (within 15% over the whole interval, outside it,
 or undecided). Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
 
-    flock -x /tmp/modak-quiet.lock python benchmarks/whatif.py [--rounds 3] [--jobs mnist-cnn mlp]
+    flock -x /tmp/modak-quiet.lock python -m benchmarks.models.whatif [--rounds 3] [--jobs mnist-cnn mlp]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from allocations import (BUSY_LOOP, beside, decided_tau, kendall_tau, measure, round_ratio, within_verdict,
-                         write_jobs, write_target)
+from benchmarks.models.allocations import (BUSY_LOOP, beside, decided_tau, kendall_tau, measure, round_ratio,
+                                          within_verdict, write_jobs, write_target)
 from modak import api
 from modak.measurements.store import PerfStore
 

@@ -10,9 +10,9 @@ load one server for ``--duration`` seconds, the servers taking turns round after
 tuned, ...) so that machine noise hits all alike. The table gives requests/s, samples/s and p50/p99 latency over all rounds, then
 the ratios tuned/stock and batching on/off. Client and servers share the machine: run it on a quiet one.
 
-    python benchmarks/serve_load.py examples/mnist-cnn-cpu/job.yaml [--batch 16] [--duration 10] [--rounds 3] \\
+    python -m benchmarks.serving.serve_load examples/mnist-cnn-cpu/job.yaml [--batch 16] [--duration 10] [--rounds 3] \\
         [--concurrency 1 8 32]
-    python benchmarks/serve_load.py examples/mnist-cnn-cpu/job.yaml --duration 1 --rounds 1 --concurrency 1 8  # smoke
+    python -m benchmarks.serving.serve_load examples/mnist-cnn-cpu/job.yaml --duration 1 --rounds 1 --concurrency 1 8  # smoke
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 from modak import api
 from modak.image.deployment import Deployment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

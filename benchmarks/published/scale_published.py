@@ -1,6 +1,6 @@
 """The data-parallel scaling model (``modak scale``) against published scaling efficiencies.
 
-    python benchmarks/scale_published.py [--data perfmodels/published/data_parallel_scaling.csv] [--tolerance 10]
+    python -m benchmarks.published.scale_published [--data perfmodels/published/data_parallel_scaling.csv] [--tolerance 10]
 
 For every published point (``perfmodels/published/``, each row with its source and where in it) the model
 predicts the efficiency from the row's setup alone: per-GPU compute time (from the source's single-GPU

@@ -10,7 +10,7 @@ stock image of the same framework on the same base, measured side by side in one
 Both timings are end to end (rendering, the label stage; no smoke test). Needs the engine that ``modak build``
 uses (Podman's service: ``.ci/provision.sh``).
 
-    python benchmarks/build_cache.py [--job examples/mnist-cnn-cpu/job.yaml] [--target T] [--json]
+    python -m benchmarks.tools.build_cache [--job examples/mnist-cnn-cpu/job.yaml] [--target T] [--json]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from modak import api
 from modak.workload.source import load_analysis
 
 GOAL_SECONDS = 10.0
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stock_image(engine: Engine, ir, out_dir: Path, log: Path) -> str:

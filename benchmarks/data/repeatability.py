@@ -2,9 +2,9 @@
 
 Re-measure part of the campaign on the same machine into a second CSV, for example
 
-    python benchmarks/campaign.py --target perfmodels/targets/ci-epyc-2c-b.yaml --store /tmp/again.sqlite \
+    python -m benchmarks.data.campaign --target perfmodels/targets/ci-epyc-2c-b.yaml --store /tmp/again.sqlite \
         --export /tmp/again.csv --models mlp resnet18
-    python benchmarks/repeatability.py perfmodels/cpu-ci-epyc-2c-b.csv /tmp/again.csv
+    python -m benchmarks.data.repeatability perfmodels/cpu-ci-epyc-2c-b.csv /tmp/again.csv
 
 Run A's measured step times are then scored as if they were predictions of run B's, with the same metrics as
 ``modak model eval`` (MAPE, Kendall tau per workload, hit rate and captured speedup of the top-1 pick). No

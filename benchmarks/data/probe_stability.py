@@ -7,7 +7,7 @@ rounds (``GEMM_ROUNDS`` x ``GEMM_ROUND_SECONDS`` each, the shipped probe) spread
 This script alternates the two ``--repeats`` times (old, new, old, new, ...) and prints each probe's fp32 ceiling
 per thread count and, per method, the median, the range and max/min.
 
-    flock -x /tmp/modak-quiet.lock python benchmarks/probe_stability.py --repeats 6
+    flock -x /tmp/modak-quiet.lock python -m benchmarks.data.probe_stability --repeats 6
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fuzzing the command line with hostile jobs and targets: hypothesis strategies and the checks of one case.
 
-Shared by ``tests/test_fuzz.py`` (a quick profile) and ``benchmarks/fuzz.py`` (a long one). A case starts from a
+Shared by ``tests/test_fuzz.py`` (a quick profile) and ``benchmarks/tools/fuzz.py`` (a long one). A case starts from a
 bundled example's job and target, mutates their values, keys and types (hostile strings: shell metacharacters,
 Jinja, newlines, NUL, very long strings, unicode; YAML tags, anchors and aliases; truncated and corrupted bytes),
 runs ``modak plan``, ``render`` or ``analyze`` in-process through :func:`modak.cli.main` and checks the outcome:
@@ -12,7 +12,7 @@ runs ``modak plan``, ``render`` or ``analyze`` in-process through :func:`modak.c
   an instruction, a section or a continuation) and the payload stays inside single quotes in their shell code.
 
 A zoo model's ``input_shape`` is left alone: every new shape is a PyTorch export (seconds each); the ONNX-file
-seed (``onnx-file``, the tiny graph of :mod:`onnx_graphs`) fuzzes shapes.
+seed (``onnx-file``, the tiny graph of :mod:`tests.support.onnx_graphs`) fuzzes shapes.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import yaml
 from hypothesis import strategies as st
 
 from modak.cli import main
-from onnx_graphs import write_onnx
+from tests.support.onnx_graphs import write_onnx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MARKER = "PWNED"
 PAYLOADS = (

@@ -1,0 +1,1 @@
+"""Measurement campaigns and data collection: the rows under perfmodels/ and studies of their noise."""

@@ -1,0 +1,1 @@
+"""Studies of the performance model and the plan's decisions against measurement."""

@@ -1,0 +1,1 @@
+"""Checks of modak's models against published figures (perfmodels/published/)."""

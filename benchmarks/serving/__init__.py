@@ -1,0 +1,1 @@
+"""Load on the serving runtime (modak serve)."""
