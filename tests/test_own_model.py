@@ -425,6 +425,7 @@ def test_the_pytorch_image_runs_a_model_no_exporter_could_export(tmp_path: Path)
     assert result["status"] == "ok", result
 
 
+@pytest.mark.slow
 def test_the_training_example_plans_the_network_its_script_trains() -> None:
     """examples/cnn-train-cpu: train.py trains model.py's network, which the job names (no zoo stand-in); its
     flatten (a view with a dynamic batch in the dynamo export) is analysed at the plan's batch."""
@@ -432,10 +433,12 @@ def test_the_training_example_plans_the_network_its_script_trains() -> None:
     assert "from model import build_model" in (example / "train.py").read_text()
     plan = plan_dict(example / "job.yaml")
     assert plan["model_source"]["source"] == "model.py:build_model" and plan["model_source"]["exporter"] == "dynamo"
-    assert plan["deployment"]["pytorch"] == {"module": "model.py", "factory": "build_model", "kwargs": {}, "weights": None}
+    assert plan["deployment"]["pytorch"] == {"module": "model.py", "factory": "build_model", "kwargs": {},
+                                             "weights": None}
     assert plan["deployment"]["loss"] == "cross_entropy" and {"pytorch", "torch-compile"} == runtimes(plan)
 
 
+@pytest.mark.slow
 def test_the_pt2_example_is_what_its_script_makes(tmp_path: Path) -> None:
     """examples/pt2-cpu: the committed model.pt2 is small, and make_program.py makes a loadable program of the
     same network and weights again; the job plans the PyTorch runtimes on the program and the ONNX ones on its
@@ -469,6 +472,7 @@ def _image_env(out: Path, work: Path) -> dict[str, str]:
             "MODAK_WORKDIR": str(work), "PYTHONPATH": str(Path(package.__file__).parents[1])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["pytorch", "torch-compile"])
 def test_serve_and_run_answer_as_eager_pytorch_on_the_users_module(tmp_path: Path, runtime: str) -> None:
     """``modak serve`` and ``modak run`` (the image's commands, started through its launcher against the rendered
@@ -538,6 +542,7 @@ def test_serve_and_run_answer_as_eager_pytorch_on_the_users_module(tmp_path: Pat
         server.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_whatif_and_pack_accept_the_users_model(tmp_path: Path) -> None:
     """``modak whatif`` plans the module-file job on each target; ``modak pack`` places it beside a training job of
     the same module and renders each with the user's files."""
@@ -560,3 +565,24 @@ def test_whatif_and_pack_accept_the_users_model(tmp_path: Path) -> None:
     rendered = tmp_path / "packed" / "own-train"
     assert json.loads((rendered / "plan.json").read_text())["model_source"]["source"] == "model.py:build_model"
     assert (rendered / "model" / "model.py").read_text() == MODULE  # the PyTorch image builds the module
+
+
+@pytest.mark.slow
+def test_the_own_model_benchmark_runs_its_pipeline_quickly() -> None:
+    """``python -m benchmarks.models.own_model --quick``: three architectures outside the zoo planned as module jobs
+    and as ONNX jobs of their exports, the picks measured: one table row each, with its ratios."""
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "benchmarks.models.own_model", "--quick", "--target",
+                           str(root / "examples" / "own-model-cpu" / "target.yaml")], capture_output=True,
+                          text=True, cwd=root, timeout=300, check=False)
+    seconds = time.monotonic() - start
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.strip().splitlines()[1:] if not line.startswith(" ")]
+    assert [line.split()[0] for line in rows] == ["separable-cnn", "residual-mlp", "conv-attention"], done.stdout
+    for line in rows:  # pick ms, best ms, pick/best, ONNX-only ms, left on the table
+        ratios = [float(word.rstrip("x")) for word in line.split() if word.endswith("x") and word[0].isdigit()]
+        assert len(ratios) == 2 and ratios[0] >= 1 and ratios[1] >= 1, line
+    assert seconds < 60, f"--quick took {seconds:.0f} s"

@@ -10,9 +10,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from model import build_model
 
 import modak.runtime.torch
-from model import build_model
 
 
 def batches(steps: int, batch: int = 64):

@@ -212,8 +212,9 @@ def _export_dynamo(request: dict[str, Any], model: Any, inputs: dict[str, Any], 
     import torch
 
     batch = torch.export.Dim("batch")
-    # Constants folded, not optimized: like the zoo's exports (TrainingMode.PRESERVE), the graph keeps its
-    # BatchNormalization nodes (the optimizer folds them into the convolutions), so that it shows the architecture.
+    # Constants folded and the nodes nothing reads removed (a chunk's SequenceConstruct), not optimized: like the
+    # zoo's exports (TrainingMode.PRESERVE), the graph keeps its BatchNormalization nodes (the optimizer folds them
+    # into the convolutions), so that it shows the architecture.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(model, tuple(inputs.values()), dynamo=True, input_names=list(inputs),
@@ -221,6 +222,7 @@ def _export_dynamo(request: dict[str, Any], model: Any, inputs: dict[str, Any], 
                                     optimize=False, verbose=False)
         assert program is not None  # dynamo=True returns the program
         onnxscript.optimizer.fold_constants(program.model)
+        onnxscript.optimizer.remove_unused_nodes(program.model)
     proto = program.model_proto
     _unsqueeze_scalar_reshapes(onnx, proto)
     _save(onnx, proto, path)
