@@ -27,9 +27,10 @@ import statistics
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from modak.bench.dispatch import Dispatcher, LaunchTask, LocalDispatcher
 from modak.candidates.enumerate import Candidate
@@ -133,7 +134,7 @@ class Session:
     def close(self) -> None:
         shutil.rmtree(self._scratch, ignore_errors=True)
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -278,4 +279,4 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
         throughput_per_s=result.get("throughput_per_s"), compile_s=result.get("compile_s"),
         peak_rss_mb=result.get("peak_rss_mb"), max_abs_error=result.get("max_abs_error"),
         error=result.get("error"), versions=as_json({**result.get("versions", {}), "host": platform.node()}),
-        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))

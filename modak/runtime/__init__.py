@@ -29,10 +29,25 @@ from pathlib import Path
 
 import numpy as np
 
-from modak.image.deployment import (MODEL_VARIABLE, PLAN_VARIABLE, PRELOAD, WORKDIR_VARIABLE, Deployment,
-                                    environment, location, read_deployment)
-from modak.image.runtimes.base import (TOLERANCE, RunRequest, Session, has_graph, load_runtime, make_inputs,
-                                      relative_error)
+from modak.image.deployment import (
+    MODEL_VARIABLE,
+    PLAN_VARIABLE,
+    PRELOAD,
+    WORKDIR_VARIABLE,
+    Deployment,
+    environment,
+    location,
+    read_deployment,
+)
+from modak.image.runtimes.base import (
+    TOLERANCE,
+    RunRequest,
+    Session,
+    has_graph,
+    load_runtime,
+    make_inputs,
+    relative_error,
+)
 
 __all__ = ["FeedError", "Model", "TensorSpec", "load", "request_from_environment"]
 
