@@ -163,8 +163,8 @@ def load(plan: str | Path | None = None, model: str | Path | None = None) -> Mod
             deployment, environ)
         os.environ.update(applied)
         environ.update(applied)
-    model = open_model(request_from_environment(environ), deployment)
-    return replace(model, any_batch=runs_partial_batches(model))
+    opened = open_model(request_from_environment(environ), deployment)
+    return replace(opened, any_batch=runs_partial_batches(opened))
 
 
 def runs_partial_batches(model: Model) -> bool:

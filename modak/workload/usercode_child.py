@@ -232,7 +232,8 @@ def _export_torchscript(request: dict[str, Any], model: Any, inputs: dict[str, A
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, tuple(inputs.values()), buffer, input_names=list(inputs), dynamo=False,
+        # the TorchScript exporter writes to a file object too; torch's hints name only paths
+        torch.onnx.export(model, tuple(inputs.values()), buffer, input_names=list(inputs), dynamo=False,  # type: ignore[arg-type]
                           dynamic_axes={name: {0: "batch"} for name in inputs}, opset_version=17,
                           training=torch.onnx.TrainingMode.PRESERVE)
     _save(onnx, onnx.load_from_string(buffer.getvalue()), path)
