@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from modak.bench.dispatch import dispatch_names
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
@@ -118,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
 
     sub = command("model", _cmd_model, "fit or evaluate the learned performance model")
     sub.add_argument("action", choices=["fit", "eval"], help="fit: refit and summarize; eval: cross-validate")
-    sub.add_argument("--store", type=Path, help="local perf store to include (default: $MODAK_STORE or ~/.local/share/modak)")
+    sub.add_argument("--store", type=Path,
+                     help="local perf store to include (default: $MODAK_STORE or ~/.local/share/modak)")
     sub.add_argument("--seeds", type=int, default=3,
                      help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
     sub.add_argument("--machine", metavar="TARGET",

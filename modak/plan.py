@@ -19,8 +19,8 @@ from modak.measurements.store import Measurement, TunedChoice, as_json
 from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
 from modak.spec.loader import LoadedJob
-from modak.spec.resolve import module_code
 from modak.spec.models import Device, Metric, Precision, Task
+from modak.spec.resolve import module_code
 from modak.workload.analysis import WorkloadProfile
 from modak.workload.source import ModelSource
 

@@ -151,6 +151,7 @@ def usermodels() -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
+@pytest.mark.slow
 def test_a_module_file_plans_pytorch_compile_and_onnx_runtimes(tmp_path: Path) -> None:
     job = write(tmp_path, job_text(PYTORCH))
     plan = plan_dict(job)
@@ -166,6 +167,7 @@ def test_a_module_file_plans_pytorch_compile_and_onnx_runtimes(tmp_path: Path) -
     assert plan_dict(job)["model_source"] == source and usermodels() == exports
 
 
+@pytest.mark.slow
 def test_an_exported_program_needs_no_user_code(tmp_path: Path) -> None:
     import torch
 
@@ -206,6 +208,7 @@ def build_twisted():
 """
 
 
+@pytest.mark.slow
 def test_a_model_no_exporter_can_export_still_plans_the_pytorch_runtimes(tmp_path: Path) -> None:
     job = write(tmp_path, job_text(PYTORCH.replace("build_model", "build_twisted").replace(", kwargs: {width: 8}", "")),
                 UNEXPORTABLE)
@@ -256,6 +259,7 @@ def test_a_factory_that_returns_no_module(tmp_path: Path) -> None:
     assert "model.pytorch.factory: build_model() returned dict, not a torch.nn.Module" in error
 
 
+@pytest.mark.slow
 def test_a_factory_that_never_returns_is_stopped(tmp_path: Path) -> None:
     module = MODULE.replace("    return Mixer(width)", "    import time\n    time.sleep(600)\n    return Mixer(width)")
     error = fails(tmp_path, job_text(PYTORCH), module, env={"MODAK_USERCODE_SECONDS": "8"})
@@ -286,6 +290,7 @@ def test_weights_with_missing_keys(tmp_path: Path) -> None:
 
 # --- the image carries the user's model ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["pytorch", "xla"])
 def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export(tmp_path: Path, runtime: str) -> None:
     import torch
@@ -317,6 +322,7 @@ def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export
     assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result
 
 
+@pytest.mark.slow
 def test_the_pytorch_image_runs_an_exported_program(tmp_path: Path) -> None:
     import torch
 
@@ -343,6 +349,7 @@ def test_the_pytorch_image_runs_an_exported_program(tmp_path: Path) -> None:
     assert result["status"] == "ok" and result["max_abs_error"] <= 1e-3, result
 
 
+@pytest.mark.slow
 def test_a_module_returning_a_mapping_runs_as_its_export(tmp_path: Path) -> None:
     """Like a Hugging Face ModelOutput: the values that are set, in order, are the export's outputs."""
     from modak import api
@@ -366,6 +373,7 @@ def test_a_module_returning_a_mapping_runs_as_its_export(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("runtime", "loss"), [("pytorch", "cross_entropy"), ("xla", "cross_entropy"),
                                                ("pytorch", "model.py:steady_loss")])
+@pytest.mark.slow
 def test_training_measures_the_jobs_loss(tmp_path: Path, runtime: str, loss: str) -> None:
     import math
 
@@ -395,12 +403,14 @@ def test_training_measures_the_jobs_loss(tmp_path: Path, runtime: str, loss: str
     assert result["status"] == "ok", result  # checked against PyTorch eager's losses
 
 
+@pytest.mark.slow
 def test_the_own_model_example_plans_every_runtime_family() -> None:
     plan = plan_dict(Path(__file__).resolve().parents[1] / "examples" / "own-model-cpu" / "job.yaml")
     assert {"pytorch", "torch-compile", "xla", "onnxruntime", "openvino"} <= runtimes(plan)
     assert plan["model_source"]["source"] == "model.py:build_model" and plan["model_source"]["exporter"] == "dynamo"
 
 
+@pytest.mark.slow
 def test_the_pytorch_image_runs_a_model_no_exporter_could_export(tmp_path: Path) -> None:
     from modak import api
     from modak.image.runtimes.base import RunRequest

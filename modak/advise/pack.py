@@ -32,13 +32,21 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from modak.advise.contention import (OVERSUBSCRIPTION_COST, SPIN_PENALTY, bandwidth_slowdowns,
-                                     gpu_time_sliced_slowdowns, load_of, memory_need_gb, mps_percentages,
-                                     mps_slowdowns, time_sliced_slowdowns)
+from modak.advise.contention import (
+    OVERSUBSCRIPTION_COST,
+    SPIN_PENALTY,
+    bandwidth_slowdowns,
+    gpu_time_sliced_slowdowns,
+    load_of,
+    memory_need_gb,
+    mps_percentages,
+    mps_slowdowns,
+    time_sliced_slowdowns,
+)
 from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.plan import MEMORY_SHARE, Plan
@@ -72,7 +80,7 @@ class MigProfile:
         return self.memory / 8
 
 
-@lru_cache(maxsize=None)
+@cache
 def mig_profiles(gpu: str) -> tuple[MigProfile, ...]:
     """The MIG profiles of GPU model ``gpu`` (a canonical name of the GPU catalog), smallest first; () if it has
     none (not MIG-capable, or not in ``recipes/hardware/mig.yaml``)."""
@@ -327,7 +335,8 @@ def cpu_arrangements(jobs: Sequence[PackJob], target: Target, planner: Planner) 
         plans = [planner.plan(job, share_target(target, f"{k}c", cores_per_job=k, allocation="exclusive"))
                  for job, k in zip(jobs, split)]
         ok = [p for p in plans if not isinstance(p, str)]
-        factors = bandwidth_slowdowns([load_of(p) for p in ok], bandwidth) if len(ok) == len(plans) else [1.0] * len(plans)
+        factors = (bandwidth_slowdowns([load_of(p) for p in ok], bandwidth) if len(ok) == len(plans)
+                   else [1.0] * len(plans))
         placements = []
         for job, k, start, plan, partner, factor in zip(jobs, split, starts, plans, partners, factors):
             cores_of = cpuset(range(start, start + k))

@@ -27,9 +27,10 @@ import statistics
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from modak.bench.dispatch import Dispatcher, LaunchTask, LocalDispatcher
 from modak.candidates.enumerate import Candidate
@@ -133,7 +134,7 @@ class Session:
     def close(self) -> None:
         shutil.rmtree(self._scratch, ignore_errors=True)
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -237,7 +238,7 @@ def aggregate_row(plan: Plan, candidate: Candidate, launches: list[dict], sessio
         "step_median_s": center, "step_p10_s": min(r["step_p10_s"] for r in launches),  # the launches' envelope
         "step_p90_s": max(r["step_p90_s"] for r in launches),
         "repeats": sum(int(r.get("repeats", 0)) for r in launches),
-        "throughput_per_s": plan.loaded.job.model.batch_size / center,
+        "throughput_per_s": plan.workload.batch_size / center,
         "compile_s": statistics.median(r.get("compile_s") or 0.0 for r in launches),
         "peak_rss_mb": max(r.get("peak_rss_mb") or 0.0 for r in launches),
         "max_abs_error": max(r.get("max_abs_error") or 0.0 for r in launches),
@@ -268,7 +269,7 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
         machine=plan.loaded.target.name, microarchitecture=ceilings.microarchitecture, cores=ceilings.cores,
         peak_fp32_gflops=device.peak_gflops[Precision.fp32], peak_bf16_gflops=device.peak_gflops.get(Precision.bf16),
         bandwidth_gbs=device.bandwidth_gbs, gpu=ceilings.gpu.name if ceilings.gpu else None,
-        model=workload.model_name, task=job.task.value, batch_size=job.model.batch_size,
+        model=workload.model_name, task=job.task.value, batch_size=workload.batch_size,
         input_shapes=as_json({k: list(v) for k, v in workload.input_shapes.items()}),
         **workload_columns(workload),
         runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
@@ -278,4 +279,4 @@ def measurement_row(plan: Plan, candidate: Candidate, result: dict) -> Measureme
         throughput_per_s=result.get("throughput_per_s"), compile_s=result.get("compile_s"),
         peak_rss_mb=result.get("peak_rss_mb"), max_abs_error=result.get("max_abs_error"),
         error=result.get("error"), versions=as_json({**result.get("versions", {}), "host": platform.node()}),
-        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))

@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from modak.bench.harness import BENCH_WORKDIR
 from modak.build.credentials import Credentials, find_credentials
@@ -74,7 +74,7 @@ class BuildOptions:
     no_cache: bool = False  # rebuild every layer (benchmarks/tools/build_cache.py's cold build)
 
 
-class Progress:
+class Progress(Protocol):
     """What the pipeline tells its user while it works (the CLI shows a rich progress display)."""
 
     def phase(self, text: str) -> None:
@@ -85,6 +85,19 @@ class Progress:
 
     def line(self, text: str) -> None:
         """One line of the build log."""
+
+
+class SilentProgress:
+    """A :class:`Progress` that shows nothing (the API's default)."""
+
+    def phase(self, text: str) -> None:
+        return None
+
+    def step(self, step: Step) -> None:
+        return None
+
+    def line(self, text: str) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -145,7 +158,7 @@ class BuildResult:
 def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
               progress: Progress | None = None, engine: Engine | None = None) -> BuildResult:
     """Render, build, label, smoke-test, tag, push and archive the plan's choice (see the module docstring)."""
-    progress = progress or Progress()
+    progress = progress or SilentProgress()
     out_dir = Path(out_dir).absolute()
     target = plan.loaded.target
     engine = engine or make_engine(options.engine or target.container.engine)
@@ -279,8 +292,9 @@ def tuned_artifacts(plan: Plan, bench_workdir: Path = BENCH_WORKDIR) -> dict[str
     """
     runtime, source = plan.choice.candidate.runtime, plan.source
     workdir = bench_workdir / runtime
-    found = reusable_artifacts(runtime, workdir, source.zoo or Path(source.onnx_path).stem,
-                               plan.loaded.job.model.batch_size, source.zoo or Path(MODEL_FILE).stem)
+    model_stem = source.zoo or (Path(source.onnx_path).stem if source.onnx_path else source.name)
+    found = reusable_artifacts(runtime, workdir, model_stem, plan.workload.batch_size,
+                               source.zoo or Path(MODEL_FILE).stem)
     return {f"{WORK_DIR}/{relative}": path for relative, path in found.items()}
 
 

@@ -412,15 +412,18 @@ def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
 
 
 class DLRM(nn.Module):
+    pairs: torch.Tensor  # a buffer: the indexes of the interactions below the diagonal
+
     def __init__(self, dense: int, tables: int, rows: int, dim: int = 64) -> None:
         super().__init__()
         self.bottom = _mlp([dense, 512, 256, dim], last_relu=True)
-        self.embeddings = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables))
+        embeddings = [nn.Embedding(rows, dim) for _ in range(tables)]
+        self.embeddings = nn.ModuleList(embeddings)
         features = tables + 1
         lower = [i * features + j for i in range(features) for j in range(i)]  # pairs below the diagonal
         self.register_buffer("pairs", torch.tensor(lower, dtype=torch.int64), persistent=False)
         self.top = _mlp([dim + len(lower), 512, 256, 1], last_relu=False)
-        for table in self.embeddings:
+        for table in embeddings:
             nn.init.uniform_(table.weight, -1 / math.sqrt(rows), 1 / math.sqrt(rows))
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
@@ -493,7 +496,7 @@ class ConvNeXt(nn.Module):
         self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
         self.head = nn.Linear(dims[-1], classes)
         for m in self.modules():
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
+            if isinstance(m, (nn.Conv2d, nn.Linear)) and m.bias is not None:
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
 

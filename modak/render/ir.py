@@ -18,13 +18,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 import modak
 from modak import schedulers
-from modak.scaling import advise
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.render.package import wheel_name
 from modak.render.sharing import Sharing
+from modak.scaling import advise
 from modak.spec.loader import read_catalog
 from modak.spec.resolve import APP_DIR, DataBind
 
@@ -42,7 +41,8 @@ DOCKER_BUILD_MOUNT = "/run/modak"
 DEF_BUILD_DIR = "/opt/modak-build"
 
 # The build context's top-level entries: the generated files and the folders and files copied into the images.
-RUNTIME_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT = "modak-wheel", "model", "app", "wheels", "ca.crt"
+RUNTIME_CONTEXT, MODEL_CONTEXT, APP_CONTEXT = "modak-wheel", "model", "app"
+WHEELS_CONTEXT, CA_CONTEXT = "wheels", "ca.crt"
 CONTEXT_ENTRIES = (RUNTIME_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT)
 
 BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")

@@ -4,6 +4,7 @@ its job script applies it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # The ways of sharing, as ``modak pack --modes`` names them, each with the devices it can share.
@@ -52,7 +53,7 @@ class Sharing:
         return self.device == "gpu"
 
 
-def cpuset(cores: list[int] | tuple[int, ...]) -> str:
+def cpuset(cores: Iterable[int]) -> str:
     """Core numbers as a cpuset list: ``[0, 1, 2, 5]`` is ``0-2,5``."""
     ranges: list[list[int]] = []
     for core in sorted(set(cores)):

@@ -239,6 +239,9 @@ def trajectory(plan: Plan, predictor: Predictor, optimizer: str = "sgd_momentum"
     for batch in batch_sizes(plan.workload.batch_size):
         if batch == plan.workload.batch_size:
             workload = plan.workload
+        elif source.onnx_path is None:
+            notes.append(f"batch {batch}: not analysed (the model has no ONNX export; the plan's batch only)")
+            continue
         else:
             try:
                 workload = analyze(source.onnx_path, batch, source.input_shapes, job.task, optimizer,

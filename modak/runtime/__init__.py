@@ -29,10 +29,25 @@ from pathlib import Path
 
 import numpy as np
 
-from modak.image.deployment import (MODEL_VARIABLE, PLAN_VARIABLE, PRELOAD, WORKDIR_VARIABLE, Deployment,
-                                    environment, location, read_deployment)
-from modak.image.runtimes.base import (TOLERANCE, RunRequest, Session, has_graph, load_runtime, make_inputs,
-                                      relative_error)
+from modak.image.deployment import (
+    MODEL_VARIABLE,
+    PLAN_VARIABLE,
+    PRELOAD,
+    WORKDIR_VARIABLE,
+    Deployment,
+    environment,
+    location,
+    read_deployment,
+)
+from modak.image.runtimes.base import (
+    TOLERANCE,
+    RunRequest,
+    Session,
+    has_graph,
+    load_runtime,
+    make_inputs,
+    relative_error,
+)
 
 __all__ = ["FeedError", "Model", "TensorSpec", "load", "request_from_environment"]
 
@@ -148,8 +163,8 @@ def load(plan: str | Path | None = None, model: str | Path | None = None) -> Mod
             deployment, environ)
         os.environ.update(applied)
         environ.update(applied)
-    model = open_model(request_from_environment(environ), deployment)
-    return replace(model, any_batch=runs_partial_batches(model))
+    opened = open_model(request_from_environment(environ), deployment)
+    return replace(opened, any_batch=runs_partial_batches(opened))
 
 
 def runs_partial_batches(model: Model) -> bool:

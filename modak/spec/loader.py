@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from modak.errors import InputError, did_you_mean
-from modak.paths import data_dir
 from modak.limits import MAX_SPEC_BYTES, MAX_STRING_CHARS, MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES, read_bounded
+from modak.paths import data_dir
 from modak.spec.document import Loc, SpecDocument, dotted
 from modak.spec.models import AUTO_BATCH, Job, Metric, Target, Task
 from modak.spec.resolve import ResolvedFiles, resolve_files
@@ -232,7 +233,8 @@ def _check_string(node: yaml.ScalarNode, path: Path, loc: Loc, budget: _Budget) 
 def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel], data: Any) -> InputError:
     """The first validation error, located and phrased for a person."""
     # An unknown field is usually a typo that also causes a "missing" error: report the typo first.
-    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"], data)) or 0))
+    errors = sorted(exc.errors(),
+                    key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"], data)) or 0))
     error = errors[0]
     loc = _clean_loc(error["loc"], data)
     kind = error["type"]

@@ -24,7 +24,8 @@ SchedulerWord = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", m
 TimeLimit = Annotated[str, StringConstraints(pattern=r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")]
 Url = Annotated[str, StringConstraints(pattern=r"^https?://[^\s'\"`$\\]+$")]
 # A pip requirement: letters, digits and the operators of PEP 508 version specifiers, no URLs or options.
-Requirement = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*[ ]*([<>=!~]=?[ ]*[A-Za-z0-9.*+!\-]+[ ]*,?[ ]*)*$")]
+_REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*[ ]*([<>=!~]=?[ ]*[A-Za-z0-9.*+!\-]+[ ]*,?[ ]*)*$"
+Requirement = Annotated[str, StringConstraints(pattern=_REQUIREMENT)]
 
 
 def _no_nul(value: str) -> str:
@@ -127,7 +128,7 @@ class ModelSpec(Strict):
                        "constraints.max_latency_ms and the device's memory.")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if sum(source is not None for source in (self.onnx, self.zoo, self.pytorch, self.exported)) != 1:
             raise ValueError("give exactly one of 'onnx' (a file), 'zoo' (an architecture name), 'pytorch' (your "
                              "module and factory) or 'exported' (a torch.export .pt2 file)")
@@ -143,7 +144,7 @@ class Objective(Strict):
     steps: PositiveInt | None = Field(None, description="Steps (batches) the job runs; needed for time_to_solution.")
 
     @model_validator(mode="after")
-    def _steps_for_tts(self) -> "Objective":
+    def _steps_for_tts(self) -> Objective:
         if self.metric is Metric.time_to_solution and self.steps is None:
             raise ValueError("metric 'time_to_solution' needs 'steps' (how many batches the job runs)")
         return self
@@ -195,7 +196,8 @@ class UserCode(Strict):
 
     command: list[Text] = Field(default_factory=list, description="Command run instead of modak's runner (exec form).")
     requirements: list[Requirement] = Field(default_factory=list)
-    files: list[Text] = Field(default_factory=list, description="Files or folders (relative to the job file) copied to /opt/app.")
+    files: list[Text] = Field(default_factory=list,
+                              description="Files or folders (relative to the job file) copied to /opt/app.")
 
 
 ContainerPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")]
@@ -277,8 +279,8 @@ class CpuPeaks(Strict):
     int8_gops: PositiveFloat | None = None
     memory_bandwidth_gbs: PositiveFloat | None = None
     core_memory_bandwidth_gbs: PositiveFloat | None = Field(
-        None, description="Stream triad of one core alone (`modak probe`'s one-thread triad): the bandwidth a job given "
-                          "part of a node (scheduler.cores_per_job) draws per core, up to the node's.")
+        None, description="Stream triad of one core alone (`modak probe`'s one-thread triad): the bandwidth a job "
+                          "given part of a node (scheduler.cores_per_job) draws per core, up to the node's.")
 
 
 class Cpu(Strict):
@@ -286,7 +288,8 @@ class Cpu(Strict):
     sockets: PositiveInt = 1
     cores_per_socket: PositiveInt
     threads_per_core: PositiveInt = 1
-    frequency_ghz: PositiveFloat | None = Field(None, description="Sustained all-core clock; catalog default if absent.")
+    frequency_ghz: PositiveFloat | None = Field(None,
+                                                description="Sustained all-core clock; catalog default if absent.")
     peaks: CpuPeaks = CpuPeaks()
 
 
@@ -350,7 +353,7 @@ class Scheduler(Strict):
     time_limit: TimeLimit = "01:00:00"
 
     @model_validator(mode="after")
-    def _co_runners_share(self) -> "Scheduler":
+    def _co_runners_share(self) -> Scheduler:
         if self.co_runners and self.allocation != "shared":
             raise ValueError("co_runners needs allocation: shared (exclusive cores run nothing else)")
         return self
@@ -371,7 +374,8 @@ class PythonPackages(Strict):
     index_url: Url | None = None
     extra_index_urls: list[Url] = Field(default_factory=list)
     wheelhouse: Text | None = Field(None, description="Folder of wheels, relative to the target file.")
-    ca_bundle: Text | None = Field(None, description="CA bundle for TLS-intercepting proxies, used only while building.")
+    ca_bundle: Text | None = Field(None,
+                                   description="CA bundle for TLS-intercepting proxies, used only while building.")
     recipe_indexes: bool = Field(
         True, description="Use the extra indexes runtime recipes name (e.g. PyTorch's CPU wheel index); false on "
                           "sites that cannot reach them (serve those wheels from index_url or the wheelhouse).")

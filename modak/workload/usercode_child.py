@@ -85,8 +85,9 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
         with torch.no_grad():
             model(*inputs.values())
     except Exception as exc:
-        raise UserCodeError(field, f"the model does not run on inputs of per-sample shape "
-                                   f"{_shapes_text(shapes)} (batch {EXPORT_BATCH}): {_describe(exc)}", exc, root)
+        message = (f"the model does not run on inputs of per-sample shape {_shapes_text(shapes)} "
+                   f"(batch {EXPORT_BATCH}): {_describe(exc)}")
+        raise UserCodeError(field, message, exc, root) from exc
     _set_phase(folder, "model.pytorch.factory" if not request["exported"] else "model.exported")
     failures: list[str] = []
     exporter = None
@@ -104,7 +105,7 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
         try:
             counted = _count(model, inputs)
         except Exception as exc:
-            raise UserCodeError(field, f"the FLOP counter cannot run the model: {_describe(exc)}", exc, root)
+            raise UserCodeError(field, f"the FLOP counter cannot run the model: {_describe(exc)}", exc, root) from exc
     parameters = [p for p in model.parameters()]
     return {"ok": True, "exporter": exporter, "onnx": MODEL_FILE if exporter else None, "failures": failures,
             "input_shapes": shapes, "counted": counted, "torch": torch.__version__,
@@ -251,7 +252,8 @@ def _export_torchscript(request: dict[str, Any], model: Any, inputs: dict[str, A
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, tuple(inputs.values()), buffer, input_names=list(inputs), dynamo=False,
+        # the TorchScript exporter writes to a file object too; torch's hints name only paths
+        torch.onnx.export(model, tuple(inputs.values()), buffer, input_names=list(inputs), dynamo=False,  # type: ignore[arg-type]
                           dynamic_axes={name: {0: "batch"} for name in inputs}, opset_version=17,
                           training=torch.onnx.TrainingMode.PRESERVE)
     _save(onnx, onnx.load_from_string(buffer.getvalue()), path)

@@ -57,7 +57,7 @@ class RunRequest:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunRequest":
+    def from_json(cls, text: str) -> RunRequest:
         return cls(**json.loads(text))
 
 

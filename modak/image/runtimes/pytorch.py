@@ -46,7 +46,7 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
     model = model.to(device)
     channels_last = bool(request.params.get("channels_last"))
     if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's hints omit it
 
     def tensors(feeds: Mapping[str, np.ndarray]) -> list[Any]:
         found = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(device) for name in input_names]

@@ -163,7 +163,7 @@ def import_torchax() -> Any:
             return object()
 
     os.environ.setdefault("ENABLE_RUNTIME_UPTIME_TELEMETRY", "0")  # torchax would set it to 1 (TPU runtime)
-    packet.__getattr__ = tolerant
+    setattr(packet, "__getattr__", tolerant)  # noqa: B010 (a method assigned on purpose, restored below)
     try:
         import torchax
         import torchax.amp
@@ -171,7 +171,7 @@ def import_torchax() -> Any:
 
         torchax.default_env()  # loads the op tables and decompositions, which name such overloads too
     finally:
-        packet.__getattr__ = original
+        setattr(packet, "__getattr__", original)  # noqa: B010
     return torchax
 
 
