@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,9 @@ def test_a_module_file_plans_pytorch_compile_and_onnx_runtimes(tmp_path: Path) -
     # The second plan reads the cached export: no new one.
     exports = usermodels()
     assert plan_dict(job)["model_source"] == source and usermodels() == exports
+    # A copy of the job's folder elsewhere is the same model: the cache is keyed by digests, not by paths.
+    copy = shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-copy")
+    assert plan_dict(copy / "job.yaml")["model_source"] == source and usermodels() == exports
 
 
 @pytest.mark.slow

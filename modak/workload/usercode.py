@@ -38,6 +38,9 @@ MEMORY_VARIABLE = "MODAK_USERCODE_MEMORY_GB"  # its address-space limit, GiB
 DEFAULT_SECONDS = 600.0
 DEFAULT_MEMORY_GB = 32.0
 _CHILD = "modak.workload.usercode_child"
+# The request's paths: where the job's folder is, not what the model is (the digests say that), so that a copy
+# of the folder elsewhere hits the cache.
+_PATHS = ("search", "root", "module_file", "weights", "exported")
 _STACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
@@ -86,7 +89,7 @@ def load_user_model(loaded: LoadedJob) -> UserModel:
     doc = loaded.job_doc
     seconds, memory_gb = _limit(SECONDS_VARIABLE, DEFAULT_SECONDS), _limit(MEMORY_VARIABLE, DEFAULT_MEMORY_GB)
     request, digests = _request(loaded)
-    key = hashlib.sha256(json.dumps({"request": {k: v for k, v in request.items() if k != "search"},
+    key = hashlib.sha256(json.dumps({"request": {k: v for k, v in request.items() if k not in _PATHS},
                                      "digests": digests, "torch": _torch_version(),
                                      "child": _child_digest()}, sort_keys=True).encode()).hexdigest()[:32]
     folder = cache_dir() / "usermodels" / key
