@@ -620,3 +620,30 @@ def test_the_own_model_benchmark_runs_its_pipeline_quickly() -> None:
         ratios = [float(word.rstrip("x")) for word in line.split() if word.endswith("x") and word[0].isdigit()]
         assert len(ratios) == 2 and ratios[0] >= 1 and ratios[1] >= 1, line
     assert seconds < 60, f"--quick took {seconds:.0f} s"
+
+
+@pytest.mark.slow
+def test_bench_and_tune_measure_the_users_module(tmp_path: Path) -> None:
+    """`modak bench --candidates top-3` measures the plan's top 3 of a module-file job, each checked against eager
+    PyTorch first and `ok`; `modak tune` races the shortlist and records a winner, which the next plan chooses."""
+    from modak.measurements.store import PerfStore
+
+    job, store = write(tmp_path, job_text(PYTORCH)), tmp_path / "perf.sqlite"
+    bench = modak("bench", str(job), "--candidates", "top-3", "--launches", "2", "--min-seconds", "0.2",
+                  "--budget", "0.5", "--store", str(store), "--json")
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    with PerfStore(store) as perf:
+        rows = perf.rows()
+    assert len(rows) == 3 and all(r.status == "ok" and r.step_median_s for r in rows), [
+        (r.runtime, r.status, r.error) for r in rows]
+    assert all(r.max_abs_error is not None and r.max_abs_error < 1e-2 for r in rows if r.precision == "fp32")
+    tune = modak("tune", str(job), "--trials", "2", "--min-seconds", "0.2", "--race-budget", "120", "--seed", "0",
+                 "--store", str(store), "--json")
+    assert tune.returncode == 0, tune.stderr[-3000:]
+    result = json.loads(tune.stdout)
+    assert result["winner"] in result["shortlist"] and result["recorded"]
+    plan = modak("plan", str(job), "--store", str(store), "--json")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    chosen = json.loads(plan.stdout)
+    assert chosen["choice"] == result["winner"], chosen["choice"]
+    assert any("tuned on" in reason for reason in chosen["reasons"])
