@@ -18,17 +18,8 @@ import pytest
 
 from modak.errors import InputError
 from modak.spec.loader import load_job
+from tests.support.specs import CPU_TARGET
 
-TARGET = """\
-apiVersion: modak/v1
-kind: Target
-name: cpu-box
-cpu:
-  microarchitecture: icelake
-  cores_per_socket: 4
-memory:
-  size_gb: 16
-"""
 # A small residual MLP-mixer-like network: not a zoo architecture.
 MODULE = """\
 import torch
@@ -61,7 +52,7 @@ PYTORCH = "  pytorch: {module: model.py, factory: build_model, kwargs: {width: 8
 
 
 def write(tmp_path: Path, job: str, module: str | None = MODULE) -> Path:
-    (tmp_path / "target.yaml").write_text(TARGET)
+    (tmp_path / "target.yaml").write_text(CPU_TARGET)
     if module is not None:
         (tmp_path / "model.py").write_text(module)
     path = tmp_path / "job.yaml"
@@ -581,7 +572,7 @@ def test_whatif_and_pack_accept_the_users_model(tmp_path: Path) -> None:
     """``modak whatif`` plans the module-file job on each target; ``modak pack`` places it beside a training job of
     the same module and renders each with the user's files."""
     job = write(tmp_path, job_text(PYTORCH))
-    (tmp_path / "big.yaml").write_text(TARGET.replace("name: cpu-box", "name: big-box").replace(
+    (tmp_path / "big.yaml").write_text(CPU_TARGET.replace("name: cpu-box", "name: big-box").replace(
         "cores_per_socket: 4", "cores_per_socket: 16"))
     whatif = modak("whatif", str(job), "--targets", str(tmp_path / "target.yaml"), str(tmp_path / "big.yaml"),
                    "--predictor", "roofline", "--json")

@@ -12,18 +12,9 @@ import pytest
 from modak.errors import InputError
 from modak.spec.loader import load_job, load_spec
 from modak.spec.models import Target
+from tests.support.specs import CPU_TARGET
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU_TARGET = """\
-apiVersion: modak/v1
-kind: Target
-name: cpu-box
-cpu:
-  microarchitecture: icelake
-  cores_per_socket: 4
-memory:
-  size_gb: 16
-"""
 JOB = """\
 apiVersion: modak/v1
 kind: Job
