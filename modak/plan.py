@@ -167,12 +167,20 @@ class Plan:
         the files that :func:`modak.render.ir.build_description` puts beside the model file."""
         spec, files = self.loaded.job.model, self.loaded.files
         if spec.exported is not None:
-            return {"program": Path(spec.exported).name}
+            return {"program": Path(spec.exported).name, **self._input_types()}
         if spec.pytorch is None:
             return None
         module = spec.pytorch.module
         return {"module": Path(module).name if module.endswith(".py") else module, "factory": spec.pytorch.factory,
-                "kwargs": dict(spec.pytorch.kwargs), "weights": files.weights.name if files.weights else None}
+                "kwargs": dict(spec.pytorch.kwargs), "weights": files.weights.name if files.weights else None,
+                **self._input_types()}
+
+    def _input_types(self) -> dict[str, Any]:
+        """The user's model's int64 inputs and their bounds (``input_types``), for the image's example inputs;
+        nothing where every input is float32."""
+        types = self.loaded.job.model.input_types(list(self.source.input_shapes))
+        integer = {name: [dtype, high] for name, (dtype, high) in types.items() if dtype != "float32"}
+        return {"input_types": integer} if integer else {}
 
     def to_dict(self) -> dict[str, Any]:
         """Stable, JSON-ready form (``modak plan --json``, ``plan.json``)."""

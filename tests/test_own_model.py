@@ -638,3 +638,52 @@ def test_bench_and_tune_measure_the_users_module(tmp_path: Path) -> None:
     chosen = json.loads(plan.stdout)
     assert chosen["choice"] == result["winner"], chosen["choice"]
     assert any("tuned on" in reason for reason in chosen["reasons"])
+
+
+# A bag-of-embeddings text classifier: its input is token ids (int64), which float inputs cannot feed.
+TOKENS = """\
+import torch
+from torch import nn
+
+
+class Bag(nn.Module):
+    def __init__(self, vocabulary):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.embed(ids)).mean(dim=1))
+
+
+def build_model(vocabulary=50):
+    return Bag(vocabulary)
+"""
+TOKEN_MODEL = ("  pytorch: {module: model.py, factory: build_model, kwargs: {vocabulary: 50}}\n"
+               "  input_shape: [12]\n  input_dtype: int64\n  input_high: 50\n")
+
+
+def test_int64_inputs_need_their_bound(tmp_path: Path) -> None:
+    error = error_of(write(tmp_path, job_text(TOKEN_MODEL.replace("  input_high: 50\n", "")), TOKENS))
+    assert "input_high" in error.message and "int64" in error.message
+    onnx_job = job_text("  onnx: model.onnx\n  input_dtype: int64\n")
+    assert "input_dtype and input_high describe the user's own model" in error_of(write(tmp_path, onnx_job)).message
+
+
+@pytest.mark.slow
+def test_a_model_of_token_ids_plans_and_measures_on_pytorch_and_onnx(tmp_path: Path) -> None:
+    """int64 inputs below input_high reach the export and every runtime: the plan has PyTorch and the ONNX runtimes,
+    and `modak bench` measures both `ok` against eager PyTorch (ids at or above 50 would fail the embedding)."""
+    from modak.measurements.store import PerfStore
+
+    job, store = write(tmp_path, job_text(TOKEN_MODEL), TOKENS), tmp_path / "perf.sqlite"
+    plan = plan_dict(job)
+    assert {"pytorch", "onnxruntime"} <= runtimes(plan)
+    assert plan["deployment"]["pytorch"]["input_types"] == {"input": ["int64", 50]}
+    bench = modak("bench", str(job), "--candidates", "pytorch", "onnxruntime", "--launches", "1", "--min-seconds",
+                  "0.1", "--budget", "0.3", "--store", str(store), "--json")
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    with PerfStore(store) as perf:
+        rows = perf.rows()
+    assert {r.runtime for r in rows} >= {"pytorch", "onnxruntime"}
+    assert all(r.status == "ok" for r in rows), [(r.runtime, r.status, r.error) for r in rows]

@@ -7,8 +7,9 @@ safe alphabet (names, image references, scheduler fields) or escaped by the rend
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 else:
     SchedulerKind = Literal[SCHEDULERS.names()]
 Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: are a job's cores its own?
+InputDtype = Literal["float32", "int64"]  # the element type of a user model's input (model.input_dtype)
 AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.plan.choose_batch)
 
 
@@ -122,6 +124,12 @@ class ModelSpec(Strict):
                                                     "the job file; needs none of the user's code.")
     input_shape: list[PositiveInt] | dict[str, list[PositiveInt]] | None = Field(
         None, description="Per-sample input shape without the batch dimension; a mapping for several inputs.")
+    input_dtype: InputDtype | dict[str, InputDtype] | None = Field(
+        None, description="The user's own model (pytorch, exported): its inputs' element type, float32 (default) or "
+                          "int64 (token ids, embedding rows); a mapping for several inputs.")
+    input_high: PositiveInt | dict[str, PositiveInt] | None = Field(
+        None, description="The user's own model: the exclusive upper bound of its int64 inputs (the vocabulary size, "
+                          "an embedding table's rows); a mapping for several inputs.")
     batch_size: PositiveInt | Literal["auto"] = Field(
         1, description="Samples per step, or 'auto' (inference with objective throughput): the plan predicts every "
                        "power of two from 1 to 256 and takes the batch with the most samples per second within "
@@ -134,7 +142,33 @@ class ModelSpec(Strict):
                              "module and factory) or 'exported' (a torch.export .pt2 file)")
         if self.pytorch is not None and self.input_shape is None:
             raise ValueError("a PyTorch model needs input_shape (per sample, without the batch dimension)")
+        if self.input_dtype is None and self.input_high is None:
+            return self
+        if self.onnx is not None or self.zoo is not None:
+            raise ValueError("input_dtype and input_high describe the user's own model (pytorch, exported): an ONNX "
+                             "file and a zoo architecture carry their inputs' types")
+        named = [value for value in (self.input_shape, self.input_dtype, self.input_high) if isinstance(value, dict)]
+        names = sorted({name for value in named for name in value}) or ["input"]
+        unbounded = [name for name, (dtype, high) in self.input_types(names).items() if dtype == "int64" and not high]
+        if unbounded:
+            raise ValueError("int64 inputs need input_high (their exclusive upper bound, e.g. the vocabulary size): "
+                             f"none for {', '.join(unbounded)}")
         return self
+
+    def input_types(self, names: Sequence[str]) -> dict[str, tuple[str, int | None]]:
+        """Element type and exclusive upper bound (int64 inputs) of each of the user's model's inputs ``names``."""
+        return input_types(self.input_dtype, self.input_high, names)
+
+
+def input_types(dtype: str | Mapping[str, str] | None, high: int | Mapping[str, int] | None,
+                names: Sequence[str]) -> dict[str, tuple[str, int | None]]:
+    """``model.input_dtype`` and ``model.input_high`` (one value for every input, or a mapping) for each input in
+    ``names``: its element type (float32 unless given) and, for int64, its exclusive upper bound."""
+    def pick(value: Any, name: str, default: Any) -> Any:
+        return value.get(name, default) if isinstance(value, Mapping) else (default if value is None else value)
+
+    types = {name: (pick(dtype, name, "float32"), pick(high, name, None)) for name in names}
+    return {name: (kind, bound if kind == "int64" else None) for name, (kind, bound) in types.items()}
 
 
 class Objective(Strict):

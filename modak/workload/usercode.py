@@ -128,7 +128,8 @@ def _request(loaded: LoadedJob) -> tuple[dict[str, Any], dict[str, str]]:
         {k: list(v) for k, v in shapes.items()} if shapes is not None else None)
     request: dict[str, Any] = {"search": str(loaded.job_doc.path.parent.resolve()), "input_shapes": input_shapes,
                                "module": None, "module_file": None, "factory": None, "kwargs": {}, "weights": None,
-                               "exported": None, "root": str(loaded.job_doc.path.parent.resolve())}
+                               "exported": None, "root": str(loaded.job_doc.path.parent.resolve()),
+                               "input_dtype": spec.input_dtype, "input_high": spec.input_high}
     digests: dict[str, str] = {}
     if spec.pytorch is not None:
         assert files.model_module is not None

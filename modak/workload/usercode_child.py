@@ -80,7 +80,7 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
         shapes = request["input_shapes"]
     field = "model.exported" if request["exported"] else "model.input_shape"
     _set_phase(folder, field)
-    inputs = {name: torch.randn(EXPORT_BATCH, *shape) for name, shape in shapes.items()}
+    inputs = example_inputs(request, shapes)
     try:
         with torch.no_grad():
             model(*inputs.values())
@@ -111,6 +111,19 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
             "input_shapes": shapes, "counted": counted, "torch": torch.__version__,
             "parameters": sum(p.numel() for p in parameters),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in parameters)}
+
+
+def example_inputs(request: dict[str, Any], shapes: dict[str, list[int]]) -> dict[str, Any]:
+    """The inputs the model is run, exported and counted on (batch :data:`EXPORT_BATCH`): standard normal float32,
+    or int64 ids below their bound (``model.input_dtype``, ``model.input_high``)."""
+    import torch
+
+    from modak.spec.models import input_types
+
+    types = input_types(request.get("input_dtype"), request.get("input_high"), list(shapes))
+    return {name: torch.randint(0, high or 1, (EXPORT_BATCH, *shape)) if dtype == "int64"
+            else torch.randn(EXPORT_BATCH, *shape) for name, shape in shapes.items()
+            for dtype, high in [types[name]]}
 
 
 def _build(request: dict[str, Any], folder: Path, root: Path) -> Any:

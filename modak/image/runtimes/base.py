@@ -120,11 +120,12 @@ def make_inputs(request: RunRequest) -> dict[str, np.ndarray]:
     import onnx
 
     rng = np.random.default_rng(request.seed)
+    bounds = _index_bounds(request)
     if not has_graph(request):
-        return {name: rng.standard_normal([request.batch_size, *shape]).astype(np.float32)
+        return {name: rng.integers(0, bounds[name], size=[request.batch_size, *shape]).astype(np.int64)
+                if name in bounds else rng.standard_normal([request.batch_size, *shape]).astype(np.float32)
                 for name, shape in request.input_shapes.items()}
     model = onnx.load(request.onnx_path, load_external_data=False)
-    bounds = _index_bounds(request.zoo)
     initializers = {i.name for i in model.graph.initializer}
     inputs: dict[str, np.ndarray] = {}
     for value in model.graph.input:
@@ -141,13 +142,16 @@ def make_inputs(request: RunRequest) -> dict[str, np.ndarray]:
     return inputs
 
 
-def _index_bounds(zoo: str | None) -> dict[str, int]:
-    """Exclusive upper bounds of a zoo model's integer inputs (token ids, embedding rows)."""
-    if zoo is None:
+def _index_bounds(request: RunRequest) -> dict[str, int]:
+    """Exclusive upper bounds of the model's integer inputs (token ids, embedding rows): the zoo's, or the user's
+    (``model.input_high``, carried as ``input_types``)."""
+    if request.pytorch is not None:
+        return {name: int(high) for name, (_, high) in request.pytorch.get("input_types", {}).items()}
+    if request.zoo is None:
         return {}
     from modak.image.zoo import get_entry
 
-    return dict(get_entry(zoo).index_bounds or {})
+    return dict(get_entry(request.zoo).index_bounds or {})
 
 
 @dataclass(frozen=True)
