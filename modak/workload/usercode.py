@@ -108,7 +108,7 @@ def load_user_model(loaded: LoadedJob) -> UserModel:
         staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
         for name in ("request.json", usercode_child.PHASE_FILE, usercode_child.STACK_FILE):
             (staging / name).unlink(missing_ok=True)
-        seconds_taken = time.monotonic() - started
+        seconds_taken = round(time.monotonic() - started, 3)  # as the cache keeps it: later plans say the same
         (staging / "seconds").write_text(f"{seconds_taken:.3f}")
         try:
             os.rename(staging, folder)  # atomic: readers see the whole folder or none
