@@ -42,6 +42,7 @@ from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAIL
                           EXIT_PUSH_FAILED, EngineUnavailable, SubmitFailed)
 from modak.schedulers import scheduler
 from tests.support.onnx_graphs import write_onnx
+from tests.support.specs import MIXER_MODULE
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mnist-cnn-cpu"
@@ -413,29 +414,6 @@ def test_training_image_runs_the_users_script(engine: DockerEngine, wheelhouse: 
     assert done[0] == "done:" and float(done[6].rstrip(",")) < float(done[4]), lines[-1]  # loss A -> B: B < A
 
 
-# A network of the user's own (not a zoo architecture), in a module file of its own.
-OWN_MODULE = """\
-import torch
-from torch import nn
-
-
-class Mixer(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.conv = nn.Conv2d(3, width, 3, padding=1)
-        self.norm = nn.BatchNorm2d(width)
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x):
-        y = torch.relu(self.norm(self.conv(x)))
-        return self.head((y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3)))
-
-
-def build_model(width=8):
-    return Mixer(width)
-"""
-
-
 @pytest.mark.engine
 def test_served_image_of_the_users_module_equals_eager_pytorch(engine: DockerEngine, wheelhouse: Path,
                                                                 tmp_path: Path) -> None:
@@ -450,7 +428,7 @@ def test_served_image_of_the_users_module_equals_eager_pytorch(engine: DockerEng
 
     folder = tmp_path / "spec"
     write_target(folder, "local-cpu-wheels", python={"wheelhouse": str(wheelhouse), "recipe_indexes": False})
-    (folder / "nets.py").write_text(OWN_MODULE)
+    (folder / "nets.py").write_text(MIXER_MODULE)
     torch.manual_seed(4)
     model = runpy.run_path(str(folder / "nets.py"))["build_model"](width=8)
     with torch.no_grad():

@@ -18,29 +18,8 @@ import pytest
 
 from modak.errors import InputError
 from modak.spec.loader import load_job
-from tests.support.specs import CPU_TARGET
+from tests.support.specs import CPU_TARGET, MIXER_MODULE
 
-# A small residual MLP-mixer-like network: not a zoo architecture.
-MODULE = """\
-import torch
-from torch import nn
-
-
-class Mixer(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.conv = nn.Conv2d(3, width, 3, padding=1)
-        self.norm = nn.BatchNorm2d(width)
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x):
-        y = torch.relu(self.norm(self.conv(x)))
-        return self.head((y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3)))
-
-
-def build_model(width=8):
-    return Mixer(width)
-"""
 
 
 def job_text(model: str, task: str = "inference", extra: str = "") -> str:
@@ -51,7 +30,7 @@ def job_text(model: str, task: str = "inference", extra: str = "") -> str:
 PYTORCH = "  pytorch: {module: model.py, factory: build_model, kwargs: {width: 8}}\n  input_shape: [3, 16, 16]\n"
 
 
-def write(tmp_path: Path, job: str, module: str | None = MODULE) -> Path:
+def write(tmp_path: Path, job: str, module: str | None = MIXER_MODULE) -> Path:
     (tmp_path / "target.yaml").write_text(CPU_TARGET)
     if module is not None:
         (tmp_path / "model.py").write_text(module)
@@ -86,7 +65,7 @@ def test_an_importable_module_is_found_without_importing_it(tmp_path: Path) -> N
     package = tmp_path / "mypkg"
     package.mkdir()
     (package / "__init__.py").write_text("raise SystemExit('imported in the planner')\n")
-    (package / "models.py").write_text(MODULE)
+    (package / "models.py").write_text(MIXER_MODULE)
     loaded = load_job(write(tmp_path, job_text(PYTORCH.replace("model.py", "mypkg.models"))))
     assert loaded.files.model_module == package / "models.py"
 
@@ -169,7 +148,7 @@ def test_a_module_file_plans_pytorch_compile_and_onnx_runtimes(tmp_path: Path) -
 def test_an_exported_program_needs_no_user_code(tmp_path: Path) -> None:
     import torch
 
-    (tmp_path / "nets.py").write_text(MODULE)
+    (tmp_path / "nets.py").write_text(MIXER_MODULE)
     model = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=4).eval()  # as the user would
     program = torch.export.export(model, (torch.randn(2, 3, 8, 8),),
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
@@ -180,7 +159,7 @@ def test_an_exported_program_needs_no_user_code(tmp_path: Path) -> None:
     assert plan["workload"]["model"] == "mixer"
 
 
-UNEXPORTABLE = MODULE + """
+UNEXPORTABLE = MIXER_MODULE + """
 
 @torch.library.custom_op("own::twist", mutates_args=())
 def twist(x: torch.Tensor) -> torch.Tensor:
@@ -224,7 +203,7 @@ def test_a_model_no_exporter_can_export_still_plans_the_pytorch_runtimes(tmp_pat
 
 # --- the user's code fails: one located line, exit 2, nothing written --------------------------------------------
 
-def fails(tmp_path: Path, job: str, module: str | None = MODULE, env: dict[str, str] | None = None) -> str:
+def fails(tmp_path: Path, job: str, module: str | None = MIXER_MODULE, env: dict[str, str] | None = None) -> str:
     path = write(tmp_path, job, module)
     before, exports = sorted(tmp_path.rglob("*")), usermodels()
     result = modak("plan", str(path), cwd=tmp_path, env=env)
@@ -245,7 +224,7 @@ def test_a_missing_factory_suggests_the_closest(tmp_path: Path) -> None:
 
 
 def test_a_factory_that_raises_names_the_users_line(tmp_path: Path) -> None:
-    module = MODULE.replace("    return Mixer(width)", "    width = width // 0\n    return Mixer(width)")
+    module = MIXER_MODULE.replace("    return Mixer(width)", "    width = width // 0\n    return Mixer(width)")
     error = fails(tmp_path, job_text(PYTORCH), module)
     line = module.splitlines().index("    width = width // 0") + 1
     assert f"model.pytorch.factory: {tmp_path / 'model.py'}:{line}: " in error
@@ -253,13 +232,13 @@ def test_a_factory_that_raises_names_the_users_line(tmp_path: Path) -> None:
 
 
 def test_a_factory_that_returns_no_module(tmp_path: Path) -> None:
-    error = fails(tmp_path, job_text(PYTORCH), MODULE.replace("return Mixer(width)", "return {'width': width}"))
+    error = fails(tmp_path, job_text(PYTORCH), MIXER_MODULE.replace("return Mixer(width)", "return {'width': width}"))
     assert "model.pytorch.factory: build_model() returned dict, not a torch.nn.Module" in error
 
 
 @pytest.mark.slow
 def test_a_factory_that_never_returns_is_stopped(tmp_path: Path) -> None:
-    module = MODULE.replace("    return Mixer(width)", "    import time\n    time.sleep(600)\n    return Mixer(width)")
+    module = MIXER_MODULE.replace("    return Mixer(width)", "    import time\n    time.sleep(600)\n    return Mixer(width)")
     error = fails(tmp_path, job_text(PYTORCH), module, env={"MODAK_USERCODE_SECONDS": "8"})
     line = module.splitlines().index("    time.sleep(600)") + 1
     assert "model.pytorch.factory:" in error and "did not finish within 8 s (MODAK_USERCODE_SECONDS)" in error
@@ -267,7 +246,7 @@ def test_a_factory_that_never_returns_is_stopped(tmp_path: Path) -> None:
 
 
 def test_a_factory_that_allocates_past_its_memory_limit(tmp_path: Path) -> None:
-    module = MODULE.replace("    return Mixer(width)", "    ballast = torch.empty(8 << 30, dtype=torch.uint8)\n"
+    module = MIXER_MODULE.replace("    return Mixer(width)", "    ballast = torch.empty(8 << 30, dtype=torch.uint8)\n"
                                                       "    return Mixer(width)")
     error = fails(tmp_path, job_text(PYTORCH), module, env={"MODAK_USERCODE_MEMORY_GB": "3"})
     line = module.splitlines().index("    ballast = torch.empty(8 << 30, dtype=torch.uint8)") + 1
@@ -278,7 +257,7 @@ def test_a_factory_that_allocates_past_its_memory_limit(tmp_path: Path) -> None:
 def test_weights_with_missing_keys(tmp_path: Path) -> None:
     import torch
 
-    (tmp_path / "nets.py").write_text(MODULE)
+    (tmp_path / "nets.py").write_text(MIXER_MODULE)
     state = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=8).state_dict()
     del state["head.bias"]
     torch.save(state, tmp_path / "weights.pt")
@@ -318,7 +297,7 @@ def test_the_pytorch_image_carries_the_module_and_weights_and_matches_the_export
     from modak.image.runtimes.base import RunRequest
     from modak.runtime import measure as runner
 
-    (tmp_path / "nets.py").write_text(MODULE)
+    (tmp_path / "nets.py").write_text(MIXER_MODULE)
     torch.save(runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=8).state_dict(), tmp_path / "w.pt")
     job = write(tmp_path, job_text(PYTORCH.replace("width: 8}", "width: 8}, weights: w.pt"), extra=(
         f"constraints: {{runtimes: [{runtime}]}}\n")))
@@ -348,7 +327,7 @@ def test_the_pytorch_image_runs_an_exported_program(tmp_path: Path) -> None:
     from modak.image.runtimes.base import RunRequest
     from modak.runtime import measure as runner
 
-    (tmp_path / "nets.py").write_text(MODULE)
+    (tmp_path / "nets.py").write_text(MIXER_MODULE)
     model = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=4).eval()
     program = torch.export.export(model, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: torch.export.Dim("batch")},))
     torch.export.save(program, tmp_path / "mixer.pt2")
@@ -374,7 +353,7 @@ def test_a_module_returning_a_mapping_runs_as_its_export(tmp_path: Path) -> None
     from modak.image.runtimes.base import RunRequest
     from modak.runtime import measure as runner
 
-    module = MODULE.replace("        return self.head((y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3)))",
+    module = MIXER_MODULE.replace("        return self.head((y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3)))",
                             "        pooled = (y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3))\n"
                             "        return {'logits': self.head(pooled), 'hidden': None, 'pooled': pooled}")
     job = write(tmp_path, job_text(PYTORCH, extra="constraints: {runtimes: [pytorch]}\n"), module)
@@ -398,7 +377,7 @@ def test_training_measures_the_jobs_loss(tmp_path: Path, runtime: str, loss: str
     from modak import api
     from modak.image.runtimes.base import RunRequest
 
-    module = MODULE + ("\n\ndef steady_loss(outputs, batch):\n"
+    module = MIXER_MODULE + ("\n\ndef steady_loss(outputs, batch):\n"
                        "    return outputs.float().mean() * 0 + 7 + 0 * batch['input'].sum()\n")
     job = write(tmp_path, job_text(PYTORCH, "training", f"loss: {loss}\nconstraints: {{runtimes: [{runtime}, xla]}}\n"),
                 module)
@@ -520,7 +499,7 @@ def test_serve_and_run_answer_as_eager_pytorch_on_the_users_module(tmp_path: Pat
 
     from modak import api
 
-    (tmp_path / "nets.py").write_text(MODULE)
+    (tmp_path / "nets.py").write_text(MIXER_MODULE)
     torch.manual_seed(2)
     model = runpy.run_path(str(tmp_path / "nets.py"))["build_model"](width=8)
     with torch.no_grad():
@@ -598,7 +577,7 @@ def test_whatif_and_pack_accept_the_users_model(tmp_path: Path) -> None:
     assert {name for group in json.loads(pack.stdout)["groups"] for name in group["jobs"]} == {"own", "own-train"}
     rendered = tmp_path / "packed" / "own-train"
     assert json.loads((rendered / "plan.json").read_text())["model_source"]["source"] == "model.py:build_model"
-    assert (rendered / "model" / "model.py").read_text() == MODULE  # the PyTorch image builds the module
+    assert (rendered / "model" / "model.py").read_text() == MIXER_MODULE  # the PyTorch image builds the module
 
 
 @pytest.mark.slow

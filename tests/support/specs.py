@@ -11,3 +11,25 @@ cpu:
 memory:
   size_gb: 16
 """
+
+# A small residual MLP-mixer-like network (not a zoo architecture), the module file of a user's own model.
+MIXER_MODULE = """\
+import torch
+from torch import nn
+
+
+class Mixer(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.norm = nn.BatchNorm2d(width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.norm(self.conv(x)))
+        return self.head((y + y.mean(dim=1, keepdim=True)).mean(dim=(2, 3)))
+
+
+def build_model(width=8):
+    return Mixer(width)
+"""
