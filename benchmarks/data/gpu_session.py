@@ -779,6 +779,7 @@ def import_runs(outs: list[Path], session: Path, perfmodels: Path) -> dict[str, 
               f"# the best of {len(outs)} probe(s): {json.loads((outs[0] / 'ceilings.json').read_text())['method']}.\n"
               "# The rows of perfmodels/" + f"{machine}.csv carry these peaks. The CPU is not probed (a GPU step does "
               "not\n# depend on it); its microarchitecture is the plan's assumption.\n")
+    (perfmodels / "targets").mkdir(parents=True, exist_ok=True)
     (perfmodels / "targets" / f"{machine}.yaml").write_text(header + yaml.safe_dump(target, sort_keys=False))
     return {"machine": machine, "rows": len(rows), "peaks": peaks, "runs": runs}
 
