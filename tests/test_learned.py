@@ -209,8 +209,8 @@ def test_an_unseen_machine_or_model_widens_the_interval_not_the_prediction(plans
     row = machine_a[-1]
     seen = example_from_row(row, CATALOG)
     reprobed = replace(seen, machine=("cpu", seen.cores, 1.0, 1.0))
-    unseen = replace(reprobed, kind=("cpu", "zen2", seen.cores))
-    assert seen.kind == ("cpu", "zen3", row.cores) and model.knows_kind(reprobed)
+    unseen = replace(reprobed, kind=("cpu", "zen2", seen.cores, True))
+    assert seen.kind == ("cpu", "zen3", row.cores, True) and model.knows_kind(reprobed)
     assert list(model.known_machines) == [seen.machine] and not model.knows_kind(unseen)
     new_graph = replace(seen, parameters=seen.parameters + 1)
     assert new_graph.graph not in model.known_models and seen.graph in model.known_models
@@ -244,7 +244,20 @@ def test_another_probe_of_a_known_machine_takes_no_offset(plans) -> None:
     assert again == pytest.approx(new, rel=1e-9) and again == pytest.approx(own * math.exp(
         model.machine_offsets[b.machine]), rel=1e-9)
     assert new_low < low < again < high < new_high
-    assert machine_kind("cpu", "x86_64_v4", 2) is None and machine_kind("cpu", "icelake", 2) == ("cpu", "icelake", 2)
+    assert machine_kind("cpu", "x86_64_v4", 2, False) is None
+    assert machine_kind("cpu", "icelake", 2, False) == ("cpu", "icelake", 2, False)
+
+
+def test_a_cpu_archspec_names_like_a_known_one_but_with_native_bf16_is_another_kind(plans) -> None:
+    """An Emerald Rapids VM without AMX is archspec's ``icelake``: with native bf16 it is not of the kind of an Ice
+    Lake without it (its predictions widen as on a machine never measured, not by the same kind's spread)."""
+    rows = [replace(r, machine="b", microarchitecture="icelake", peak_bf16_gflops=None) for r in synthetic_rows(plans)]
+    model = LearnedPredictor.fit(rows)
+    ice_lake = example_from_row(rows[0], CATALOG)
+    reprobe = replace(ice_lake, machine=(*ice_lake.machine[:3], ice_lake.machine[3] * 1.1))
+    with_bf16 = replace(reprobe, kind=machine_kind("cpu", "icelake", ice_lake.cores, True))
+    assert model.knows_kind(reprobe) and not model.knows_kind(with_bf16)
+    assert model.unseen_spread(with_bf16) == (NEW_MACHINE_SPREAD, 0.0, 0.0)
 
 
 def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> None:

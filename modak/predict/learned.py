@@ -172,10 +172,12 @@ def machine_signature(device: str, cores: int, fp32_gflops: float, bandwidth_gbs
     return (device, cores, round(fp32_gflops, 1), round(bandwidth_gbs, 1))
 
 
-def machine_kind(device: str, name: str | None, cores: int) -> tuple | None:
-    """What kind of machine a device is: (device class, CPU microarchitecture or GPU model, cores), or None where
-    the name does not say (no name, or one of archspec's generic levels such as ``x86_64_v4``, which CPUs of
-    different vendors and generations share). Two probes of one machine give different ceilings, not kinds."""
+def machine_kind(device: str, name: str | None, cores: int, native_bf16: bool) -> tuple | None:
+    """What kind of machine a device is: (device class, CPU microarchitecture or GPU model, cores, whether it
+    computes bf16 natively), or None where the name does not say (no name, or one of archspec's generic levels
+    such as ``x86_64_v4``, which CPUs of different vendors and generations share). The bf16 flag tells apart what
+    archspec names alike: a VM's Emerald Rapids without AMX is its ``icelake``, with Ice Lake's kernels for fp32 but
+    native bf16. Two probes of one machine give different ceilings, not kinds."""
     import archspec.cpu
 
     if not name:
@@ -184,7 +186,7 @@ def machine_kind(device: str, name: str | None, cores: int) -> tuple | None:
         generic = archspec.cpu.TARGETS.get(name)
         if generic is not None and generic.vendor == "generic":
             return None
-    return (device, name, cores)
+    return (device, name, cores, native_bf16)
 
 
 def candidate_from_row(row: Measurement) -> Candidate:
@@ -203,7 +205,8 @@ def example_from_row(row: Measurement, catalog: Mapping[str, Recipe]) -> Example
                    row.parameters, row.nodes, json.loads(row.op_class_flops), json.loads(row.op_class_bytes),
                    machine_signature(row.device, row.cores, row.peak_fp32_gflops, row.bandwidth_gbs),
                    overhead_seconds(catalog[row.runtime], candidate, row.nodes, row.task == "training"),
-                   machine_kind(row.device, row.gpu if row.device == "gpu" else row.microarchitecture, row.cores))
+                   machine_kind(row.device, row.gpu if row.device == "gpu" else row.microarchitecture, row.cores,
+                                bool(row.peak_bf16_gflops)))
 
 
 def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
@@ -218,7 +221,8 @@ def example_from(workload: WorkloadProfile, ceilings: TargetCeilings, candidate:
                    machine_signature(candidate.device, ceilings.cores, device.peak_gflops[Precision.fp32],
                                      device.bandwidth_gbs),
                    overhead_seconds(recipe, candidate, len(workload.ops), workload.task.value == "training"),
-                   machine_kind(candidate.device, device.name, ceilings.cores) if device.measured else None)
+                   machine_kind(candidate.device, device.name, ceilings.cores, Precision.bf16 in device.peak_gflops)
+                   if device.measured else None)
 
 
 def shrunk_offset(workload_medians: list[float]) -> float:
