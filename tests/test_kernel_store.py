@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -67,8 +68,8 @@ def analysis(graph: Path) -> WorkloadProfile:
     return analyze(graph, BATCH)
 
 
-def _measurement(step: float | None = 0.004, **changes: object) -> Measurement:
-    values: dict[str, object] = {c: None for c in COLUMNS}
+def _measurement(step: float | None = 0.004, **changes: Any) -> Measurement:
+    values: dict[str, Any] = {c: None for c in COLUMNS}
     values.update(machine="m1", microarchitecture="x86_64", cores=2, peak_fp32_gflops=1.0, bandwidth_gbs=1.0,
                   model="tiny", task="inference", batch_size=BATCH, input_shapes="{}", flops=1.0, bytes=1.0,
                   forward_flops=1.0, parameters=1, nodes=6, op_class_flops="{}", op_class_bytes="{}",
@@ -92,7 +93,7 @@ def _profile() -> Profile:
                     KernelTime(reorder, 0.0001)), unmapped_seconds=0.0007, notes=("test",))
 
 
-def _labels(analysis: WorkloadProfile, **changes: object) -> tuple[tuple[KernelRow, ...], Reconciliation]:
+def _labels(analysis: WorkloadProfile, **changes: Any) -> tuple[tuple[KernelRow, ...], Reconciliation]:
     return kernel_rows(_profile(), _measurement(**changes), analysis, measured_at="2026-01-02T00:00:00+00:00")
 
 
@@ -242,6 +243,33 @@ def test_a_damaged_file_is_refused_with_its_location(tmp_path: Path, analysis: W
     assert capsys.readouterr().err == f"modak: error: {path}:{line}: {column}: {caught.value.message}\n"
     with PerfStore(store) as perf:  # all files or none
         assert perf.kernel_rows() == [] and perf.reconciliations() == []
+
+
+def test_a_file_that_is_no_kernel_table_is_refused_with_its_location(tmp_path: Path, analysis: WorkloadProfile,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import modak.measurements.kernels as kernels
+
+    rows, _ = _labels(analysis)
+    path = tmp_path / "kernels-m1.csv"
+    write_kernel_csv(path, rows)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines[:2], lines[2].rpartition(",")[0], *lines[3:]]) + "\n")  # a short line 3
+    with pytest.raises(InputError, match=f"^{path}:3: task: fewer fields than columns$"):
+        read_kernel_csv(path)
+    path.write_text(lines[0] + "\n" + "x" * 200_000 + "\n")
+    with pytest.raises(InputError, match=f"^{path}:2: not a CSV file of kernel rows: field larger than"):
+        read_kernel_csv(path)
+    path.write_text("")
+    with pytest.raises(InputError, match=f"^{path}:1: machine: not a CSV file of kernel rows: missing columns "
+                                         "machine, runtime, "):
+        read_labels_csv(path)
+    with pytest.raises(InputError, match=f"^{tmp_path / 'none.csv'}: file not found$"):
+        read_labels_csv(tmp_path / "none.csv")
+    path.write_text(lines[0] + "\n")
+    assert read_kernel_csv(path) == []
+    monkeypatch.setattr(kernels, "MAX_CSV_BYTES", 10)
+    with pytest.raises(InputError, match=f"^{path}: the CSV file is .* bytes, more than the limit of 10 bytes"):
+        read_kernel_csv(path)
 
 
 def test_the_modak_command_imports_and_exports_kernel_files(tmp_path: Path, analysis: WorkloadProfile) -> None:

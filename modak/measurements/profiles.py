@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import replace
+from typing import Any
 
 from modak.image.kernels import Kernel, Profile
 from modak.measurements.kernels import KernelRow, Reconciliation
@@ -25,7 +26,7 @@ def kernel_rows(profile: Profile, measurement: Measurement, analysis: WorkloadPr
     step = measurement.step_s
     stamp = measured_at or dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     ops = {op.name: op for op in analysis.ops}
-    common = dict(machine=measurement.machine, runtime=measurement.runtime, device=measurement.device,
+    common: dict[str, Any] = dict(machine=measurement.machine, runtime=measurement.runtime, device=measurement.device,
                   threads=measurement.threads or 0, precision=measurement.precision, params=measurement.params,
                   model=measurement.model, batch_size=measurement.batch_size, source=profile.source,
                   session=measurement.session or "", measured_at=stamp, task=measurement.task)
