@@ -17,6 +17,8 @@ from typing import Any
 
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from modak.cli import main
@@ -27,6 +29,7 @@ from modak.measurements.kernels import (
     KernelRow,
     Reconciliation,
     is_label_csv,
+    kernel_record,
     read_kernel_csv,
     read_labels_csv,
     read_reconcile_csv,
@@ -191,6 +194,10 @@ def test_csv_files_round_trip(tmp_path: Path, analysis: WorkloadProfile) -> None
     assert read_labels_csv(tmp_path / "kernels-m1.csv") == (list(rows), [])
     assert is_label_csv(tmp_path / "kernels-m1.csv") and is_label_csv(tmp_path / "reconcile-m1.csv")
     assert not is_label_csv(ROOT / "perfmodels" / "cpu-ci-zen3-2c.csv")
+    odd = dataclasses.replace(rows[0], source='a "quoted",\r\nline', kernel=dataclasses.replace(
+        rows[0].kernel, nodes=("n,1", 'n"2'), attributes='{"layout":"a,b"}'))
+    write_kernel_csv(tmp_path / "kernels-odd.csv", [odd])
+    assert read_kernel_csv(tmp_path / "kernels-odd.csv") == [odd]
 
 
 def _damage(path: Path, line: int, column: str, value: str | None) -> None:
@@ -203,7 +210,7 @@ def _damage(path: Path, line: int, column: str, value: str | None) -> None:
     else:
         records[line - 1][index] = value
     with open(path, "w", newline="") as handle:
-        csv.writer(handle, lineterminator="\n").writerows(records)
+        csv.writer(handle, lineterminator="\n", quoting=csv.QUOTE_ALL).writerows(records)
 
 
 DAMAGE = [  # file, line, column, value, what the error says
@@ -272,6 +279,26 @@ def test_a_file_that_is_no_kernel_table_is_refused_with_its_location(tmp_path: P
         read_kernel_csv(path)
 
 
+@settings(max_examples=100)
+@given(column=st.sampled_from(KERNEL_COLUMNS), text=st.text(max_size=30))
+def test_any_field_reads_or_is_refused_at_its_location(tmp_path_factory: pytest.TempPathFactory,
+                                                       analysis: WorkloadProfile, column: str, text: str) -> None:
+    rows, _ = _labels(analysis)
+    path = tmp_path_factory.mktemp("fuzz") / "kernels-m1.csv"
+    write_kernel_csv(path, rows[:1])
+    _damage(path, 2, column, text)
+    try:
+        (row,) = read_kernel_csv(path)
+    except InputError as exc:
+        assert (exc.file, exc.field) == (str(path), column) and exc.line in (2, 3)  # 3: a quote left open
+    else:
+        read = kernel_record(row)[column]
+        if column in ("nodes", "shapes"):
+            assert json.loads(read) == json.loads(text)
+        else:
+            assert read == type(kernel_record(rows[0])[column])(text)
+
+
 def test_the_modak_command_imports_and_exports_kernel_files(tmp_path: Path, analysis: WorkloadProfile) -> None:
     rows, reconciliation = _labels(analysis)
     other_rows, other = _labels(analysis, machine="m2")
@@ -316,10 +343,11 @@ def test_a_profiled_launch_is_stored_against_its_timed_row(tmp_path: Path) -> No
     from modak.api import load
     from modak.bench.harness import measurement_row, store_profile
     from modak.plan import make_plan
+    from modak.predict.roofline import RooflinePredictor
     from modak.workload.source import load_analysis
 
     loaded = load(CNN)
-    plan = make_plan(loaded, *load_analysis(loaded))
+    plan = make_plan(loaded, *load_analysis(loaded), RooflinePredictor())  # the ranking does not matter here
     candidate = next(r.candidate for r in plan.ranked if r.candidate.runtime == "onnxruntime")
     row = dataclasses.replace(measurement_row(plan, candidate, {"status": "ok", "step_median_s": 0.002}),
                               session="s9")

@@ -36,7 +36,7 @@ class KernelRow:
     machine: str  # the perf store's machine name (as Measurement.machine)
     runtime: str
     device: str  # "cpu" or "gpu"
-    threads: int
+    threads: int  # 0: the candidate sets none (Measurement.threads None)
     precision: str
     params: str  # JSON: the candidate's parameters (as Measurement.params)
     model: str  # the workload it was profiled in (a kernel's time does not depend on it; splits do)
@@ -191,7 +191,7 @@ def _write(path: Path, form: _Format[Row], rows: Iterable[Row]) -> int:
     from modak.paths import write_atomic
 
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    writer = csv.writer(buffer, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)  # text quoted: a "\r" too
     writer.writerow(form.columns)
     count = 0
     for row in rows:
