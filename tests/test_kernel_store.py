@@ -335,6 +335,13 @@ def test_the_shipped_measurement_files_leave_kernel_files_out() -> None:
     assert shipped_files() and not any(is_label_csv(p) for p in shipped_files())
 
 
+def test_the_shipped_kernel_files_read() -> None:
+    for path in (ROOT / "perfmodels").glob("*.csv"):
+        if is_label_csv(path):
+            kernels, reconciled = read_labels_csv(path)
+            assert kernels or reconciled, path
+
+
 # --- modak bench --kernels -----------------------------------------------------------------------------------
 
 def test_a_profiled_launch_is_stored_against_its_timed_row(tmp_path: Path) -> None:
