@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -113,10 +114,46 @@ def test_rows_are_the_harness_rows(rehearsal: tuple[Path, Path]) -> None:
 
     result = {**launch["result"], "busy": contention_reasons(launch["result"]["contention"])}
     expected = aggregate_row(plan, candidate, [result], row.session)
-    ignored = {"machine", "device", "measured_at", "versions"}
+    ignored = {"machine", "device", "measured_at", "versions", "peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs"}
     # approx: aggregate_row's center of one launch is exp(log(median)), a rounding away from the median
     assert {k: v for k, v in row.__dict__.items() if k not in ignored} == pytest.approx(
         {k: v for k, v in expected.__dict__.items() if k not in ignored}, rel=1e-12)
+    peaks = json.loads((out / "ceilings.json").read_text())["peaks"]  # the probed ceilings, not the catalog's
+    assert (row.peak_fp32_gflops, row.peak_bf16_gflops, row.bandwidth_gbs) == (
+        round(peaks["fp32_tflops"] * 1000, 1), round(peaks["bf16_tflops"] * 1000, 1), peaks["memory_bandwidth_gbs"])
+    assert row.peak_fp32_gflops != expected.peak_fp32_gflops
+
+
+def test_import_writes_the_rows_the_probed_target_and_the_zero_shot_table(rehearsal: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    from modak.hardware.ceilings import target_ceilings
+    from modak.spec.loader import load_spec
+    from modak.spec.models import Target
+
+    session, out = rehearsal
+    done = _call("import", str(out), "--session", str(session), "--perfmodels", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    rows = list(read_csv(tmp_path / "gpu-h100-dry-run.csv"))
+    assert rows and all("session's budget" not in (r.error or "") for r in rows)
+    target, doc = load_spec(tmp_path / "targets" / "gpu-h100-dry-run.yaml", Target)
+    ceilings = target_ceilings(target, doc)
+    assert ceilings.gpu is not None and ceilings.gpu.measured
+    assert {r.peak_bf16_gflops for r in rows} == {ceilings.gpu.peak_gflops["bf16"]}
+    run_folder = next((tmp_path / "gpu-runs").iterdir())
+    zero_shot = json.loads((run_folder / "zero_shot.json").read_text())
+    assert {z["job"] for z in zero_shot} == {r.model + "-" + r.task + f"-b{r.batch_size}" for r in rows}
+    assert all(z["predicted_step_s"] for z in zero_shot if not z["name"].count("reduce-overhead"))
+    assert "pick/best" in done.stdout
+    assert all(z["job"] in done.stdout for z in zero_shot if z["status"] == "ok" and z["predicted_step_s"])
+
+
+def test_a_launch_the_sessions_clock_stops_is_not_the_candidates_error(script: ModuleType) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    cut = script.finish(script.start(sleeper, dict(os.environ), ROOT), 1.0, script.GPU)
+    assert cut["status"] == "error" and cut["cut_by_budget"] and script.cut_by_budget({"result": cut})
+    one_second = dataclasses.replace(script.DRY_RUN, launch_limit=1.0)  # the launch's own limit reached
+    limited = script.finish(script.start(sleeper, dict(os.environ), ROOT), 1.0, one_second)
+    assert limited["status"] == "error" and not script.cut_by_budget({"result": limited})
 
 
 def test_passes_put_each_jobs_stock_and_best_of_each_kind_first(script: ModuleType) -> None:

@@ -12,10 +12,11 @@ from modak.measurements.kernels import is_label_csv
 from modak.measurements.store import read_csv
 
 PERFMODELS = Path(__file__).resolve().parents[1] / "perfmodels"
-# published/ holds figures from papers (benchmarks/published/scale_published.py), not the perf store's measured rows.
-# kernels-*.csv and reconcile-*.csv hold the operator-level model's labels (tests/test_kernel_store.py reads them).
+# published/ holds figures from papers (benchmarks/published/scale_published.py) and gpu-runs/ a GPU session's own
+# files (benchmarks/data/gpu_session.py), not the perf store's measured rows; kernels-*.csv and reconcile-*.csv hold
+# the operator-level model's labels (tests/test_kernel_store.py reads them).
 CSV_FILES = sorted(p for p in PERFMODELS.rglob("*.csv")
-                   if p.relative_to(PERFMODELS).parts[0] != "published" and not is_label_csv(p))
+                   if p.relative_to(PERFMODELS).parts[0] not in ("published", "gpu-runs") and not is_label_csv(p))
 
 
 def achieved_over_peak(row) -> float:
@@ -34,9 +35,29 @@ def test_no_shipped_row_runs_faster_than_its_machines_peak(path: Path) -> None:
 def test_the_shipped_targets_state_the_peaks_their_rows_carry() -> None:
     for target_file in sorted((PERFMODELS / "targets").glob("*.yaml")):
         target = yaml.safe_load(target_file.read_text())
-        peaks = target["cpu"]["peaks"]
         rows = [r for path in CSV_FILES for r in read_csv(path) if r.machine == target["name"]]
         assert rows, target_file
+        if "gpus" in target:  # GPU peaks in TFLOP/s, as gpu_session.py probes them
+            peaks = target["gpus"]["peaks"]
+            assert {r.peak_fp32_gflops for r in rows} == {round(peaks["fp32_tflops"] * 1000, 1)}
+            assert {r.peak_bf16_gflops for r in rows} == {round(peaks["bf16_tflops"] * 1000, 1)}
+            assert {r.bandwidth_gbs for r in rows} == {peaks["memory_bandwidth_gbs"]}
+            continue
+        peaks = target["cpu"]["peaks"]
         assert {r.peak_fp32_gflops for r in rows} == {peaks["fp32_gflops"]}
         bf16 = {peaks["bf16_gflops"]} if "bf16_gflops" in peaks else set()  # none: no native bf16
         assert {r.peak_bf16_gflops for r in rows if r.peak_bf16_gflops} == bf16
+
+
+def test_a_gpu_target_plans_its_rows_device() -> None:
+    """The probed GPU target is a valid target whose ceilings are the probe's (not the catalog's)."""
+    from modak.hardware.ceilings import target_ceilings
+    from modak.spec.loader import load_spec
+    from modak.spec.models import Target
+
+    for target_file in sorted((PERFMODELS / "targets").glob("gpu-*.yaml")):
+        target, doc = load_spec(target_file, Target)
+        ceilings = target_ceilings(target, doc)
+        peaks = yaml.safe_load(target_file.read_text())["gpus"]["peaks"]
+        assert ceilings.gpu is not None and ceilings.gpu.measured
+        assert ceilings.gpu.peak_gflops["bf16"] == peaks["bf16_tflops"] * 1000

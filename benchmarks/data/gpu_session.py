@@ -242,6 +242,7 @@ class Run:
         self.env = dict(os.environ)
         self.describe: dict[str, Any] = {}  # the machine (:func:`describe_machine`)
         self.machine = ""  # the rows' machine (:func:`machine_name`)
+        self.peaks: dict[str, float] = {}  # the probed ceilings (ceilings.json's "peaks"), the rows' columns
         self.id = f"gpu-session-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
 
     def left(self) -> float:
@@ -432,9 +433,9 @@ def finish(process: subprocess.Popen, timeout_s: float, settings: Settings) -> d
         stdout, stderr = process.communicate(timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired:
         stdout, stderr = "", ""
-        limit = ("a launch's limit" if timeout_s >= settings.launch_limit else "what was left of the session's "
-                 "budget")
-        result = {"status": "error", "error": f"timed out after {timeout_s:.0f} s ({limit})"}
+        cut = timeout_s < settings.launch_limit
+        limit = "what was left of the session's budget" if cut else "a launch's limit"
+        result = {"status": "error", "error": f"timed out after {timeout_s:.0f} s ({limit})", "cut_by_budget": cut}
     else:
         result = None
     try:
@@ -455,12 +456,13 @@ def finish(process: subprocess.Popen, timeout_s: float, settings: Settings) -> d
 
 
 def measured_row(template: dict[str, Any], result: dict[str, Any], session: str, machine: str,
-                 device: str) -> dict[str, Any]:
+                 device: str, peaks: dict[str, float]) -> dict[str, Any]:
     """The store row of one launch: as :func:`modak.bench.harness.aggregate_row` makes it of one launch (the
-    failing result's as :func:`~modak.bench.harness.measurement_row` does)."""
+    failing result's as :func:`~modak.bench.harness.measurement_row` does), with the machine's probed ceilings
+    (:func:`row_peaks`) in place of the plan's catalog peaks."""
     from modak.runtime.measure import contention_reasons
 
-    row = dict(template, machine=machine, device=device, measured_at=_now())
+    row = dict(template, machine=machine, device=device, measured_at=_now(), **row_peaks(peaks))
     busy = contention_reasons(result.get("contention") or {}) if result.get("status") == "ok" else []
     versions = json.dumps({**result.get("versions", {}), "host": platform.node()}, sort_keys=True,
                           separators=(",", ":"))
@@ -481,6 +483,15 @@ def measured_row(template: dict[str, Any], result: dict[str, Any], session: str,
                contention=json.dumps([{**(result.get("contention") or {}), "busy": busy, "retried_after": None}],
                                      sort_keys=True, separators=(",", ":")))
     return row
+
+
+def row_peaks(peaks: dict[str, float]) -> dict[str, float]:
+    """The perf store's ceiling columns of probed ``peaks`` (``ceilings.json``'s); none where the probe failed."""
+    if not {"fp32_tflops", "bf16_tflops", "memory_bandwidth_gbs"} <= set(peaks):
+        return {}
+    return {"peak_fp32_gflops": round(peaks["fp32_tflops"] * 1000.0, 1),
+            "peak_bf16_gflops": round(peaks["bf16_tflops"] * 1000.0, 1),
+            "bandwidth_gbs": float(peaks["memory_bandwidth_gbs"])}
 
 
 MIN_LAUNCH_S = 5.0  # a launch is not started with less of the budget left
@@ -506,7 +517,10 @@ def measure_candidates(run: Run, exports: Exports) -> None:
         launches.write(json.dumps({"id": entry["id"], "name": entry["name"], "job": entry["job"],
                                    "wall_s": round(wall, 2), "result": result}, sort_keys=True) + "\n")
         launches.flush()
-        row = measured_row(entry["row"], result, run.id, run.machine, settings.device)
+        if result.get("cut_by_budget"):  # the session's clock, not the candidate: no row, launched next time
+            run.log(f"pass {entry['pass']} {entry['job']} {entry['name']}: {result['error']}: not a row")
+            continue
+        row = measured_row(entry["row"], result, run.id, run.machine, settings.device, run.peaks)
         run.rows.append(row)
         run.write()
         if row["status"] in ("ok", "contended") and entry["job"] not in run.alone and entry["stock"]:
@@ -613,11 +627,13 @@ def machine_name(run: Run) -> str:
         return target["name"]
     name = "gpu-" + "-".join("".join(c if c.isalnum() else " " for c in found.lower()).split())
     run.log(f"the GPU is {found!r}, not the target's {target['gpus']['model']}: rows are named {name} and keep the "
-            "target's catalog peaks; import them with a target of ceilings.json's peaks")
+            "probed peaks of ceilings.json")
     return name
 
 
-def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserve_s: float) -> int:
+def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserve_s: float,
+                skip: set[str] | None = None) -> int:
+    """Measure ``session`` into ``out`` (the candidates in ``skip`` left out: an earlier run launched them)."""
     manifest = json.loads((session / "session.json").read_text())
     if manifest["dry_run"] != dry_run:
         print(f"gpu_session: {session} was planned {'with' if manifest['dry_run'] else 'without'} --dry-run; "
@@ -625,6 +641,9 @@ def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserv
         return 2
     settings = DRY_RUN if dry_run else GPU
     run = Run(session, out, budget_s, settings, reserve_s)
+    if skip:
+        run.manifest["candidates"] = [c for c in run.manifest["candidates"] if c["id"] not in skip]
+        run.log(f"{len(skip)} candidates launched by an earlier run are left out")
     run.log(f"gpu_session run: {len(manifest['candidates'])} candidates of {len(manifest['jobs'])} jobs, budget "
             f"{budget_s:.0f} s ({reserve_s:.0f} s kept for sharing), device {settings.device}")
     try:
@@ -638,6 +657,7 @@ def run_session(session: Path, out: Path, budget_s: float, dry_run: bool, reserv
             return 3
         (out / "ceilings.json").write_text(json.dumps(found, indent=1, sort_keys=True))
         if "peaks" in found:
+            run.peaks = found["peaks"]
             run.log(f"ceilings in {time.monotonic() - t0:.1f} s: {json.dumps(found['peaks'])}; launch overhead "
                     f"{json.dumps(found['launch_overhead'])}")
         else:
@@ -695,6 +715,95 @@ def device_call(session: Path) -> str:
             f"{DEVICE_BUDGET_S}")
 
 
+# ------------------------------------------------------------------------------------------- import (host, after)
+
+RUNS = ROOT / "perfmodels" / "gpu-runs"  # each run's log, ceilings, launches and sharing rows, by session
+GPU_MEMORY_GB = 80  # the lent H100's (nvidia-smi: 81559 MiB), as the catalog's H100-SXM
+BUDGET_CUT = "what was left of the session's budget"  # a launch the session's clock stopped: not a row
+
+
+def cut_by_budget(launch: dict[str, Any]) -> bool:
+    """Whether a launches.jsonl entry was stopped by the session's clock (not the candidate's failure)."""
+    return bool(launch["result"].get("cut_by_budget")) or BUDGET_CUT in (launch["result"].get("error") or "")
+
+
+def import_runs(outs: list[Path], session: Path, perfmodels: Path) -> dict[str, Any]:
+    """Rows of one or more ``run`` outputs (a later one's row replaces an earlier one's of the same configuration)
+    as ``perfmodels/<machine>.csv`` with the probed ceilings (each peak the best any run's probe measured) in its
+    rows and in ``perfmodels/targets/<machine>.yaml``; each run's other files under ``perfmodels/gpu-runs/``; the
+    zero-shot plans' predictions of the measured candidates (``session.json``) beside them. Returns the summary."""
+    import yaml
+
+    manifest = json.loads((session / "session.json").read_text())
+    peaks: dict[str, float] = {}
+    rows: dict[tuple, dict[str, Any]] = {}
+    predicted = {(e["job"], e["name"]): e for e in manifest["candidates"]}
+    runs = []
+    for out in outs:
+        found = json.loads((out / "ceilings.json").read_text())
+        for key, value in found.get("peaks", {}).items():
+            peaks[key] = max(peaks.get(key, 0.0), float(value))
+        with (out / "rows.csv").open(newline="") as handle:
+            measured = [row for row in csv.DictReader(handle) if BUDGET_CUT not in (row["error"] or "")]
+        for row in measured:
+            rows[tuple(row[c] for c in ("machine", "model", "task", "batch_size", "input_shapes", "runtime",
+                                        "device", "precision", "params", "threads"))] = row
+        launches = [json.loads(line) for line in (out / "launches.jsonl").read_text().splitlines() if line]
+        run_id = next((row["session"] for row in measured if row["session"]), out.name)
+        folder = RUNS / run_id if perfmodels == ROOT / "perfmodels" else perfmodels / "gpu-runs" / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("log.txt", "ceilings.json", "launches.jsonl", "sharing.csv", "nvidia-smi.txt"):
+            if (out / name).is_file():
+                shutil.copyfile(out / name, folder / name)
+        zero_shot = [{"job": launch["job"], "name": launch["name"],
+                      "predicted_step_s": predicted.get((launch["job"], launch["name"]), {}).get("predicted_step_s"),
+                      "plan_rank": predicted.get((launch["job"], launch["name"]), {}).get("plan_rank"),
+                      "measured_step_s": launch["result"].get("step_median_s"), "status": launch["result"]["status"]}
+                     for launch in launches if not cut_by_budget(launch)]
+        (folder / "zero_shot.json").write_text(json.dumps(zero_shot, indent=1, sort_keys=True) + "\n")
+        runs.append({"folder": str(folder.relative_to(perfmodels.parent)), "launches": len(launches),
+                     "zero_shot": zero_shot})
+    machines = {row["machine"] for row in rows.values()}
+    if len(machines) != 1:
+        raise SystemExit(f"gpu_session import: rows of {sorted(machines) or 'no machine'}; one machine per import")
+    machine = machines.pop()
+    for row in rows.values():
+        row.update({k: str(v) for k, v in row_peaks(peaks).items()})
+    columns = manifest["columns"]
+    _write_csv(perfmodels / f"{machine}.csv", columns, list(rows.values()))
+    target = {key: manifest["target"][key] for key in TARGET}  # TARGET's order
+    target["name"] = machine
+    target["gpus"] = {**target["gpus"], "memory_gb": GPU_MEMORY_GB, "peaks": peaks}
+    devices = sorted({json.loads((out / "ceilings.json").read_text())["machine"].get("gpu", "?") for out in outs})
+    header = (f"# Probed by benchmarks/data/gpu_session.py on a lent GPU machine ({', '.join(devices)}), each peak\n"
+              f"# the best of {len(outs)} probe(s): {json.loads((outs[0] / 'ceilings.json').read_text())['method']}.\n"
+              "# The rows of perfmodels/" + f"{machine}.csv carry these peaks. The CPU is not probed (a GPU step does "
+              "not\n# depend on it); its microarchitecture is the plan's assumption.\n")
+    (perfmodels / "targets").mkdir(parents=True, exist_ok=True)
+    (perfmodels / "targets" / f"{machine}.yaml").write_text(header + yaml.safe_dump(target, sort_keys=False))
+    return {"machine": machine, "rows": len(rows), "peaks": peaks, "runs": runs}
+
+
+def zero_shot_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per job: the zero-shot plan's pick among the measured candidates (the lowest predicted step of those that
+    measured ok) against the measured best, and the zero-shot predictions' error on them."""
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        for entry in run["zero_shot"]:
+            if entry["status"] == "ok" and entry["predicted_step_s"]:
+                by_job.setdefault(entry["job"], []).append(entry)
+    table = []
+    for job, entries in by_job.items():
+        pick = min(entries, key=lambda e: e["predicted_step_s"])
+        best = min(entries, key=lambda e: e["measured_step_s"])
+        errors = [abs(e["predicted_step_s"] / e["measured_step_s"] - 1) for e in entries]
+        table.append({"job": job, "measured": len(entries), "pick": pick["name"],
+                      "pick_s": pick["measured_step_s"], "best": best["name"], "best_s": best["measured_step_s"],
+                      "pick_over_best": pick["measured_step_s"] / best["measured_step_s"],
+                      "mape": sum(errors) / len(errors)})
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     phases = parser.add_subparsers(dest="phase", required=True)
@@ -710,6 +819,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--sharing-seconds", type=float,
                      help="seconds of the budget kept for the sharing step (default 75; dry run 15)")
     run.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and short")
+    run.add_argument("--skip", type=Path, metavar="LAUNCHES",
+                     help="an earlier run's launches.jsonl: its launched candidates are not launched again")
+    imports = phases.add_parser("import", help="the runs' rows into perfmodels/ (CPU machine, after the runs)")
+    imports.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="run output folders, oldest first")
+    imports.add_argument("--session", type=Path, default=SESSION, help="the session folder the runs measured")
+    imports.add_argument("--perfmodels", type=Path, default=ROOT / "perfmodels", help=argparse.SUPPRESS)
     probe = phases.add_parser("ceilings", help="(run's own step) the machine and its ceilings as JSON")
     probe.add_argument("--dry-run", action="store_true", help="the CPU, small sizes")
     args = parser.parse_args(argv)
@@ -721,6 +836,15 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # reported: the candidates are measured all the same
             found = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         print(json.dumps({**found, "machine": machine}, sort_keys=True))
+        return 0
+    if args.phase == "import":
+        summary = import_runs(args.outs, args.session.resolve(), args.perfmodels.resolve())
+        print(f"{summary['machine']}: {summary['rows']} rows, peaks {json.dumps(summary['peaks'])}")
+        print(f"{'job':<26} {'n':>2}  {'zero-shot pick':<52} {'pick ms':>8} {'best ms':>8} {'pick/best':>9} "
+              f"{'MAPE':>6}")
+        for line in zero_shot_table(summary["runs"]):
+            print(f"{line['job']:<26} {line['measured']:>2}  {line['pick']:<52} {line['pick_s'] * 1e3:>8.3f} "
+                  f"{line['best_s'] * 1e3:>8.3f} {line['pick_over_best']:>9.2f} {line['mape']:>6.0%}")
         return 0
     if args.phase == "plan":
         session = args.session.resolve()
@@ -735,7 +859,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     budget = args.budget if args.budget is not None else (60.0 if args.dry_run else float(DEVICE_BUDGET_S))
     reserve = args.sharing_seconds if args.sharing_seconds is not None else (15.0 if args.dry_run else 75.0)
-    return run_session(args.session.resolve(), args.out.resolve(), budget, args.dry_run, reserve)
+    skip = set()
+    if args.skip:
+        skip = {launch["id"] for launch in map(json.loads, args.skip.read_text().splitlines()) if not cut_by_budget(launch)}
+    return run_session(args.session.resolve(), args.out.resolve(), budget, args.dry_run, reserve, skip)
 
 
 if __name__ == "__main__":
