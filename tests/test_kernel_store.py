@@ -138,6 +138,15 @@ def test_a_profile_that_does_not_match_its_graph_or_row_is_refused(analysis: Wor
         kernel_rows(stray, _measurement(), analysis)
     with pytest.raises(ValueError, match="has no step time"):
         _labels(analysis, step=None)
+    kernel = Kernel("reorder", "data_movement")
+    broken = [(Profile("x", 1, 0.0, ()), "the profiled step took 0.0 s"),
+              (Profile("x", 1, 0.001, (KernelTime(kernel, -1e-6),)), "negative or infinite time"),
+              (Profile("x", 1, 0.001, (KernelTime(kernel, 1e-6, calls=0),)), "called less than once"),
+              (Profile("x", 1, 0.001, (), unmapped_seconds=float("inf")), "negative or infinite time"),
+              (Profile("x", 1, 0.001, (KernelTime(Kernel("k", "Conv"), 1e-6),)), "unknown op classes: Conv")]
+    for bad, message in broken:
+        with pytest.raises(ValueError, match=message):
+            kernel_rows(bad, _measurement(), analysis)
 
 
 # --- the perf store ------------------------------------------------------------------------------------------

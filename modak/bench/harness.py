@@ -265,7 +265,7 @@ def store_profile(store: PerfStore, plan: Plan, candidate: Candidate, row: Measu
     try:
         profile = Profile.from_json(json.dumps(report["profile"]))
         kernels, reconciliation = kernel_rows(profile, row, candidate_analysis(plan, candidate))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, InputError) as exc:  # InputError: an int8 model the analysis refuses
         return {"status": "error", "error": f"its profile cannot be stored: {type(exc).__name__}: {exc}"[:2000]}
     store.add_kernels(kernels, [reconciliation])
     return {"status": "ok", "kernels": len(kernels), "kernel_s": reconciliation.kernel_s,

@@ -5,11 +5,12 @@ it ran, and its :class:`~modak.measurements.kernels.Reconciliation` with the can
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import replace
 from typing import Any
 
 from modak.image.kernels import Kernel, Profile
-from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.kernels import KernelRow, Reconciliation, op_classes
 from modak.measurements.store import Measurement
 from modak.workload.analysis import OpStats, WorkloadProfile
 
@@ -21,9 +22,11 @@ def kernel_rows(profile: Profile, measurement: Measurement, analysis: WorkloadPr
 
     A kernel that names the nodes it covers gets their FLOPs and bytes per call (their sum over the step divided
     by its calls) and the op class of the costliest of them; one that names none keeps what the image reported.
-    ``measured_at``: when the profiled launch ran (default now). A measurement without a step time, or a kernel
-    naming a node the analysis does not have, is a :class:`ValueError`."""
+    ``measured_at``: when the profiled launch ran (default now). A measurement without a step time, a profile
+    with a time no step can take, or a kernel naming a node the analysis does not have or an unknown op class, is a
+    :class:`ValueError`."""
     step = measurement.step_s
+    _check(profile)
     stamp = measured_at or dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     ops = {op.name: op for op in analysis.ops}
     common: dict[str, Any] = dict(machine=measurement.machine, runtime=measurement.runtime, device=measurement.device,
@@ -37,6 +40,17 @@ def kernel_rows(profile: Profile, measurement: Measurement, analysis: WorkloadPr
                                     kernel_s=profile.kernel_seconds(), unmapped_s=profile.unmapped_seconds,
                                     kernels=len(rows), **common)
     return rows, reconciliation
+
+
+def _check(profile: Profile) -> None:
+    times = [profile.unmapped_seconds, *(k.seconds for k in profile.kernels)]
+    if not (math.isfinite(profile.step_seconds) and profile.step_seconds > 0):
+        raise ValueError(f"the profiled step took {profile.step_seconds} s")
+    if not all(math.isfinite(t) and t >= 0 for t in times) or any(k.calls < 1 for k in profile.kernels):
+        raise ValueError("the profile has a negative or infinite time, or a kernel called less than once")
+    unknown = sorted({k.kernel.op for k in profile.kernels} - op_classes())
+    if unknown:
+        raise ValueError(f"the profile names unknown op classes: {', '.join(unknown)}")
 
 
 def _analysed(kernel: Kernel, calls: int, ops: dict[str, OpStats], model: str) -> Kernel:
