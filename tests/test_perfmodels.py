@@ -53,11 +53,11 @@ def test_a_gpu_target_plans_its_rows_device() -> None:
     """The probed GPU target is a valid target whose ceilings are the probe's (not the catalog's)."""
     from modak.hardware.ceilings import target_ceilings
     from modak.spec.loader import load_spec
-    from modak.spec.models import Target
+    from modak.spec.models import Precision, Target
 
     for target_file in sorted((PERFMODELS / "targets").glob("gpu-*.yaml")):
         target, doc = load_spec(target_file, Target)
         ceilings = target_ceilings(target, doc)
         peaks = yaml.safe_load(target_file.read_text())["gpus"]["peaks"]
         assert ceilings.gpu is not None and ceilings.gpu.measured
-        assert ceilings.gpu.peak_gflops["bf16"] == peaks["bf16_tflops"] * 1000
+        assert ceilings.gpu.peak_gflops[Precision.bf16] == peaks["bf16_tflops"] * 1000
