@@ -156,16 +156,65 @@ def submit_rendered(ir: BuildDescription, out_dir: str | Path, wait_seconds: flo
 
 
 def bench(plan: Plan, selection: Sequence[str], settings: BenchSettings, store: Path | None = None,
-          on_launch: Callable[[Candidate, dict], None] | None = None) -> tuple[list[Measurement], Path]:
+          on_launch: Callable[[Candidate, dict], None] | None = None,
+          on_profile: Callable[[Candidate, dict], None] | None = None) -> tuple[list[Measurement], Path]:
     """Measure the selected candidates (``all``, ``top-K``, names) with the measurement protocol, storing their
-    rows in the perf store after every round; the rows and the store's path. Ctrl-C keeps what was measured."""
+    rows in the perf store after every round, then (``settings.kernel_steps``) their kernel rows from one profiled
+    launch each; the rows and the store's path. Ctrl-C keeps what was measured."""
     from modak.bench.harness import bench as measure
     from modak.bench.harness import select_candidates
     from modak.measurements.store import PerfStore
 
     with PerfStore(store) as perf:
-        rows = measure(plan, select_candidates(plan, list(selection)), perf, settings, on_launch=on_launch)
+        rows = measure(plan, select_candidates(plan, list(selection)), perf, settings, on_launch=on_launch,
+                       on_profile=on_profile)
         return rows, perf.path
+
+
+@dataclass(frozen=True)
+class KernelFiles:
+    """CSV files of kernel rows and reconciliations, read into the perf store or written from it."""
+
+    store: Path
+    files: tuple[tuple[Path, int], ...]  # each file and its rows
+
+
+def import_kernels(paths: Sequence[Path], store: Path | None = None) -> KernelFiles:
+    """Add the kernel rows and reconciliations of CSV files (either format) to the perf store, all or none: a
+    damaged file is an input error naming its file, line and column, and nothing is stored."""
+    from modak.measurements.kernels import read_labels_csv
+    from modak.measurements.store import PerfStore
+
+    read = [(path, read_labels_csv(path)) for path in paths]
+    with PerfStore(store) as perf:
+        perf.add_kernels([r for _, (kernels, _) in read for r in kernels],
+                         [r for _, (_, reconciled) in read for r in reconciled])
+        return KernelFiles(perf.path, tuple((path, len(kernels) + len(reconciled))
+                                            for path, (kernels, reconciled) in read))
+
+
+def export_kernels(folder: Path, store: Path | None = None, machine: str | None = None) -> KernelFiles:
+    """Write the perf store's kernel rows and reconciliations (of ``machine``, else of each machine) to
+    ``folder/kernels-<machine>.csv`` and ``folder/reconcile-<machine>.csv``."""
+    from modak.errors import InputError
+    from modak.measurements.kernels import KERNEL_CSV, RECONCILE_CSV, write_kernel_csv, write_reconcile_csv
+    from modak.measurements.store import PerfStore
+
+    where = {} if machine is None else {"machine": machine}
+    with PerfStore(store) as perf:
+        kernels, reconciled = perf.kernel_rows(**where), perf.reconciliations(**where)
+        path = perf.path
+    machines = sorted({r.machine for r in kernels} | {r.machine for r in reconciled})
+    if not machines:
+        raise InputError(f"no kernel rows{f' of {machine}' if machine else ''} (run `modak bench --kernels`)",
+                         path)
+    files: list[tuple[Path, int]] = []
+    for name in machines:
+        written = folder / KERNEL_CSV.format(machine=name)
+        files.append((written, write_kernel_csv(written, (r for r in kernels if r.machine == name))))
+        written = folder / RECONCILE_CSV.format(machine=name)
+        files.append((written, write_reconcile_csv(written, (r for r in reconciled if r.machine == name))))
+    return KernelFiles(path, tuple(files))
 
 
 def analyze(job: str | Path, target: str | Path | None = None) -> WorkloadProfile:

@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--candidates", nargs="+", default=["all"], metavar="SEL",
                      help="all (default), top-K by prediction, or candidate/runtime names")
     protocol_args(sub)
+    sub.add_argument("--kernels", action="store_true", help="then profile each candidate measured ok in one launch "
+                     "of its own and store its kernel rows (the operator-level model's labels)")
     sub.add_argument("--json", action="store_true", help="print the measured rows as JSON")
 
     sub = command("tune", _cmd_tune, "measure the plan's shortlist on this target, race it, and record the winner "
@@ -125,6 +127,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
     sub.add_argument("--machine", metavar="TARGET",
                      help="eval: hold out and score only this target's rows (the others still train)")
+
+    sub = command("kernels", _cmd_kernels, "import or export the perf store's kernel rows and reconciliations (CSV)")
+    actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
+    action = actions.add_parser("import", help="add CSV files of kernel rows or reconciliations to the perf store")
+    action.add_argument("files", type=Path, nargs="+", metavar="FILE", help="kernels-*.csv or reconcile-*.csv")
+    action.add_argument("--store", type=Path, help="perf store (default $MODAK_STORE or ~/.local/share/modak)")
+    action = actions.add_parser("export", help="write kernels-<machine>.csv and reconcile-<machine>.csv")
+    action.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="folder to write to")
+    action.add_argument("--machine", metavar="TARGET", help="only this target's rows (default: each target's)")
+    action.add_argument("--store", type=Path, help="perf store (default $MODAK_STORE or ~/.local/share/modak)")
 
     sub = command("scale", _cmd_scale, "predict data-parallel training on 1..N workers (step time, throughput, "
                                         "efficiency) and the largest N that keeps the job's min_efficiency")
@@ -270,6 +282,17 @@ def _cmd_model(args: argparse.Namespace) -> int:
         print_model_fit(api.fit_model(args.store))
     return 0
 
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    from modak import api
+    from modak.output import print_kernel_files
+
+    if args.action == "import":
+        print_kernel_files(api.import_kernels(args.files, args.store), imported=True)
+    else:
+        print_kernel_files(api.export_kernels(args.output, args.store, args.machine), imported=False)
+    return 0
+
+
 def _measured_points(values: list[str]) -> dict[int, float]:
     points: dict[int, float] = {}
     for value in values:
@@ -330,12 +353,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from modak import api
-    from modak.bench.harness import BenchSettings, select_candidates
+    from modak.bench.harness import KERNEL_STEPS, BenchSettings, select_candidates
     from modak.measurements.store import default_store_path
-    from modak.output import console, launch_line, print_bench
+    from modak.output import console, launch_line, print_bench, profile_line
 
     settings = BenchSettings(launches=args.launches, min_seconds=args.min_seconds, budget_s=args.budget,
-                             seed=args.seed)
+                             seed=args.seed, kernel_steps=KERNEL_STEPS if args.kernels else 0)
     plan = _plan(args)
     total = len(select_candidates(plan, args.candidates)) * settings.launches
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -347,7 +370,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             progress.advance(task)
 
         try:
-            rows, path = api.bench(plan, args.candidates, settings, args.store, on_launch=report)
+            rows, path = api.bench(plan, args.candidates, settings, args.store, on_launch=report,
+                                   on_profile=lambda c, r: progress.console.print(profile_line(c, r), highlight=False))
         except KeyboardInterrupt:
             print(f"modak: interrupted; the rounds measured so far are kept in {args.store or default_store_path()}",
                   file=sys.stderr)

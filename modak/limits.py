@@ -9,8 +9,9 @@ or a Python recursion error. The README's "Input limits" paragraph lists them.
 * ONNX models (:func:`modak.workload.analysis.load_model`): the graph file's size (protobuf cannot parse a message
   of 2 GiB or more; larger models keep their weights as external data, which modak does not read) and the number
   of nodes, local functions inlined.
-* Measurement CSV files (:func:`modak.measurements.store.read_csv`): the file's size (one field is limited to the
-  :mod:`csv` module's 128 KiB).
+* Measurement CSV files (:func:`modak.measurements.store.read_csv`) and kernel CSV files
+  (:func:`modak.measurements.kernels.read_kernel_csv`): the file's size (one field is limited to the :mod:`csv`
+  module's 128 KiB).
 * JSON files (``modak check``): the file's size; nesting too deep for the parser is an input error too.
 * The job's application files (:mod:`modak.spec.resolve`): their total size and number, as they are copied into
   the build context.

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from modak.advise.pack import PackResult
     from modak.advise.whatif import WhatIf
-    from modak.api import ModelEvaluation, ModelFit, Probed
+    from modak.api import KernelFiles, ModelEvaluation, ModelFit, Probed
     from modak.build.pipeline import BuildResult
     from modak.build.submit import Submission
     from modak.candidates.enumerate import Candidate
@@ -74,6 +74,24 @@ def launch_line(candidate: Candidate, result: dict) -> str:
     busy = result.get("busy")
     return (f"{candidate.name}: {timing}" + (f" — CONTENDED ({'; '.join(busy)})" if busy else "")
             + (" (launched again: the first try ran beside other work)" if result.get("retried_after") else ""))
+
+
+def profile_line(candidate: Candidate, result: dict) -> str:
+    """One profiled launch (``modak bench --kernels``): what its kernels add up to against its steps, or why none
+    were stored."""
+    if result.get("status") != "ok":
+        return f"{candidate.name}: no kernel rows: {result.get('error')}"
+    return (f"{candidate.name}: {result['kernels']} kernel rows, {result['kernel_s'] * 1e3:.3g} ms in kernels and "
+            f"{result['unmapped_s'] * 1e3:.3g} ms outside them, of a {result['profiled_step_s'] * 1e3:.3g} ms "
+            f"profiled step (unprofiled {result['step_s'] * 1e3:.3g} ms)")
+
+
+def print_kernel_files(result: KernelFiles, imported: bool) -> None:
+    """``modak kernels import`` / ``export``: each file and its rows."""
+    for path, rows in result.files:
+        print(f"{'read' if imported else 'wrote'} {rows} rows {'from' if imported else 'to'} {path}")
+    if imported:
+        print(f"stored in {result.store}")
 
 
 def print_bench(rows: list[Any], launches: int, path: Any, as_json: bool) -> None:

@@ -2,7 +2,10 @@
 
 Every configuration goes through the same harness as ``modak bench`` (one fresh process each, output
 checked against the fp32 reference before timing) into a perf store, which is then exported to CSV under
-``perfmodels/``. ``--resume`` skips configurations the store already measured successfully.
+``perfmodels/``. ``--resume`` skips configurations the store already measured successfully. ``--kernels`` also
+profiles each configuration measured ok in a launch of its own after its timed rounds (``modak bench --kernels``)
+and exports its kernel rows and reconciliations beside ``--export`` (``kernels-<target>.csv``,
+``reconcile-<target>.csv``).
 
     python -m benchmarks.data.campaign --target perfmodels/targets/ci-epyc-2c-b.yaml \
         --store perfmodels/campaign-b.sqlite --export perfmodels/cpu-ci-epyc-2c-b.csv --resume
@@ -13,14 +16,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
-from modak.bench.harness import BenchSettings, bench, measurement_row
 from benchmarks.tools.zoo_jobs import zoo_plan
-from modak.measurements.store import PerfStore
+from modak.bench.harness import KERNEL_STEPS, BenchSettings, bench, measurement_row
 from modak.candidates.catalog import Recipe, load_catalog
+from modak.measurements.kernels import KERNEL_CSV, RECONCILE_CSV, write_kernel_csv, write_reconcile_csv
+from modak.measurements.store import PerfStore
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
 
@@ -48,6 +53,8 @@ def main() -> int:
     parser.add_argument("--runtimes", nargs="+", help="only these runtimes")
     parser.add_argument("--models", nargs="+", help="only these zoo models")
     parser.add_argument("--resume", action="store_true", help="skip configurations already measured ok")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also store kernel rows from one profiled launch per configuration measured ok")
     parser.add_argument("--stop-after", type=float, metavar="SECONDS",
                         help="start no further workload after this many seconds (a workload's rows are stored "
                              "together at its end, so stopping between workloads loses nothing; --resume goes on)")
@@ -57,6 +64,8 @@ def main() -> int:
     target, target_doc = load_spec(args.target, Target)
     runtimes = set(args.runtimes) if args.runtimes else None
     settings = BenchSettings(**config["settings"])
+    if args.kernels:
+        settings = replace(settings, kernel_steps=KERNEL_STEPS)
     catalog = grid_catalog(config["grid"], runtimes)
     work: list[tuple[str, int, str, dict[str, Recipe]]] = [
         (entry["model"], batch, entry["task"], catalog) for entry in config["workloads"]
@@ -83,11 +92,17 @@ def main() -> int:
 
             for candidate, row in zip(todo, bench(plan, todo, store, settings)):
                 timing = (f"{row.step_median_s * 1e3:.4g} ms [{row.ci_low_s * 1e3:.4g}, {row.ci_high_s * 1e3:.4g}]"
-                          if row.step_median_s and row.ci_low_s else row.status)
+                          if row.step_median_s and row.ci_low_s and row.ci_high_s else row.status)
                 print(f"    {candidate.name}: {timing}" + (f"  [{row.error[:160]}]" if row.error else ""), flush=True)
         if args.export:
             count = store.export_csv(args.export, machine=target.name)
             print(f"exported {count} rows to {args.export}")
+            if args.kernels:
+                path = args.export.parent / KERNEL_CSV.format(machine=target.name)
+                print(f"exported {write_kernel_csv(path, store.kernel_rows(machine=target.name))} rows to {path}")
+                path = args.export.parent / RECONCILE_CSV.format(machine=target.name)
+                count = write_reconcile_csv(path, store.reconciliations(machine=target.name))
+                print(f"exported {count} rows to {path}")
     return 0
 
 

@@ -13,6 +13,11 @@ launch that ran beside other work (other processes' CPU time, steal time, a slow
 ``retries`` times; if it stays contended, its row is stored with status ``contended``, which no model learns from,
 and the user is told. Rows are stored after every round (Ctrl-C keeps them). Dispatchers run a round's launches
 here, one at a time, or as a Slurm job array (:mod:`modak.bench.dispatch`).
+
+Asked for kernels (``BenchSettings.kernel_steps``), a session ends with one profiled launch of each candidate
+measured ok (``python -m modak.runtime measure --profile STEPS``), after all its timed rounds and never among them
+(profiling inflates times): its per-kernel times become the perf store's kernel rows, reconciled with the row's
+unprofiled median (:func:`modak.measurements.profiles.kernel_rows`); its step time never enters the row.
 """
 
 from __future__ import annotations
@@ -36,18 +41,21 @@ from modak.bench.dispatch import Dispatcher, LaunchTask, LocalDispatcher
 from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
 from modak.image.deployment import MODEL_FILE, MODEL_VARIABLE, PLAN_VARIABLE, WORKDIR_VARIABLE
+from modak.image.kernels import Profile
+from modak.measurements.profiles import kernel_rows
 from modak.measurements.stats import median_interval, spread
 from modak.measurements.store import Measurement, PerfStore, as_json
 from modak.paths import write_atomic
 from modak.plan import Plan
 from modak.runtime.measure import contention_reasons
 from modak.spec.models import Precision
-from modak.workload.analysis import WorkloadProfile
+from modak.workload.analysis import WorkloadProfile, analyze
 
 DEFAULT_TIMEOUT_S = 1800.0
 BENCH_WORKDIR = Path(tempfile.gettempdir()) / "modak-work"  # runtimes' work folders (TVM tuning databases, ...)
 PROTOCOL = 2
 CANARY_LIMIT = 2.5  # a canary this much slower than the host's best: beside other work (quiet VMs vary 1.9x, see notes)
+KERNEL_STEPS = 10  # profiled steps of the launch that labels kernels (modak bench --kernels)
 
 
 @dataclass(frozen=True)
@@ -60,11 +68,13 @@ class BenchSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S  # one launch (prepare, tune, check, time), at most
     retries: int = 2  # launches again of a launch that ran on a busy machine
     seed: int | None = None  # the rounds' order (None: random)
+    kernel_steps: int = 0  # profiled steps of one launch per candidate after its timed rounds (0: no kernel rows)
 
     def __post_init__(self) -> None:
-        if self.launches < 1 or self.min_seconds < 0 or self.budget_s <= 0 or self.retries < 0:
-            raise InputError("launches must be at least 1, --min-seconds not negative, --budget positive "
-                             "and retries not negative")
+        if (self.launches < 1 or self.min_seconds < 0 or self.budget_s <= 0 or self.retries < 0
+                or self.kernel_steps < 0):
+            raise InputError("launches must be at least 1, --min-seconds not negative, --budget positive, "
+                             "and retries and profiled steps not negative")
 
 
 def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
@@ -121,6 +131,7 @@ class Session:
     dispatcher: Dispatcher = field(default_factory=LocalDispatcher)
     workdir: Path = BENCH_WORKDIR
     on_launch: Callable[[Candidate, dict], None] | None = None
+    on_profile: Callable[[Candidate, dict], None] | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     launches: dict[str, list[dict]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
@@ -140,13 +151,15 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def task(self, candidate: Candidate) -> LaunchTask:
-        """The launch of ``candidate``: its deployment written to this session's folder."""
+    def task(self, candidate: Candidate, profile: bool = False) -> LaunchTask:
+        """The launch of ``candidate``: its deployment written to this session's folder; timed, or with
+        ``profile`` its profiled launch (``settings.kernel_steps`` steps)."""
         folder = self._scratch / _slug(candidate.name)
         folder.mkdir(parents=True, exist_ok=True)
         env = launch_environment(self.plan, candidate, folder / "plan.json", self.workdir / candidate.runtime)
-        command = launch_command(sys.executable, "-m", "modak.runtime", "measure", "--min-seconds",
-                                 str(self.settings.min_seconds), "--budget", str(self.settings.budget_s))
+        options = (("--profile", str(self.settings.kernel_steps)) if profile else
+                   ("--min-seconds", str(self.settings.min_seconds), "--budget", str(self.settings.budget_s)))
+        command = launch_command(sys.executable, "-m", "modak.runtime", "measure", *options)
         return LaunchTask(candidate.name, env, tuple(command), self.settings.timeout_s, folder)
 
     def run_round(self, alive: Sequence[Candidate]) -> dict[str, Measurement]:
@@ -179,6 +192,18 @@ class Session:
         self.rounds += 1
         return rows
 
+    def profile(self, candidates: Sequence[Candidate], rows: dict[str, Measurement]) -> dict[str, dict]:
+        """One profiled launch of each of ``candidates`` whose row in ``rows`` measured ok, once their timed rounds
+        are over; its kernel rows and reconciliation stored (:func:`store_profile`). What each launch gave, by
+        candidate name."""
+        todo = [c for c in candidates if c.name in rows and rows[c.name].status == "ok"]
+        results: dict[str, dict] = {}
+        for candidate, report in zip(todo, self.dispatcher.run([self.task(c, profile=True) for c in todo])):
+            results[candidate.name] = store_profile(self.store, self.plan, candidate, rows[candidate.name], report)
+            if self.on_profile:
+                self.on_profile(candidate, results[candidate.name])
+        return results
+
     def row(self, candidate: Candidate, last: dict) -> Measurement:
         """``candidate``'s row from its launches so far (the failing ``last`` result if it has none)."""
         launches = self.launches.get(candidate.name)
@@ -210,11 +235,13 @@ def _slug(name: str) -> str:
 def bench(plan: Plan, candidates: Iterable[Candidate], store: PerfStore, settings: BenchSettings = BenchSettings(),
           workdir: Path = BENCH_WORKDIR, dispatcher: Dispatcher | None = None,
           on_round: Callable[[int, list[Measurement]], None] | None = None,
-          on_launch: Callable[[Candidate, dict], None] | None = None) -> list[Measurement]:
+          on_launch: Callable[[Candidate, dict], None] | None = None,
+          on_profile: Callable[[Candidate, dict], None] | None = None) -> list[Measurement]:
     """Measure ``candidates`` of ``plan`` in ``settings.launches`` interleaved rounds, storing rows after every
-    round; the final rows (one per candidate)."""
+    round, then (``settings.kernel_steps``) profile each candidate measured ok once; the final rows (one per
+    candidate)."""
     candidates = list(candidates)
-    with Session(plan, store, settings, dispatcher or LocalDispatcher(), workdir, on_launch) as session:
+    with Session(plan, store, settings, dispatcher or LocalDispatcher(), workdir, on_launch, on_profile) as session:
         rows: dict[str, Measurement] = {}
         for index in range(settings.launches):
             alive = [c for c in candidates if c.name not in session.failed]
@@ -224,7 +251,35 @@ def bench(plan: Plan, candidates: Iterable[Candidate], store: PerfStore, setting
             rows.update(measured)
             if on_round:
                 on_round(index, list(measured.values()))
+        if settings.kernel_steps:
+            session.profile(candidates, rows)
         return [rows[c.name] for c in candidates if c.name in rows]
+
+
+def store_profile(store: PerfStore, plan: Plan, candidate: Candidate, row: Measurement, report: dict) -> dict:
+    """Store the kernel rows and the reconciliation of ``report``, the profiled launch of ``candidate`` whose
+    unprofiled row is ``row``; what it gave: ``status`` ok with the counts and times stored, else error and why
+    (the timed row stays as it was)."""
+    if report.get("status") != "ok":
+        return {"status": "error", "error": report.get("error") or f"the profiled launch reported {report}"[:300]}
+    try:
+        profile = Profile.from_json(json.dumps(report["profile"]))
+        kernels, reconciliation = kernel_rows(profile, row, candidate_analysis(plan, candidate))
+    except (KeyError, TypeError, ValueError, InputError) as exc:  # InputError: an int8 model the analysis refuses
+        return {"status": "error", "error": f"its profile cannot be stored: {type(exc).__name__}: {exc}"[:2000]}
+    store.add_kernels(kernels, [reconciliation])
+    return {"status": "ok", "kernels": len(kernels), "kernel_s": reconciliation.kernel_s,
+            "unmapped_s": reconciliation.unmapped_s, "profiled_step_s": reconciliation.profiled_step_s,
+            "step_s": reconciliation.step_s}
+
+
+def candidate_analysis(plan: Plan, candidate: Candidate) -> WorkloadProfile:
+    """The analysis of the ONNX graph ``candidate`` runs: the plan's, or an int8 candidate's quantized model's."""
+    model = plan.model_file(candidate)
+    if model is None or model == plan.source.onnx_path:
+        return plan.workload
+    workload = plan.workload
+    return analyze(model, workload.batch_size, plan.source.input_shapes, workload.task, name=workload.model_name)
 
 
 def aggregate_row(plan: Plan, candidate: Candidate, launches: list[dict], session: str) -> Measurement:

@@ -2,7 +2,9 @@
 
 Location: ``$MODAK_STORE`` if set, else ``$XDG_DATA_HOME/modak/perf.sqlite`` (``~/.local/share/modak``).
 One row per measured configuration holds the workload's features (from the analysis), the machine's
-ceilings, the candidate's parameters and what was measured, so that a row is self-contained training data.
+ceilings, the candidate's parameters and what was measured, so that a row is self-contained training data. Beside
+them, the operator-level model's labels: the kernel rows of profiled launches and their reconciliations
+(:mod:`modak.measurements.kernels`), a new profile of a configuration replacing its earlier one.
 
 Several processes may use one store at once (two ``modak bench`` runs, say): it is in WAL mode, every write is one
 ``BEGIN IMMEDIATE`` transaction that waits for another process's (up to :data:`BUSY_TIMEOUT_S`), and so is the
@@ -25,8 +27,20 @@ from typing import Any
 
 from modak.errors import InputError
 from modak.limits import MAX_CSV_BYTES, check_size
+from modak.measurements.kernels import (
+    CONFIGURATION,
+    KERNEL_COLUMNS,
+    RECONCILE_COLUMNS,
+    KernelRow,
+    Reconciliation,
+    column_type,
+    kernel_from_record,
+    kernel_record,
+    reconcile_from_record,
+    reconcile_record,
+)
 
-SCHEMA_VERSION = 2  # 2: the measurement protocol's columns (launches, interval, spread, contention)
+SCHEMA_VERSION = 3  # 2: the measurement protocol's columns (launches, interval, spread, contention); 3: kernels
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,7 @@ _FLOAT = {"peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs", "flops", "byt
           "step_median_s", "step_p10_s", "step_p90_s", "throughput_per_s", "compile_s", "peak_rss_mb",
           "max_abs_error", "ci_low_s", "ci_high_s", "spread"}
 _DEFAULTS = {f.name: f.default for f in fields(Measurement) if f.default is not MISSING}  # columns added later
+_LABEL_TABLES = {"kernels": KERNEL_COLUMNS, "reconciliations": RECONCILE_COLUMNS}  # the operator-level labels
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction on the same store
 
 
@@ -203,6 +218,11 @@ class PerfStore:
             self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS tuned ({', '.join(TUNED_COLUMNS)}, "
                              "PRIMARY KEY (machine, workload))")
+            for table, table_columns in _LABEL_TABLES.items():
+                typed = ", ".join(f"{c} {column_type(c)}" for c in table_columns)
+                self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} ({typed})")
+                self._db.execute(f"CREATE INDEX IF NOT EXISTS {table}_configuration ON {table} "
+                                 f"({', '.join(CONFIGURATION)})")
             present = {row[1] for row in self._db.execute("PRAGMA table_info(measurements)")}
             for column in (c for c in COLUMNS if c not in present):  # a store written by an older modak
                 default = _DEFAULTS[column]
@@ -249,6 +269,41 @@ class PerfStore:
         clause = " AND ".join(f"{c} = ?" for c in where)
         query = f"SELECT {', '.join(COLUMNS)} FROM measurements" + (f" WHERE {clause}" if clause else "")
         return [Measurement(*row) for row in self._db.execute(query + " ORDER BY rowid", tuple(where.values()))]
+
+    def add_kernels(self, rows: Iterable[KernelRow], reconciliations: Iterable[Reconciliation] = ()) -> int:
+        """Insert kernel rows and reconciliations in one transaction: the rows of a configuration
+        (:data:`~modak.measurements.kernels.CONFIGURATION`) replace its earlier kernel rows, and a reconciliation
+        its earlier one. Returns how many kernel rows."""
+        kernels = [kernel_record(r) for r in rows]
+        reconciled = [reconcile_record(r) for r in reconciliations]
+        with self._write():
+            for table, records in (("kernels", kernels), ("reconciliations", reconciled)):
+                columns = _LABEL_TABLES[table]
+                where = " AND ".join(f"{c} = ?" for c in CONFIGURATION)
+                self._db.executemany(f"DELETE FROM {table} WHERE {where}",
+                                     sorted({tuple(r[c] for c in CONFIGURATION) for r in records}))
+                self._db.executemany(f"INSERT INTO {table} ({', '.join(columns)}) "
+                                     f"VALUES ({', '.join('?' for _ in columns)})",
+                                     [tuple(r[c] for c in columns) for r in records])
+        return len(kernels)
+
+    def kernel_rows(self, **where: object) -> list[KernelRow]:
+        """Kernel rows matching column=value filters (:data:`~modak.measurements.kernels.KERNEL_COLUMNS`), in the
+        order stored."""
+        return [kernel_from_record(r) for r in self._select("kernels", where)]
+
+    def reconciliations(self, **where: object) -> list[Reconciliation]:
+        """Reconciliations matching column=value filters, in the order stored."""
+        return [reconcile_from_record(r) for r in self._select("reconciliations", where)]
+
+    def _select(self, table: str, where: dict[str, object]) -> list[dict[str, Any]]:
+        columns = _LABEL_TABLES[table]
+        unknown = set(where) - set(columns)
+        if unknown:
+            raise ValueError(f"unknown columns: {sorted(unknown)}")
+        clause = " AND ".join(f"{c} = ?" for c in where)
+        query = f"SELECT {', '.join(columns)} FROM {table}" + (f" WHERE {clause}" if clause else "")
+        return [dict(zip(columns, row)) for row in self._db.execute(query + " ORDER BY rowid", tuple(where.values()))]
 
     def record_tuned(self, choice: TunedChoice) -> None:
         """Store ``choice``, replacing an earlier winner for the same workload and target."""

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from modak.limits import MAX_CSV_BYTES, check_size
+from modak.measurements.kernels import is_label_csv
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
 from modak.paths import data_dir
 from modak.predict.learned import TrainingData
@@ -15,8 +16,8 @@ LOCAL_WEIGHT = 3.0  # rows measured on the user's machines count more than shipp
 
 
 def shipped_files() -> list[Path]:
-    """The CSV files of measured rows shipped in ``perfmodels/``."""
-    return sorted(data_dir("perfmodels").glob("*.csv"))
+    """The CSV files of measured rows shipped in ``perfmodels/`` (not its kernel rows' files)."""
+    return sorted(p for p in data_dir("perfmodels").glob("*.csv") if not is_label_csv(p))
 
 
 def shipped_rows() -> list[Measurement]:
