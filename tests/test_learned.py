@@ -115,9 +115,9 @@ def test_local_rows_replace_and_outweigh_shipped(plans, tmp_path: Path, monkeypa
 
 def test_leave_one_model_out_scores_held_out_rows(plans) -> None:
     rows = synthetic_rows(plans, model="mnist_cnn") + synthetic_rows(plans, model="cnn_twin")
-    scores = {s.predictor: s for s in evaluate(rows) if s.scheme == "leave-one-model-out"}
-    learned = scores["learned"]
-    assert learned.scheme == "leave-one-model-out" and learned.rows == len(rows) and learned.uncovered == 0
+    scores = {s.predictor: s for s in evaluate(rows) if s.split == "leave-one-model-out"}
+    learned = scores["forest"]
+    assert learned.split == "leave-one-model-out" and learned.rows == len(rows) and learned.uncovered == 0
     assert learned.mape < 0.15 and learned.kendall_tau_median > 0.5
     assert learned.hit_rate == 1.0 and learned.captured_median == 1.0 and learned.no_stock == 0
 
@@ -129,7 +129,7 @@ def test_scores_count_a_miss_and_interval_coverage(plans) -> None:
     rows = [replace(row, step_median_s=t) for row, t in zip(synthetic_rows(plans[:1]), measured)]
     predicted = {0: 1e-3, 1: 2e-3, 2: 3e-3, 3: 0.5e-3}
     intervals = {0: (0.0, math.inf), 1: (4e-3, 6e-3), 2: (3e-3, 3e-3), 3: (0.0, 1e-3)}
-    result = score("scheme", "test", rows, predicted, 1, intervals)
+    result = score("split", "test", rows, predicted, 1, intervals)
     assert result.interval_coverage == 0.5 and result.uncovered == 1 and result.workloads == 1
     assert (result.hit_rate, result.undecided, result.miss_rate, result.one_launch) == (0.0, 0.0, 1.0, 1)
     assert result.mape == pytest.approx(0.875 / 4)
@@ -145,7 +145,7 @@ def test_model_eval_cli_reports_the_metrics(plans, tmp_path: Path) -> None:
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "leave-one-model-out" in result.stdout and "MAPE" in result.stdout and "hit rate" in result.stdout
-    assert "learned over 2 seeds" in result.stdout and "family-held-out" in result.stdout
+    assert "forest over 2 seeds" in result.stdout and "family-held-out" in result.stdout
 
 
 @pytest.mark.slow
@@ -153,8 +153,8 @@ def test_eval_of_one_machine_scores_only_its_rows(plans) -> None:
     """With ``machine``, only that target's rows are held out and scored; the other target's rows still train."""
     machine_a = synthetic_rows(plans, model="mnist_cnn") + synthetic_rows(plans, model="cnn_twin")
     machine_b = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5) for r in machine_a]
-    everything = {s.scheme: s for s in evaluate(machine_a + machine_b) if s.predictor == "learned"}
-    only_b = {s.scheme: s for s in evaluate(machine_a + machine_b, machine="b") if s.predictor == "learned"}
+    everything = {s.split: s for s in evaluate(machine_a + machine_b) if s.predictor == "forest"}
+    only_b = {s.split: s for s in evaluate(machine_a + machine_b, machine="b") if s.predictor == "forest"}
     assert only_b["leave-one-model-out"].rows == len(machine_b) == everything["leave-one-model-out"].rows / 2
     assert only_b["leave-one-target-out"].rows == len(machine_b)
     assert only_b["leave-one-model-out"].workloads == everything["leave-one-model-out"].workloads / 2
