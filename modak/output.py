@@ -128,7 +128,7 @@ def print_model_evaluation(evaluation: ModelEvaluation, as_json: bool = False) -
 
 
 def print_scores(scores: Iterable[Scores]) -> None:
-    """Scores side by side: a column per (split, predictor), a metric over several seeds as mean [min–max]."""
+    """Per split, a table of the predictors side by side; a metric over several seeds reads mean [min–max]."""
     from rich.table import Table
 
     from modak.predict.evaluate import METRICS, grouped, seed_spread
@@ -141,18 +141,20 @@ def print_scores(scores: Iterable[Scores]) -> None:
         return text if low == high else f"{text} [{format(low, fmt).rstrip('%')}–{format(high, fmt)}]"
 
     groups = grouped(scores)
-    table = Table()
-    table.add_column("", no_wrap=True)
-    for split, predictor in groups:
-        table.add_column(f"{split}\n{predictor}", justify="right", overflow="fold")
     counts = (("rows", "held-out rows scored"), ("uncovered", "rows not covered"),
               ("workloads", "workloads (>= 2 scored rows)"), ("no_stock", "of them without a stock row"))
-    for field, label in counts:
-        table.add_row(label, *(str(getattr(runs[0], field)) for runs in groups.values()))
-    for field, label, fmt in METRICS:
-        table.add_row(label, *(cell([getattr(s, field) for s in runs], fmt) for runs in groups.values()))
     out = console()
-    out.print(table)
+    for split in dict.fromkeys(split for split, _ in groups):
+        columns = {predictor: runs for (s, predictor), runs in groups.items() if s == split}
+        table = Table(title=split, title_justify="left")
+        table.add_column("", no_wrap=True)
+        for predictor in columns:
+            table.add_column(predictor, justify="right")
+        for field, label in counts:
+            table.add_row(label, *(str(getattr(runs[0], field)) for runs in columns.values()))
+        for field, label, fmt in METRICS:
+            table.add_row(label, *(cell([getattr(s, field) for s in runs], fmt) for runs in columns.values()))
+        out.print(table)
     seeded = {predictor: len(runs) for (_, predictor), runs in groups.items() if len(runs) > 1}
     for predictor, seeds in seeded.items():
         out.print(f"{predictor} over {seeds} seeds: mean [min–max]", highlight=False, markup=False)

@@ -8,17 +8,28 @@ import math
 
 import pytest
 
-from modak.measurements.store import Measurement
-from modak.predict import evaluate as evaluation
-from modak.output import print_scores
-from modak.predict.evaluate import HIT, MISS, UNDECIDED, Scores, captured_speedup, decision, score, seed_spread, stock_row
 from modak.candidates.catalog import load_catalog
+from modak.measurements.store import Measurement
+from modak.output import print_scores
+from modak.predict import evaluate as evaluation
+from modak.predict.evaluate import (
+    HIT,
+    MISS,
+    UNDECIDED,
+    Scores,
+    captured_speedup,
+    decision,
+    score,
+    seed_spread,
+    stock_row,
+)
 
 STOCK = {"allocator": "default", "channels_last": False, "threads": "all"}  # PyTorch's recipe defaults
 
 
 def row(step: float, launches: list[float] | None = None, session: str | None = None, model: str = "resnet18",
-        runtime: str = "onnxruntime", precision: str = "fp32", params: dict | None = None, batch: int = 1) -> Measurement:
+        runtime: str = "onnxruntime", precision: str = "fp32", params: dict | None = None,
+        batch: int = 1) -> Measurement:
     """A measured row of ``model`` at batch ``batch``; ``launches``: its per-launch medians (protocol 2)."""
     return Measurement(
         machine="m", microarchitecture="x86_64_v3", cores=2, peak_fp32_gflops=100.0, peak_bf16_gflops=None,
@@ -124,7 +135,8 @@ def test_seed_spread_is_reported_as_mean_min_max(capsys, monkeypatch) -> None:
     base = dict(split="leave-one-model-out", rows=10, uncovered=0, within_10=0.5, within_25=0.9, mape_calibrated=0.1,
                 kendall_tau_median=0.5,
                 kendall_tau_noise=0.8,
-                interval_coverage=math.nan, stock_ratio_above_p90=math.nan, workloads=2, hit_rate=0.5, undecided=0.0, one_launch=2,
+                interval_coverage=math.nan, stock_ratio_above_p90=math.nan, workloads=2, hit_rate=0.5, undecided=0.0,
+                one_launch=2,
                 captured_median=0.9, captured_p10=0.8, pick_speedup=2.0, no_stock=0)
     monkeypatch.delenv("COLUMNS", raising=False)
     print_scores([Scores(predictor="forest", seed=0, mape=0.1, **base),

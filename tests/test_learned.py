@@ -13,18 +13,30 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from modak.api import load as load_job
 from modak.bench.harness import measurement_row
 from modak.candidates.catalog import Parameter, load_catalog
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
-from modak.predict.training import training_data
-from modak.predict.learned import (NEW_MACHINE_SPREAD, NEW_MODEL_SPREAD, SAME_KIND_SPREAD, TREES, Features,
-                                   LearnedPredictor, ParameterFeature, TrainingData, example_from, example_from_row,
-                                   fit_key, machine_kind, shrunk_offset)
+from modak.predict.learned import (
+    NEW_MACHINE_SPREAD,
+    NEW_MODEL_SPREAD,
+    SAME_KIND_SPREAD,
+    TREES,
+    Features,
+    LearnedPredictor,
+    ParameterFeature,
+    TrainingData,
+    example_from,
+    example_from_row,
+    fit_key,
+    machine_kind,
+    shrunk_offset,
+)
 from modak.predict.roofline import RooflinePredictor
-from modak.api import load as load_job
+from modak.predict.training import training_data
 from modak.workload.source import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,7 +278,8 @@ def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> N
     plan = replanned[1]
     on = next(r.candidate for r in plan.ranked if r.candidate.param("arena") == "on")
     off = replace(on, params=tuple((k, "off" if k == "arena" else v) for k, v in on.params))
-    steps = [step for step, *_ in model.predict_examples([example_from(plan.workload, plan.ceilings, c, catalog[c.runtime])
+    steps = [step for step, *_ in model.predict_examples([example_from(plan.workload, plan.ceilings, c,
+                                                                       catalog[c.runtime])
                                                           for c in (on, off)])]
     assert steps[1] / steps[0] == pytest.approx(2.0, rel=0.15)
 
@@ -350,7 +363,8 @@ def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp
     LearnedPredictor.cached(TrainingData.of(changed, weights[:-1]), folder=tmp_path)
     assert len(list(tmp_path.glob("*.forest"))) == 2  # other data, another fit
     saved[0].write_bytes(b"not a model")  # a damaged cache file is refit, not trusted
-    assert LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path).predict_examples(examples) == fresh.predict_examples(examples)
+    cached = LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path)
+    assert cached.predict_examples(examples) == fresh.predict_examples(examples)
 
 
 def test_a_changed_overhead_prior_is_another_fit() -> None:
