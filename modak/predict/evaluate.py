@@ -108,7 +108,9 @@ Predictions = tuple[Prediction | None, ...]  # one per row asked for; None: the 
 @dataclass(frozen=True)
 class PredictorEntry:
     """A predictor under evaluation: its name, the seed of its fit (None: nothing random), ``fit`` on the training
-    rows and ``predict`` of held-out rows with what ``fit`` returned."""
+    fold's rows and ``predict`` of held-out rows with what ``fit`` returned. An entry that learns from other labels
+    too (kernel rows) keeps only those of the fold's (machine, model) pairs, so that a held-out model or target
+    stays unseen."""
 
     name: str
     fit: Callable[[list[Measurement]], Any]
@@ -176,13 +178,10 @@ def forest(seed: int, catalog: Mapping[str, Recipe]) -> PredictorEntry:
     precision) its training rows cover."""
 
     def predict(model: LearnedPredictor, rows: list[Measurement]) -> Predictions:
-        covered = [(r.runtime, r.device, r.precision) in model.coverage for r in rows]
-        answers = iter(model.predict_examples([example_from_row(r, catalog) for r, c in zip(rows, covered) if c]))
-        predictions: list[Prediction | None] = []
-        for c in covered:
-            step, low, high, _, trees = next(answers) if c else (0.0, 0.0, 0.0, 0.0, ())
-            predictions.append(Prediction(step, (low, high), trees) if c else None)
-        return tuple(predictions)
+        covered = [r for r in rows if (r.runtime, r.device, r.precision) in model.coverage]
+        answers = dict(zip(map(id, covered), model.predict_examples([example_from_row(r, catalog) for r in covered])))
+        return tuple(None if (a := answers.get(id(r))) is None else Prediction(a[0], (a[1], a[2]), a[4])
+                     for r in rows)
 
     return PredictorEntry("forest", lambda rows: LearnedPredictor.fit(rows, seed=seed, catalog=catalog), predict,
                           seed)
