@@ -127,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
     sub.add_argument("--machine", metavar="TARGET",
                      help="eval: hold out and score only this target's rows (the others still train)")
+    sub.add_argument("--json", action="store_true", help="eval: print the scores as JSON")
 
     sub = command("kernels", _cmd_kernels, "import or export the perf store's kernel rows and reconciliations (CSV)")
     actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -276,8 +277,10 @@ def _cmd_model(args: argparse.Namespace) -> int:
     from modak import api
     from modak.output import print_model_evaluation, print_model_fit
 
+    if args.json and args.action != "eval":
+        raise InputError("--json: only `modak model eval` prints JSON")
     if args.action == "eval":
-        print_model_evaluation(api.evaluate_model(args.store, args.seeds, args.machine))
+        print_model_evaluation(api.evaluate_model(args.store, args.seeds, args.machine), args.json)
     else:
         print_model_fit(api.fit_model(args.store))
     return 0

@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from modak.documents import document
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from modak.candidates.enumerate import Candidate
     from modak.integrations.check import CheckResult
     from modak.plan import Plan
+    from modak.predict.evaluate import Scores
     from modak.scaling import ScaleAdvice
     from modak.workload.analysis import WorkloadProfile
 
@@ -107,12 +111,74 @@ def print_bench(rows: list[Any], launches: int, path: Any, as_json: bool) -> Non
               "as 'contended' (not used by the model): measure again when the machine is quiet", file=sys.stderr)
 
 
-def print_model_evaluation(evaluation: ModelEvaluation) -> None:
-    from modak.predict.evaluate import format_scores
+def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
+    """``modak model eval --json``: one entry per (split, predictor); a metric over several seeds is their mean,
+    with its [min, max] in ``spread``; a metric with nothing to score is null."""
+    from modak.documents import rounded
+    from modak.predict.evaluate import FAMILIES, METRICS, grouped, seed_spread
 
+    def value(number: float) -> float | None:
+        return None if math.isnan(number) else rounded(number)
+
+    entries = []
+    for (split, predictor), runs in grouped(evaluation.scores).items():
+        spreads = {field: seed_spread([float(getattr(s, field)) for s in runs]) for field, _, _ in METRICS}
+        first = runs[0]
+        entries.append({"split": split, "predictor": predictor,
+                        "seeds": [s.seed for s in runs if s.seed is not None],
+                        "rows": first.rows, "uncovered": first.uncovered, "workloads": first.workloads,
+                        "no_stock": first.no_stock,
+                        **{field: value(mean) for field, (mean, _, _) in spreads.items()},
+                        "spread": {field: [value(low), value(high)] for field, (_, low, high) in spreads.items()
+                                   if len(runs) > 1 and not math.isnan(low)}})
+    return document({"rows": evaluation.rows, "models": evaluation.models, "machines": list(evaluation.machines),
+                     "machine": evaluation.machine, "scored": evaluation.scored,
+                     "families": {name: list(models) for name, models in FAMILIES.items()}, "entries": entries})
+
+
+def print_model_evaluation(evaluation: ModelEvaluation, as_json: bool = False) -> None:
+    if as_json:
+        print_json(model_evaluation_document(evaluation), sort_keys=False)
+        return
     print(f"{evaluation.rows} measured rows, {evaluation.models} models, {len(evaluation.machines)} target(s)"
           + (f"; scoring the {evaluation.scored} rows of {evaluation.machine}" if evaluation.machine else ""))
-    print(format_scores(list(evaluation.scores)))
+    print_scores(evaluation.scores)
+
+
+def print_scores(scores: Iterable[Scores]) -> None:
+    """Per split, a table of the predictors side by side; a metric over several seeds reads mean [min–max]."""
+    from rich.table import Table
+
+    from modak.predict.evaluate import METRICS, grouped, seed_spread
+
+    def cell(values: list[float], fmt: str) -> str:
+        mean, low, high = seed_spread(values)
+        if math.isnan(mean):
+            return "-"
+        text = format(mean, fmt)
+        return text if low == high else f"{text} [{format(low, fmt).rstrip('%')}–{format(high, fmt)}]"
+
+    groups = grouped(scores)
+    counts = (("rows", "held-out rows scored"), ("uncovered", "rows not covered"),
+              ("workloads", "workloads (>= 2 scored rows)"), ("no_stock", "of them without a stock row"))
+    out = console()
+    for split in dict.fromkeys(split for split, _ in groups):
+        columns = {predictor: runs for (s, predictor), runs in groups.items() if s == split}
+        table = Table(title=split, title_justify="left")
+        table.add_column("", no_wrap=True)
+        for predictor in columns:
+            table.add_column(predictor, justify="right")
+        for field, label in counts:
+            table.add_row(label, *(str(getattr(runs[0], field)) for runs in columns.values()))
+        for field, label, fmt in METRICS:
+            table.add_row(label, *(cell([getattr(s, field) for s in runs], fmt) for runs in columns.values()))
+        out.print(table)
+    seeded = {predictor: len(runs) for (_, predictor), runs in groups.items() if len(runs) > 1}
+    for predictor, seeds in seeded.items():
+        out.print(f"{predictor} over {seeds} seeds: mean [min–max]", highlight=False, markup=False)
+    if any(s.one_launch for s in itertools.chain.from_iterable(groups.values())):
+        out.print("verdicts on one launch each (protocol 1): a zero-width interval, the test is the point ratio "
+                  "<= 1.05", highlight=False)
 
 
 def print_model_fit(fit: ModelFit) -> None:

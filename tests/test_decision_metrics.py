@@ -8,17 +8,28 @@ import math
 
 import pytest
 
-from modak.measurements.store import Measurement
-from modak.predict import evaluate as evaluation
-from modak.predict.evaluate import (HIT, MISS, UNDECIDED, Scores, captured_speedup, decision, family,
-                                    format_scores, score, seed_spread, stock_row)
 from modak.candidates.catalog import load_catalog
+from modak.measurements.store import Measurement
+from modak.output import print_scores
+from modak.predict import evaluate as evaluation
+from modak.predict.evaluate import (
+    HIT,
+    MISS,
+    UNDECIDED,
+    Scores,
+    captured_speedup,
+    decision,
+    score,
+    seed_spread,
+    stock_row,
+)
 
 STOCK = {"allocator": "default", "channels_last": False, "threads": "all"}  # PyTorch's recipe defaults
 
 
 def row(step: float, launches: list[float] | None = None, session: str | None = None, model: str = "resnet18",
-        runtime: str = "onnxruntime", precision: str = "fp32", params: dict | None = None, batch: int = 1) -> Measurement:
+        runtime: str = "onnxruntime", precision: str = "fp32", params: dict | None = None,
+        batch: int = 1) -> Measurement:
     """A measured row of ``model`` at batch ``batch``; ``launches``: its per-launch medians (protocol 2)."""
     return Measurement(
         machine="m", microarchitecture="x86_64_v3", cores=2, peak_fp32_gflops=100.0, peak_bf16_gflops=None,
@@ -118,60 +129,23 @@ def test_ratio_to_stock_above_the_trees_90th_percentile_checks_the_stock_guard()
     assert math.isnan(score("s", "learned", [stock, slow, fast], predicted, 0, {}).stock_ratio_above_p90)
 
 
-def test_family_strips_sizes_and_versions() -> None:
-    assert family("resnet18") == family("resnet50") == "resnet"
-    assert [family(m) for m in ("mobilenet_v2", "bert_base", "yolo_small", "mnist_cnn", "mlp")] == \
-        ["mobilenet", "bert", "yolo", "mnist_cnn", "mlp"]
-
-
-class _RecordingPredictor:
-    """Stands in for the learned model: records what each fit saw, predicts the measured time."""
-
-    fits: list[tuple[frozenset[str], int]] = []
-
-    def __init__(self, rows: list[Measurement], seed: int) -> None:
-        self.fits.append((frozenset(r.model for r in rows), seed))
-        self.coverage = {(r.runtime, r.device, r.precision) for r in rows}
-
-    @classmethod
-    def fit(cls, rows: list[Measurement], seed: int = 0, catalog: object = None) -> _RecordingPredictor:
-        return cls(rows, seed)
-
-    def predict_examples(self, examples: list) -> list[tuple[float, float, float, float, tuple[float, ...]]]:
-        return [(e.flops / 1e12, 0.0, math.inf, 1.0, ()) for e in examples]
-
-
-def test_family_held_out_holds_resnets_out_together_with_every_seed(monkeypatch) -> None:
-    monkeypatch.setattr(evaluation, "LearnedPredictor", _RecordingPredictor)
-    _RecordingPredictor.fits = []
-    rows = [row(t, model=m) for m in ("resnet18", "resnet50", "mlp") for t in (1e-3, 2e-3)]
-    scores = evaluation.evaluate(rows, seeds=2)
-    assert [(s.scheme, s.predictor, s.seed) for s in scores] == [
-        ("leave-one-model-out", "learned", 0), ("leave-one-model-out", "learned", 1),
-        ("leave-one-model-out", "roofline/median-utilization", None),
-        ("family-held-out", "learned", 0), ("family-held-out", "learned", 1),
-        ("family-held-out", "roofline/median-utilization", None)]
-    lomo, families = _RecordingPredictor.fits[:6], _RecordingPredictor.fits[6:]
-    assert lomo == [(frozenset({"resnet18", "resnet50"}), 0), (frozenset({"resnet18", "resnet50"}), 1),
-                    (frozenset({"mlp", "resnet50"}), 0), (frozenset({"mlp", "resnet50"}), 1),
-                    (frozenset({"mlp", "resnet18"}), 0), (frozenset({"mlp", "resnet18"}), 1)]
-    assert families == [(frozenset({"resnet18", "resnet50"}), 0), (frozenset({"resnet18", "resnet50"}), 1),
-                        (frozenset({"mlp"}), 0), (frozenset({"mlp"}), 1)]
-
-
-def test_seed_spread_is_reported_as_mean_min_max() -> None:
+def test_seed_spread_is_reported_as_mean_min_max(capsys, monkeypatch) -> None:
     assert seed_spread([0.1, 0.3, 0.2]) == pytest.approx((0.2, 0.1, 0.3))
     assert all(math.isnan(v) for v in seed_spread([math.nan]))
-    base = dict(scheme="leave-one-model-out", rows=10, uncovered=0, mape_calibrated=0.1, kendall_tau_median=0.5,
+    base = dict(split="leave-one-model-out", rows=10, uncovered=0, within_10=0.5, within_25=0.9, mape_calibrated=0.1,
+                kendall_tau_median=0.5,
                 kendall_tau_noise=0.8,
-                interval_coverage=math.nan, stock_ratio_above_p90=math.nan, workloads=2, hit_rate=0.5, undecided=0.0, one_launch=2,
+                interval_coverage=math.nan, stock_ratio_above_p90=math.nan, workloads=2, hit_rate=0.5, undecided=0.0,
+                one_launch=2,
                 captured_median=0.9, captured_p10=0.8, pick_speedup=2.0, no_stock=0)
-    text = format_scores([Scores(predictor="learned", seed=0, mape=0.1, **base),
-                          Scores(predictor="learned", seed=1, mape=0.3, **base),
-                          Scores(predictor="baseline", seed=None, mape=0.5, **base)])
-    assert "learned over 2 seeds: mean [min–max]" in text
-    mape = next(line for line in text.splitlines() if line.strip().startswith("MAPE")).split()
-    assert mape == ["MAPE", "20.0%", "[10.0–30.0%]", "50.0%"]
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_scores([Scores(predictor="forest", seed=0, mape=0.1, **base),
+                  Scores(predictor="forest", seed=1, mape=0.3, **base),
+                  Scores(predictor="baseline", seed=None, mape=0.5, **base)])
+    text = capsys.readouterr().out
+    assert "forest over 2 seeds: mean [min–max]" in text
+    mape = next(line for line in text.splitlines() if line.strip("│ ").startswith("MAPE ")).strip("│ ").split()
+    assert [cell for cell in mape if cell != "│"] == ["MAPE", "20.0%", "[10.0–30.0%]", "50.0%"]
     assert max(len(line) for line in text.splitlines()) <= 100
 
 

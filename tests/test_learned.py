@@ -13,18 +13,30 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from modak.api import load as load_job
 from modak.bench.harness import measurement_row
 from modak.candidates.catalog import Parameter, load_catalog
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import make_plan, with_batch
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
-from modak.predict.training import training_data
-from modak.predict.learned import (NEW_MACHINE_SPREAD, NEW_MODEL_SPREAD, SAME_KIND_SPREAD, TREES, Features,
-                                   LearnedPredictor, ParameterFeature, TrainingData, example_from, example_from_row,
-                                   fit_key, machine_kind, shrunk_offset)
+from modak.predict.learned import (
+    NEW_MACHINE_SPREAD,
+    NEW_MODEL_SPREAD,
+    SAME_KIND_SPREAD,
+    TREES,
+    Features,
+    LearnedPredictor,
+    ParameterFeature,
+    TrainingData,
+    example_from,
+    example_from_row,
+    fit_key,
+    machine_kind,
+    shrunk_offset,
+)
 from modak.predict.roofline import RooflinePredictor
-from modak.api import load as load_job
+from modak.predict.training import training_data
 from modak.workload.source import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,9 +127,9 @@ def test_local_rows_replace_and_outweigh_shipped(plans, tmp_path: Path, monkeypa
 
 def test_leave_one_model_out_scores_held_out_rows(plans) -> None:
     rows = synthetic_rows(plans, model="mnist_cnn") + synthetic_rows(plans, model="cnn_twin")
-    scores = {s.predictor: s for s in evaluate(rows) if s.scheme == "leave-one-model-out"}
-    learned = scores["learned"]
-    assert learned.scheme == "leave-one-model-out" and learned.rows == len(rows) and learned.uncovered == 0
+    scores = {s.predictor: s for s in evaluate(rows) if s.split == "leave-one-model-out"}
+    learned = scores["forest"]
+    assert learned.split == "leave-one-model-out" and learned.rows == len(rows) and learned.uncovered == 0
     assert learned.mape < 0.15 and learned.kendall_tau_median > 0.5
     assert learned.hit_rate == 1.0 and learned.captured_median == 1.0 and learned.no_stock == 0
 
@@ -129,7 +141,7 @@ def test_scores_count_a_miss_and_interval_coverage(plans) -> None:
     rows = [replace(row, step_median_s=t) for row, t in zip(synthetic_rows(plans[:1]), measured)]
     predicted = {0: 1e-3, 1: 2e-3, 2: 3e-3, 3: 0.5e-3}
     intervals = {0: (0.0, math.inf), 1: (4e-3, 6e-3), 2: (3e-3, 3e-3), 3: (0.0, 1e-3)}
-    result = score("scheme", "test", rows, predicted, 1, intervals)
+    result = score("split", "test", rows, predicted, 1, intervals)
     assert result.interval_coverage == 0.5 and result.uncovered == 1 and result.workloads == 1
     assert (result.hit_rate, result.undecided, result.miss_rate, result.one_launch) == (0.0, 0.0, 1.0, 1)
     assert result.mape == pytest.approx(0.875 / 4)
@@ -145,7 +157,7 @@ def test_model_eval_cli_reports_the_metrics(plans, tmp_path: Path) -> None:
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "leave-one-model-out" in result.stdout and "MAPE" in result.stdout and "hit rate" in result.stdout
-    assert "learned over 2 seeds" in result.stdout and "family-held-out" in result.stdout
+    assert "forest over 2 seeds" in result.stdout and "family-held-out" in result.stdout
 
 
 @pytest.mark.slow
@@ -153,8 +165,8 @@ def test_eval_of_one_machine_scores_only_its_rows(plans) -> None:
     """With ``machine``, only that target's rows are held out and scored; the other target's rows still train."""
     machine_a = synthetic_rows(plans, model="mnist_cnn") + synthetic_rows(plans, model="cnn_twin")
     machine_b = [replace(r, machine="b", bandwidth_gbs=r.bandwidth_gbs + 0.5) for r in machine_a]
-    everything = {s.scheme: s for s in evaluate(machine_a + machine_b) if s.predictor == "learned"}
-    only_b = {s.scheme: s for s in evaluate(machine_a + machine_b, machine="b") if s.predictor == "learned"}
+    everything = {s.split: s for s in evaluate(machine_a + machine_b) if s.predictor == "forest"}
+    only_b = {s.split: s for s in evaluate(machine_a + machine_b, machine="b") if s.predictor == "forest"}
     assert only_b["leave-one-model-out"].rows == len(machine_b) == everything["leave-one-model-out"].rows / 2
     assert only_b["leave-one-target-out"].rows == len(machine_b)
     assert only_b["leave-one-model-out"].workloads == everything["leave-one-model-out"].workloads / 2
@@ -279,7 +291,8 @@ def test_a_new_recipe_parameter_gets_feature_columns_from_the_recipe(plans) -> N
     plan = replanned[1]
     on = next(r.candidate for r in plan.ranked if r.candidate.param("arena") == "on")
     off = replace(on, params=tuple((k, "off" if k == "arena" else v) for k, v in on.params))
-    steps = [step for step, *_ in model.predict_examples([example_from(plan.workload, plan.ceilings, c, catalog[c.runtime])
+    steps = [step for step, *_ in model.predict_examples([example_from(plan.workload, plan.ceilings, c,
+                                                                       catalog[c.runtime])
                                                           for c in (on, off)])]
     assert steps[1] / steps[0] == pytest.approx(2.0, rel=0.15)
 
@@ -363,7 +376,8 @@ def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp
     LearnedPredictor.cached(TrainingData.of(changed, weights[:-1]), folder=tmp_path)
     assert len(list(tmp_path.glob("*.forest"))) == 2  # other data, another fit
     saved[0].write_bytes(b"not a model")  # a damaged cache file is refit, not trusted
-    assert LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path).predict_examples(examples) == fresh.predict_examples(examples)
+    cached = LearnedPredictor.cached(TrainingData.of(rows, weights), folder=tmp_path)
+    assert cached.predict_examples(examples) == fresh.predict_examples(examples)
 
 
 def test_a_changed_overhead_prior_is_another_fit() -> None:

@@ -18,7 +18,8 @@ import argparse
 from pathlib import Path
 
 from modak.measurements.store import read_csv
-from modak.predict.evaluate import format_scores, score
+from modak.output import print_scores
+from modak.predict.evaluate import score
 from modak.predict.training import ok_rows
 
 
@@ -35,8 +36,7 @@ def main() -> int:
         raise SystemExit(f"no configuration of {args.second} was measured ok in {args.first}")
     print(f"{len(matched)} configurations measured ok in both runs "
           f"({len(second) - len(matched)} of run B's are not in run A)")
-    print(format_scores([score("run A predicts run B", "measured (run A)", second, matched,
-                               len(second) - len(matched), {})]))
+    print_scores([score("run A predicts run B", "measured (run A)", second, matched, len(second) - len(matched), {})])
     ratios = sorted(second[i].step_median_s / t for i, t in matched.items())
     drift = ratios[len(ratios) // 2]
     rescaled = score("run A x median drift", "measured (run A)", second, {i: t * drift for i, t in matched.items()},

@@ -1,18 +1,21 @@
-"""Honest evaluation of the learned model: hold out one model (or one model family, or one target), then score
-the held-out rows.
+"""Honest evaluation of the performance models: hold out one model (or one model family, or one target), fit each
+predictor on the rest, then score the held-out rows.
 
-Accuracy on the held-out rows: MAPE of the step time, the Kendall tau between predicted and measured ranking of each
-workload's candidates (model, task, batch and input shapes on one machine), the share of measured times inside the
+Predictors are a sequence of :class:`PredictorEntry` (a name, "fit on rows" and "predict rows"), so each one is
+scored on the same splits and shown side by side: the whole-model forest (one entry per seed) and a physics-only
+baseline (roofline bound / median utilization of the runtime in the training fold).
+
+Accuracy on the held-out rows: MAPE of the step time and the shares within +-10% and +-25% of it, the Kendall tau
+between predicted and measured ranking of each workload's candidates (model, task, batch and input shapes on one
+machine; the median over workloads of three scored rows or more), the share of measured times inside the
 predicted 80% interval, and the share of measured ratios to the workload's stock row above the 90th percentile of
-the trees' paired ratios (the bound the plan's stock guard trusts). Decisions, per workload with at least two scored
-rows: the pick (predicted fastest) against the best (measured fastest) by the ratio of their launches' step times
-with its t interval (paired by round when both ran interleaved in one session): a *hit* when the pick is the best or
-shown to be within 5% of it (an equivalence test, so any of several rows tied with the best is a hit), a *miss* when
-shown to be more than 5% slower, *undecided* when the data cannot tell. Rows of one launch (protocol 1) give
-zero-width intervals: the test then reduces to the point ratio. Captured speedup: the pick's speedup over the stock
-deployment divided by the best's. Rows whose (runtime, device) the training fold does not cover are counted, not
-scored. A physics-only baseline (roofline bound / median utilization of the runtime in the training fold) is scored
-on the same rows for comparison.
+the trees' paired ratios (the bound the plan's stock guard trusts). Decisions, per workload with at least two
+scored rows: the pick (predicted fastest) against the best (measured fastest) by the ratio of their launches' step
+times with its t interval (paired by round when both ran interleaved in one session): a *hit* when the pick is the
+best or shown to be within 5% of it (an equivalence test, so any of several rows tied with the best is a hit), a
+*miss* when shown to be more than 5% slower, *undecided* when the data cannot tell. Rows of one launch (protocol 1)
+give zero-width intervals: the test then reduces to the point ratio. Captured speedup: the pick's speedup over the
+stock deployment divided by the best's. Rows a predictor's fit does not cover are counted, not scored.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,19 +38,38 @@ from modak.predict.learned import LearnedPredictor, candidate_from_row, example_
 from modak.predict.training import ok_rows
 
 HIT, MISS, UNDECIDED = "hit", "miss", "undecided"
-_VARIANT = re.compile(r"(_v\d+|_(?:tiny|small|base|large)|\d+)$")  # resnet18, mobilenet_v2, bert_base
+LEAVE_ONE_MODEL_OUT, FAMILY_HELD_OUT, LEAVE_ONE_TARGET_OUT = \
+    "leave-one-model-out", "family-held-out", "leave-one-target-out"
+WITHIN = (0.10, 0.25)  # the relative errors whose shares of rows the scores report
+
+# The model families that "family held out" holds out together: every zoo model belongs to one (tests check it
+# against the zoo and the shipped rows). Dense-convolution CNNs (ConvNeXt: the ResNet design modernized) are
+# "resnet", depthwise/squeezed ones "mobile-cnn"; the dispatch-overhead probes (chains of small fully connected
+# layers) are multilayer perceptrons.
+FAMILIES: Mapping[str, tuple[str, ...]] = {
+    "resnet": ("resnet18", "resnet34", "resnet50", "convnext_atto", "mnist_cnn"),
+    "mobile-cnn": ("mobilenet_v2", "efficientnet_b0", "squeezenet"),
+    "transformer": ("bert_base", "bert_small", "gpt_small", "vit_tiny"),
+    "mlp-recommender": ("mlp", "mlp_large", "dlrm_small", "ncf", "chain4", "chain64"),
+    "recurrent": ("lstm_lm", "gru_kws"),
+    "detection-segmentation": ("yolo_small", "unet_small"),
+    "audio": ("m5_audio",),
+}
+_FAMILY_OF = {model: name for name, models in FAMILIES.items() for model in models}
 
 
 @dataclass(frozen=True)
 class Scores:
-    """Metrics of one evaluation scheme for one predictor (fit with ``seed``; None: nothing random)."""
+    """Metrics of one split for one predictor (fit with ``seed``; None: nothing random)."""
 
-    scheme: str
+    split: str
     predictor: str
     seed: int | None
     rows: int
     uncovered: int
     mape: float
+    within_10: float  # share of rows predicted within +-10% of the measured step
+    within_25: float
     mape_calibrated: float  # after scaling each workload's predictions by its stock row's measured/predicted
     kendall_tau_median: float
     kendall_tau_noise: float  # the data's own: one launch's ranking against another's (the ceiling for tau)
@@ -71,6 +93,32 @@ class Scores:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """One held-out row's predicted step seconds, its 80% interval (None: the predictor gives none) and its trees'
+    step seconds (member i of every row from one tree; empty: no ensemble)."""
+
+    step_s: float
+    interval: tuple[float, float] | None = None
+    trees: tuple[float, ...] = ()
+
+
+Predictions = tuple[Prediction | None, ...]  # one per row asked for; None: the fit does not cover the row
+
+
+@dataclass(frozen=True)
+class PredictorEntry:
+    """A predictor under evaluation: its name, the seed of its fit (None: nothing random), ``fit`` on the training
+    fold's rows and ``predict`` of held-out rows with what ``fit`` returned. An entry that learns from other labels
+    too (kernel rows) keeps only those of the fold's (machine, model) pairs, so that a held-out model or target
+    stays unseen."""
+
+    name: str
+    fit: Callable[[list[Measurement]], Any]
+    predict: Callable[[Any, list[Measurement]], Predictions]
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
 class Decision:
     """The pick of one workload against its measured best."""
 
@@ -80,8 +128,8 @@ class Decision:
 
 
 def family(model: str) -> str:
-    """A model's family: its name without a trailing size or version (resnet18, resnet50 -> resnet)."""
-    return _VARIANT.sub("", model) or model
+    """A model's family in :data:`FAMILIES`; a model of none (a user's own) is a family of its own."""
+    return _FAMILY_OF.get(model, model)
 
 
 def launch_times(row: Measurement) -> list[float]:
@@ -125,59 +173,84 @@ def captured_speedup(stock_s: float, pick_s: float, best_s: float) -> float:
     return (stock_s / pick_s) / (stock_s / best_s)
 
 
-def evaluate(rows: list[Measurement], seeds: int = 1, catalog: Mapping[str, Recipe] | None = None,
-             machine: str | None = None) -> list[Scores]:
-    """Leave-one-model-out, family-held-out (and leave-one-target-out with >= 2 machines) scores of the learned
-    model fit with seeds ``0 .. seeds - 1``, and of the baseline; ``machine``: only that target's rows are held
-    out and scored (every other row still trains)."""
+def forest(seed: int, catalog: Mapping[str, Recipe]) -> PredictorEntry:
+    """The whole-model forest (:class:`LearnedPredictor`) fit with ``seed``; it covers the (runtime, device,
+    precision) its training rows cover."""
+
+    def predict(model: LearnedPredictor, rows: list[Measurement]) -> Predictions:
+        covered = [r for r in rows if (r.runtime, r.device, r.precision) in model.coverage]
+        answers = dict(zip(map(id, covered), model.predict_examples([example_from_row(r, catalog) for r in covered])))
+        return tuple(None if (a := answers.get(id(r))) is None else Prediction(a[0], (a[1], a[2]), a[4])
+                     for r in rows)
+
+    return PredictorEntry("forest", lambda rows: LearnedPredictor.fit(rows, seed=seed, catalog=catalog), predict,
+                          seed)
+
+
+def baseline(catalog: Mapping[str, Recipe]) -> PredictorEntry:
+    """Physics only: the roofline bound over the median utilization of the row's (runtime, device) in the training
+    rows; it covers the (runtime, device) pairs they have."""
+
+    def fit(rows: list[Measurement]) -> dict[tuple[str, str], float]:
+        by_pair: dict[tuple[str, str], list[float]] = {}
+        for r in rows:
+            by_pair.setdefault((r.runtime, r.device), []).append(example_from_row(r, catalog).bound_seconds / r.step_s)
+        return {pair: statistics.median(values) for pair, values in by_pair.items()}
+
+    def predict(utilization: dict[tuple[str, str], float], rows: list[Measurement]) -> Predictions:
+        return tuple(Prediction(example_from_row(r, catalog).bound_seconds / utilization[(r.runtime, r.device)])
+                     if (r.runtime, r.device) in utilization else None for r in rows)
+
+    return PredictorEntry("roofline/median-utilization", fit, predict)
+
+
+def default_predictors(seeds: int = 1, catalog: Mapping[str, Recipe] | None = None) -> tuple[PredictorEntry, ...]:
+    """The forest fit with seeds ``0 .. seeds - 1``, then the baseline."""
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
     catalog = catalog if catalog is not None else load_catalog()
-    rows = ok_rows(rows)
-    schemes: list[tuple[str, Callable[[Measurement], str]]] = [("leave-one-model-out", lambda r: r.model),
-                                                                ("family-held-out", lambda r: family(r.model))]
+    return (*(forest(seed, catalog) for seed in range(seeds)), baseline(catalog))
+
+
+def splits(rows: Sequence[Measurement]) -> list[tuple[str, Callable[[Measurement], str]]]:
+    """The splits and each one's held-out group of a row: its model, its :func:`family`, and (with rows of two
+    targets or more) its target."""
+    result: list[tuple[str, Callable[[Measurement], str]]] = [(LEAVE_ONE_MODEL_OUT, lambda r: r.model),
+                                                               (FAMILY_HELD_OUT, lambda r: family(r.model))]
     if len({r.machine for r in rows}) >= 2:
-        schemes.append(("leave-one-target-out", lambda r: r.machine))
+        result.append((LEAVE_ONE_TARGET_OUT, lambda r: r.machine))
+    return result
+
+
+def evaluate(rows: list[Measurement], predictors: Sequence[PredictorEntry] | None = None,
+             machine: str | None = None, catalog: Mapping[str, Recipe] | None = None) -> list[Scores]:
+    """Scores of each predictor (default: :func:`default_predictors` with one seed) on each of :func:`splits`,
+    split by split; ``machine``: only that target's rows are held out and scored (every other row still trains)."""
+    catalog = catalog if catalog is not None else load_catalog()
+    predictors = predictors if predictors is not None else default_predictors(1, catalog)
+    rows = ok_rows(rows)
     results = []
-    for scheme, group_of in schemes:
-        learned: list[dict[int, float]] = [{} for _ in range(seeds)]
-        intervals: list[dict[int, tuple[float, float]]] = [{} for _ in range(seeds)]
-        per_tree: list[dict[int, tuple[float, ...]]] = [{} for _ in range(seeds)]
-        baseline: dict[int, float] = {}
-        uncovered = 0
-        for group in sorted({group_of(r) for r in rows if machine is None or r.machine == machine}):
+    for split, group_of in splits(rows):
+        predicted: list[dict[int, Prediction]] = [{} for _ in predictors]
+        scored = 0
+        for group in sorted({group_of(r) for r in rows if machine in (None, r.machine)}):
             train = [r for r in rows if group_of(r) != group]
-            test = [(i, r) for i, r in enumerate(rows)
-                    if group_of(r) == group and (machine is None or r.machine == machine)]
+            test = [(i, r) for i, r in enumerate(rows) if group_of(r) == group and machine in (None, r.machine)]
             if not train:
                 continue
-            utilization = _median_utilization(train, catalog)
-            for seed in range(seeds):
-                model = LearnedPredictor.fit(train, seed=seed, catalog=catalog)
-                covered = [(i, r) for i, r in test if (r.runtime, r.device, r.precision) in model.coverage]
-                predictions = model.predict_examples([example_from_row(r, catalog) for _, r in covered])
-                for (i, _), (step, low, high, _, trees) in zip(covered, predictions):
-                    learned[seed][i] = step
-                    intervals[seed][i] = (low, high)
-                    per_tree[seed][i] = trees
-            uncovered += len(test) - len(covered)
-            for i, r in covered:
-                baseline[i] = example_from_row(r, catalog).bound_seconds / utilization[(r.runtime, r.device)]
-        results += [score(scheme, "learned", rows, learned[seed], uncovered, intervals[seed], seed, catalog,
-                          per_tree[seed]) for seed in range(seeds)]
-        results.append(score(scheme, "roofline/median-utilization", rows, baseline, uncovered, {}, None, catalog))
+            scored += len(test)
+            for entry, into in zip(predictors, predicted):
+                answers = entry.predict(entry.fit(train), [r for _, r in test])
+                into.update((i, answer) for (i, _), answer in zip(test, answers) if answer is not None)
+        for entry, into in zip(predictors, predicted):
+            results.append(score(split, entry.name, rows, {i: p.step_s for i, p in into.items()},
+                                 scored - len(into),
+                                 {i: p.interval for i, p in into.items() if p.interval is not None}, entry.seed,
+                                 catalog, {i: p.trees for i, p in into.items()}))
     return results
 
 
-def _median_utilization(rows: list[Measurement], catalog: Mapping[str, Recipe]) -> dict[tuple[str, str], float]:
-    by_pair: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        by_pair.setdefault((r.runtime, r.device), []).append(
-            example_from_row(r, catalog).bound_seconds / r.step_s)
-    return {pair: statistics.median(values) for pair, values in by_pair.items()}
-
-
-def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
+def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
           intervals: dict[int, tuple[float, float]], seed: int | None = None,
           catalog: Mapping[str, Recipe] | None = None, trees: Mapping[int, tuple[float, ...]] | None = None) -> Scores:
     """Metrics of ``predicted`` (row index -> step seconds) against the rows' measurements; ``trees``: each
@@ -222,8 +295,9 @@ def score(scheme: str, name: str, rows: list[Measurement], predicted: dict[int, 
             if not math.isnan(tau):
                 taus.append(tau)
     verdicts = [d.verdict for d in decisions]
-    return Scores(scheme, name, seed, len(predicted), uncovered,
-                  statistics.mean(errors) if errors else math.nan,
+    within_10, within_25 = (statistics.mean(e <= within for e in errors) if errors else math.nan for within in WITHIN)
+    return Scores(split, name, seed, len(predicted), uncovered,
+                  statistics.mean(errors) if errors else math.nan, within_10, within_25,
                   statistics.mean(calibrated) if calibrated else math.nan,
                   statistics.median(taus) if taus else math.nan,
                   statistics.median(noise_taus) if noise_taus else math.nan,
@@ -262,10 +336,12 @@ def seed_spread(values: Iterable[float]) -> tuple[float, float, float]:
     return (statistics.mean(finite), min(finite), max(finite)) if finite else (math.nan, math.nan, math.nan)
 
 
-_METRICS: tuple[tuple[str, str, str], ...] = (  # (field, label, format)
+METRICS: tuple[tuple[str, str, str], ...] = (  # (Scores field, label, format), as tables and documents show them
     ("mape", "MAPE", ".1%"),
+    ("within_10", "within ±10%", ".1%"),
+    ("within_25", "within ±25%", ".1%"),
     ("mape_calibrated", "MAPE, after one stock run", ".1%"),
-    ("kendall_tau_median", "Kendall tau, median", ".2f"),
+    ("kendall_tau_median", "Kendall tau, median of workloads", ".2f"),
     ("kendall_tau_noise", "tau, one launch vs another", ".2f"),
     ("interval_coverage", "in the 80% interval", ".1%"),
     ("stock_ratio_above_p90", "ratio to stock above trees' p90", ".1%"),
@@ -279,31 +355,9 @@ _METRICS: tuple[tuple[str, str, str], ...] = (  # (field, label, format)
 )
 
 
-def _cell(values: list[float], fmt: str) -> str:
-    mean, low, high = seed_spread(values)
-    if math.isnan(mean):
-        return "-"
-    text = format(mean, fmt)
-    return text if low == high else f"{text} [{format(low, fmt).rstrip('%')}–{format(high, fmt)}]"
-
-
-def format_scores(scores: list[Scores]) -> str:
-    """Per scheme, a table of metrics by predictor; a metric over several seeds reads mean [min–max]."""
-    blocks: dict[str, dict[str, list[Scores]]] = {}
+def grouped(scores: Iterable[Scores]) -> dict[tuple[str, str], list[Scores]]:
+    """Scores by (split, predictor), in their order: one predictor's runs over its seeds together."""
+    groups: dict[tuple[str, str], list[Scores]] = {}
     for s in scores:
-        blocks.setdefault(s.scheme, {}).setdefault(s.predictor, []).append(s)
-    lines = []
-    for scheme, by_predictor in blocks.items():
-        first = next(iter(by_predictor.values()))[0]
-        seeded = {p: len(runs) for p, runs in by_predictor.items() if len(runs) > 1}
-        lines += [f"{scheme}: {first.rows} held-out rows ({first.uncovered} uncovered)",
-                  f"  {first.workloads} workloads with >= 2 of them: pick vs best "
-                  f"({first.no_stock} without a stock row)"]
-        lines += [f"  {p} over {n} seeds: mean [min–max]" for p, n in seeded.items()]
-        lines.append("  " + f"{'':<34}" + "".join(f"{p:<28}" for p in by_predictor).rstrip())
-        for field, label, fmt in _METRICS:
-            lines.append(f"  {label:<34}" + "".join(f"{_cell([getattr(s, field) for s in runs], fmt):<28}"
-                                                     for runs in by_predictor.values()).rstrip())
-        if any(s.one_launch for runs in by_predictor.values() for s in runs):
-            lines.append("  one launch each (protocol 1): a zero-width interval, the test is the point ratio <= 1.05")
-    return "\n".join(lines)
+        groups.setdefault((s.split, s.predictor), []).append(s)
+    return groups

@@ -1,0 +1,153 @@
+"""`modak model eval`: its splits (model families named in one place, every zoo model in one), its predictors as
+named fit/predict entries scored side by side, the accuracy metrics on a hand-computed table, and its --json
+document against model-eval.schema.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from modak import cli
+from modak.image.zoo import zoo_names
+from modak.measurements.store import Measurement, write_csv
+from modak.predict import training
+from modak.predict.evaluate import (
+    FAMILIES,
+    FAMILY_HELD_OUT,
+    LEAVE_ONE_MODEL_OUT,
+    LEAVE_ONE_TARGET_OUT,
+    Prediction,
+    PredictorEntry,
+    evaluate,
+    family,
+    score,
+)
+from modak.predict.training import ok_rows, shipped_rows
+from tests.test_ci_step import assert_valid
+from tests.test_decision_metrics import row
+
+
+def test_every_zoo_and_shipped_model_belongs_to_exactly_one_family() -> None:
+    members = [model for models in FAMILIES.values() for model in models]
+    assert len(members) == len(set(members)), "a model in two families"
+    unmapped = ({r.model for r in shipped_rows()} | set(zoo_names())) - set(members)
+    assert not unmapped, f"assign these zoo models a family in modak.predict.evaluate.FAMILIES: {sorted(unmapped)}"
+    assert family("resnet18") == family("resnet50") == family("convnext_atto") == "resnet"
+    assert family("mobilenet_v2") == family("squeezenet") and family("bert_base") == family("vit_tiny")
+    assert family("dlrm_small") == family("ncf") == family("mlp") != family("lstm_lm")
+    assert family("my_own_net") == "my_own_net"  # a user's model is a family of its own
+
+
+def recording(name: str, fits: list[tuple[str, frozenset[str]]], factor: float, covers: str = "cpu",
+              seed: int | None = None) -> PredictorEntry:
+    """An entry that records the models each fit saw and predicts ``factor`` x the measured step on ``covers``."""
+
+    def fit(rows: list[Measurement]) -> str:
+        fits.append((name, frozenset(r.model for r in rows)))
+        return covers
+
+    def predict(device: str, rows: list[Measurement]) -> tuple[Prediction | None, ...]:
+        return tuple(Prediction(r.step_s * factor, (r.step_s, r.step_s * factor)) if r.device == device else None
+                     for r in rows)
+
+    return PredictorEntry(name, fit, predict, seed)
+
+
+def test_each_split_holds_out_its_groups_for_every_entry() -> None:
+    """resnet18 and resnet50 are one family (held out together), mlp another; the two targets are held out one at
+    a time. An entry that covers no row counts every held-out row as uncovered."""
+    rows = [replace(row(t, model=m), machine=machine) for machine in ("m", "n")
+            for m in ("resnet18", "resnet50", "mlp") for t in (1e-3, 2e-3, 3e-3)]
+    fits: list[tuple[str, frozenset[str]]] = []
+    entries = [recording("a", fits, 2.0, seed=0), recording("a", fits, 2.0, seed=1), recording("b", fits, 1.05),
+               recording("none", fits, 1.0, covers="gpu")]
+    scores = evaluate(rows, entries)
+    splits = [LEAVE_ONE_MODEL_OUT, FAMILY_HELD_OUT, LEAVE_ONE_TARGET_OUT]
+    assert [(s.split, s.predictor, s.seed) for s in scores] == [
+        (split, name, seed) for split in splits for name, seed in (("a", 0), ("a", 1), ("b", None), ("none", None))]
+    models = [f for name, f in fits if name == "b"]
+    assert models == [frozenset({"resnet18", "resnet50"}), frozenset({"mlp", "resnet50"}),
+                      frozenset({"mlp", "resnet18"}),  # leave one model out, models in name order
+                      frozenset({"resnet18", "resnet50"}), frozenset({"mlp"}),  # families: mlp-recommender, resnet
+                      frozenset({"mlp", "resnet18", "resnet50"}), frozenset({"mlp", "resnet18", "resnet50"})]
+    for s in scores:
+        if s.predictor == "none":
+            assert (s.rows, s.uncovered) == (0, len(rows))
+        else:
+            assert (s.rows, s.uncovered) == (len(rows), 0)
+            assert s.mape == pytest.approx(1.0 if s.predictor == "a" else 0.05)
+            assert s.within_10 == (0.0 if s.predictor == "a" else 1.0) and s.interval_coverage == 1.0
+    only_n = evaluate(rows, entries[2:3], machine="n")
+    assert [(s.split, s.rows) for s in only_n] == [(split, len(rows) // 2) for split in splits]
+
+
+def test_accuracy_metrics_on_a_fixed_table() -> None:
+    """Workload A measured 1, 2, 4, 8 ms and predicted 1.05, 2.4, 2.8, 8.4 ms (errors 5%, 20%, 30%, 5%; same
+    ranking: tau 1); workload B measured 1, 2, 3 ms and predicted 1.5, 3.3, 2.4 ms (errors 50%, 65%, 20%; one
+    discordant pair of three: tau 1/3). Four rows have an interval, two of them hold the measured time."""
+    measured = [1e-3, 2e-3, 4e-3, 8e-3, 1e-3, 2e-3, 3e-3]
+    rows = [row(t, batch=1 if i < 4 else 8) for i, t in enumerate(measured)]
+    predicted = dict(enumerate([1.05e-3, 2.4e-3, 2.8e-3, 8.4e-3, 1.5e-3, 3.3e-3, 2.4e-3]))
+    intervals = {0: (0.9e-3, 1.1e-3), 1: (2.5e-3, 3e-3), 2: (3e-3, 5e-3), 4: (1.2e-3, 2e-3)}
+    result = score("split", "test", rows, predicted, 0, intervals)
+    assert result.mape == pytest.approx((0.05 + 0.2 + 0.3 + 0.05 + 0.5 + 0.65 + 0.2) / 7)
+    assert result.within_10 == pytest.approx(2 / 7) and result.within_25 == pytest.approx(4 / 7)
+    assert result.kendall_tau_median == pytest.approx((1 + 1 / 3) / 2)  # the median of the two workloads' tau
+    assert result.interval_coverage == 0.5
+    assert (result.workloads, result.hit_rate) == (2, 1.0)  # both picks are the measured best
+
+
+@pytest.fixture
+def few_shipped_rows(tmp_path: Path, monkeypatch) -> Path:
+    """The shipped data cut to three models' onnxruntime rows on two targets (fast to cross-validate)."""
+    rows = [r for r in ok_rows(shipped_rows()) if r.model in ("mnist_cnn", "mlp", "ncf")
+            and r.runtime == "onnxruntime" and r.machine in ("ci-zen3-2c", "ci-icelake-2c")]
+    assert len({r.machine for r in rows}) == 2 and len({r.model for r in rows}) == 3
+    write_csv(tmp_path / "few.csv", rows)
+    monkeypatch.setattr(training, "shipped_files", lambda: [tmp_path / "few.csv"])
+    return tmp_path / "no-store.sqlite"
+
+
+def test_model_eval_json_matches_its_schema(few_shipped_rows: Path, capsys) -> None:
+    assert cli.main(["model", "eval", "--json", "--seeds", "2", "--store", str(few_shipped_rows)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert_valid("model-eval.schema.json", document)
+    assert document["schema_version"] == 1 and document["families"] == {k: list(v) for k, v in FAMILIES.items()}
+    assert [(e["split"], e["predictor"], e["seeds"]) for e in document["entries"]] == [
+        (split, name, seeds) for split in (LEAVE_ONE_MODEL_OUT, FAMILY_HELD_OUT, LEAVE_ONE_TARGET_OUT)
+        for name, seeds in (("forest", [0, 1]), ("roofline/median-utilization", []))]
+    forest = document["entries"][0]
+    assert forest["rows"] + forest["uncovered"] == document["scored"] == document["rows"]
+    assert 0 <= forest["within_10"] <= forest["within_25"] <= 1 and forest["interval_coverage"] is not None
+    low, high = forest["spread"]["mape"]
+    assert low <= forest["mape"] <= high
+    baseline = document["entries"][1]
+    assert baseline["interval_coverage"] is None and baseline["spread"] == {}
+
+
+def test_model_eval_table_shows_the_predictors_side_by_side(few_shipped_rows: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert cli.main(["model", "eval", "--seeds", "1", "--store", str(few_shipped_rows), "--machine",
+                     "ci-zen3-2c"]) == 0
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if "forest" in line]
+    assert len(headers) == 3 and all("roofline/median-utilization" in line for line in headers)
+    assert [line.strip() for line in out.splitlines() if line.strip().endswith("out")] == [
+        LEAVE_ONE_MODEL_OUT, FAMILY_HELD_OUT, LEAVE_ONE_TARGET_OUT]  # the tables' titles
+    assert "within ±10%" in out and "Kendall tau, median of workloads" in out and "in the 80% interval" in out
+
+
+@pytest.mark.parametrize("argv", [["model", "eval", "--seeds", "0"], ["model", "fit", "--json"],
+                                  ["model", "eval", "--machine", "nowhere"]])
+def test_bad_options_exit_2(few_shipped_rows: Path, argv: list[str], capsys) -> None:
+    assert cli.main([*argv, "--store", str(few_shipped_rows)]) == 2
+    assert capsys.readouterr().err.startswith("modak: error: ")
+
+
+def test_an_unknown_option_exits_2() -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["model", "eval", "--split", "family"])
+    assert exited.value.code == 2
