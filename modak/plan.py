@@ -16,7 +16,7 @@ from modak.errors import InputError
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.image.deployment import Deployment
 from modak.measurements.store import Measurement, TunedChoice, as_json
-from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
+from modak.predict.base import Prediction, Predictor, for_model, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
@@ -247,7 +247,7 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     that ``modak bench`` can measure it again, but is never chosen."""
     job = loaded.job
     catalog = catalog or load_catalog()
-    predictor = predictor or default_predictor()
+    predictor = for_model(predictor or default_predictor(), source.onnx_path)
     ceilings = target_ceilings(loaded.target, loaded.target_doc)
     if job.device is Device.gpu and ceilings.gpu is None:
         raise loaded.job_doc.error(("device",), f"the job needs a GPU but target '{loaded.target.name}' has none")
