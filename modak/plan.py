@@ -18,6 +18,7 @@ from modak.image.deployment import Deployment
 from modak.measurements.store import Measurement, TunedChoice, as_json
 from modak.predict.base import Prediction, Predictor, for_model, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
+from modak.predict.kernels import NOTES as KERNEL_NOTES
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.spec.resolve import module_code
@@ -573,7 +574,8 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
         reasons.append("predictors: " + "; ".join(f"{name} for {', '.join(sorted(runtimes))}"
                                                   for name, runtimes in sorted(used.items()))
                        + (" (roofline where measured data does not cover the runtime at that precision on this "
-                          "device class)" if "roofline" in used else ""))
+                          "device class)" if "roofline" in used else "")
+                       + "".join(f" ({KERNEL_NOTES[name]})" for name in sorted(used) if name in KERNEL_NOTES))
     if pruned:
         reasons.append(f"{len(pruned)} runtime(s)/candidate(s) left out: "
                        + "; ".join(f"{x.runtime} ({x.reason})" for x in pruned[:6])

@@ -53,6 +53,11 @@ MIN_CALIBRATION = 5  # out-of-fold steps of a runtime and device before its inte
 ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor bytes (its efficiency is its time)
 PREDICTOR = "kernels"
 TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by its ceilings
+# What each name means, for the plan's reasons.
+NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans for the step, each of a kind profiled "
+                    "on this machine",
+         TRANSFER_PREDICTOR: f"{TRANSFER_PREDICTOR}: the same from other machines' kernel rows, by their ceilings, "
+                             "with a wider interval"}
 
 KindKey = tuple[str, str, str]  # runtime, device, kernel kind
 RuntimeKey = tuple[str, str]  # runtime, device
