@@ -4,6 +4,7 @@ the forest in the plan."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -80,6 +81,7 @@ def target(name: str, scale: float) -> TargetCeilings:
     return TargetCeilings(name, frozenset(), 4, 4, cpu, None, 0, None)
 
 
+@functools.cache
 def cnn():
     loaded = load_job(CNN)
     source, workload = load_analysis(loaded)
@@ -137,6 +139,32 @@ def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fi
     training = replace(workload, task=type(workload.task)("training"))
     assert predictor.predict(training, target("box", 1.0), candidate, load_catalog()["onnxruntime"]) is None
     assert predictor.predict(workload, target("box", 1.0), candidate, load_catalog()["onnxruntime"]) is not None
+
+
+def noisy_launch(draw: random.Random, model: str) -> tuple[list[KernelRow], Reconciliation, tuple[Kernel, ...]]:
+    """One profiled launch of Conv and Relu kernels of random sizes (efficiencies 0.5 and 0.8), 0.2 ms dispatch per
+    kernel, and a step off that composition by a log-normal factor (SD 0.1)."""
+    kernels = tuple(replace(k, flops=k.flops * f, bytes=k.bytes * f)
+                    for k in (CONV, RELU) for f in [draw.uniform(0.2, 4) for _ in range(draw.randint(1, 4))])
+    times = [max(roofline_seconds(k, BOX, Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)))
+             / (0.5 if k.kind == "Conv" else 0.8) for k in kernels]
+    step = (sum(times) + 0.2 * MS * len(kernels)) * math.exp(draw.gauss(0, 0.1))
+    rows = [kernel_row(k, t, model) for k, t in zip(kernels, times)]
+    return rows, reconciliation(model, step, sum(times), len(kernels)), kernels
+
+
+def test_the_interval_holds_80_percent_of_new_steps() -> None:
+    draw = random.Random(1)
+    launches = [noisy_launch(draw, f"m{i}") for i in range(100)]
+    model = KernelModel.fit([r for rows, _, _ in launches for r in rows], [rec for _, rec, _ in launches],
+                            {("box", "cpu"): BOX})
+    inside = []
+    for i in range(300):
+        _, rec, kernels = noisy_launch(draw, f"new{i}")
+        p = predict_fixed(model, target("box", 1.0), kernels)
+        assert p is not None
+        inside.append(p.low_seconds <= rec.step_s <= p.high_seconds)
+    assert 0.7 <= sum(inside) / len(inside) <= 0.9  # 80%, give or take the deciles' error on 100 steps
 
 
 @pytest.mark.parametrize(("index", "change", "field"), [
@@ -203,7 +231,7 @@ def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings()
         assert predicted is not None
         truth = max(roofline_seconds(kernel, unseen, candidate)) / efficiency(kernel.flops)
         errors.append(abs(predicted[0][0] / truth - 1))
-    assert statistics.median(errors) < 0.05 and max(errors) < 0.25
+    assert statistics.median(errors) < 0.05 and max(errors) < 0.15
 
 
 def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed: KernelModel) -> None:
