@@ -131,7 +131,8 @@ def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fi
     pool = Kernel("MaxPool", "pooling", flops=1e5, bytes=1e6)
     assert predict_fixed(fixed, target("box", 1.0), (CONV, pool)) is None  # coverage: every kernel's kind
     assert predict_fixed(fixed, target("box", 1.0), ()) is None
-    one = KernelModel.fit(*(t[:2] for t in fixed_table()), {("box", "cpu"): BOX})  # one model: nothing out of fold
+    rows, recs = fixed_table()
+    one = KernelModel.fit(rows[:2], recs[:1], {("box", "cpu"): BOX})  # one model: nothing out of fold
     assert one.calibration == {} and predict_fixed(one, target("box", 1.0), (CONV,)) is None
     loaded, source, workload = cnn()
     candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
@@ -264,12 +265,12 @@ def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_
         rows += [kernel_row(k, t, model, machine="here", threads=0) for k, t in zip(kernels, times)]
         recs.append(reconciliation(model, sum(times) * (1.1 + 0.02 * i), sum(times), len(kernels), machine="here",
                                    threads=0))
-    model = KernelModel.fit(rows, recs, {("here", "cpu"): here})
+    fitted = KernelModel.fit(rows, recs, {("here", "cpu"): here})
     learned = LearnedPredictor.cached(training_set(tmp_path / "none.sqlite"))
-    predictor = FallbackPredictor((KernelPredictor(model, kernels_of=planned), learned, RooflinePredictor()))
+    predictor = FallbackPredictor((KernelPredictor(fitted, kernels_of=planned), learned, RooflinePredictor()))
     plan = make_plan(loaded, source, workload, predictor=predictor)
     document = plan.to_dict()
-    by_runtime = {}
+    by_runtime: dict[str, set[str]] = {}
     for candidate in document["candidates"]:
         by_runtime.setdefault(candidate["runtime"], set()).add(candidate["predictor"])
     assert by_runtime.pop("onnxruntime") == {PREDICTOR}
@@ -284,7 +285,7 @@ def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_
 
 def test_for_model_binds_the_graph_through_the_fallback(fixed: KernelModel) -> None:
     bound = for_model(FallbackPredictor((KernelPredictor(fixed), RooflinePredictor())), Path("model.onnx"))
-    assert isinstance(bound, FallbackPredictor)
+    assert isinstance(bound, FallbackPredictor) and isinstance(bound.predictors[0], KernelPredictor)
     assert bound.predictors[0].onnx_path == Path("model.onnx") and bound.predictors[1] == RooflinePredictor()
     loaded, _, workload = cnn()
     candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)

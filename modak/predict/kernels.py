@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import statistics
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -379,7 +380,7 @@ class KernelModel:
             "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
             "machine_kinds": [[*key, sorted(map(list, values))] for key, values in sorted(self.machine_kinds.items())],
         }
-        arrays = {}
+        arrays: dict[str, array] = {}
         for i, (_, model) in enumerate(kinds):
             arrays |= model.forest.arrays(f"kind{i}")
         write_atomic(path, encode_arrays(header, arrays))
@@ -420,7 +421,7 @@ class KernelPredictor:
             return self.kernels_of(workload, candidate, threads)
         if self.onnx_path is None:
             return ()
-        from modak.workload.kernels import planned_kernels  # type: ignore[import-not-found,unused-ignore]
+        from modak.workload.kernels import planned_kernels  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
         return cast(Sequence[Kernel], planned_kernels(candidate.runtime, self.onnx_path, workload.batch_size,
                                                       workload.input_shapes, candidate.precision.value, threads))
