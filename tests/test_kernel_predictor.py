@@ -175,6 +175,8 @@ def test_the_interval_holds_80_percent_of_new_steps() -> None:
     (0, lambda r: replace(r, kernel=replace(r.kernel, flops=float("nan"))), "kernel_rows[1].kernel.flops"),
     (3, lambda r: replace(r, machine="elsewhere"), "kernel_rows[4].machine"),
     (2, lambda r: replace(r, kernel=replace(r.kernel, attributes="{kernel_shape")), "kernel_rows[3].kernel.attributes"),
+    (1, lambda r: replace(r, params="[]"), "kernel_rows[2].params"),
+    (1, lambda r: replace(r, precision="fp64"), "kernel_rows[2].precision"),
 ])
 def test_a_damaged_kernel_row_is_refused_with_its_location(index, change, field) -> None:
     rows, recs = fixed_table()

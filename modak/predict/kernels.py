@@ -169,53 +169,62 @@ def _launch(row: KernelRow | Reconciliation) -> tuple:
 
 def check_rows(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
                machines: Mapping[tuple[str, str], MachineCeilings]) -> None:
-    """Refuse a damaged kernel table: an :class:`InputError` naming the row (``kernel_rows[i]``, from 1) and field."""
-
-    def bad(table: str, i: int, row: KernelRow | Reconciliation, field: str, what: str) -> InputError:
-        return InputError(f"{what} ({row.machine}, {row.runtime}, {row.model})", field=f"{table}[{i}].{field}")
-
-    for i, row in enumerate(rows, 1):
-        kernel = row.kernel
-        if not kernel.kind.strip():
-            raise bad("kernel_rows", i, row, "kernel.kind", "no kernel kind")
-        if kernel.op not in OP_CLASSES:
-            raise bad("kernel_rows", i, row, "kernel.op", f"unknown op class '{kernel.op}' of kind '{kernel.kind}' "
-                                                          f"(known: {', '.join(OP_CLASSES)})")
-        if not math.isfinite(row.seconds) or row.seconds <= 0:
-            raise bad("kernel_rows", i, row, "seconds", f"{row.seconds!r} is not a positive time")
-        if row.calls < 1:
-            raise bad("kernel_rows", i, row, "calls", f"{row.calls} calls")
-        for field, value in (("kernel.flops", kernel.flops), ("kernel.bytes", kernel.bytes)):
-            if not math.isfinite(value) or value < 0:
-                raise bad("kernel_rows", i, row, field, f"{value!r} is not a count")
-        try:
-            attribute_values(kernel.attributes)
-        except json.JSONDecodeError as exc:
-            raise bad("kernel_rows", i, row, "kernel.attributes", f"not JSON: {exc}") from None
-        _check_common("kernel_rows", i, row, machines, bad)
-    for i, rec in enumerate(reconciliations, 1):
-        for field, value in (("step_s", rec.step_s), ("kernel_s", rec.kernel_s)):
-            if not math.isfinite(value) or value < 0 or (field == "step_s" and value == 0):
-                raise bad("reconciliations", i, rec, field, f"{value!r} is not a positive time")
-        if rec.kernels < 1:
-            raise bad("reconciliations", i, rec, "kernels", f"{rec.kernels} kernels")
-        _check_common("reconciliations", i, rec, machines, bad)
+    """Refuse a damaged kernel table: an :class:`InputError` naming the row (``kernel_rows[i]`` or
+    ``reconciliations[i]``, counted from 1) and its field."""
+    tables: tuple[tuple[str, Sequence[KernelRow | Reconciliation]], ...] = (
+        ("kernel_rows", rows), ("reconciliations", reconciliations))
+    for table, items in tables:
+        for i, row in enumerate(items, 1):
+            problem = (_kernel_row_problem(row) if isinstance(row, KernelRow) else _reconciliation_problem(row)) \
+                or _launch_problem(row, machines)
+            if problem is not None:
+                field, what = problem
+                raise InputError(f"{what} ({row.machine}, {row.runtime}, {row.model})", field=f"{table}[{i}].{field}")
 
 
-def _check_common(table: str, i: int, row: KernelRow | Reconciliation,
-                  machines: Mapping[tuple[str, str], MachineCeilings],
-                  bad: Callable[[str, int, KernelRow | Reconciliation, str, str], InputError]) -> None:
-    if row.precision not in {p.value for p in Precision}:
-        raise bad(table, i, row, "precision", f"unknown precision '{row.precision}'")
-    if row.threads < 0:
-        raise bad(table, i, row, "threads", f"{row.threads} threads")
-    if (row.machine, row.device) not in machines:
-        raise bad(table, i, row, "machine", f"no measured ceilings of machine '{row.machine}' ({row.device}): "
-                                            "no whole-model row of it")
+def _kernel_row_problem(row: KernelRow) -> tuple[str, str] | None:
+    kernel = row.kernel
+    if not kernel.kind.strip():
+        return "kernel.kind", "no kernel kind"
+    if kernel.op not in OP_CLASSES:
+        return "kernel.op", f"unknown op class '{kernel.op}' of kind '{kernel.kind}' (known: {', '.join(OP_CLASSES)})"
+    if not math.isfinite(row.seconds) or row.seconds <= 0:
+        return "seconds", f"{row.seconds!r} is not a positive time"
+    if row.calls < 1:
+        return "calls", f"{row.calls} calls"
+    for field, value in (("kernel.flops", kernel.flops), ("kernel.bytes", kernel.bytes)):
+        if not math.isfinite(value) or value < 0:
+            return field, f"{value!r} is not a count"
     try:
-        json.loads(row.params)
+        attribute_values(kernel.attributes)
     except json.JSONDecodeError as exc:
-        raise bad(table, i, row, "params", f"not JSON: {exc}") from None
+        return "kernel.attributes", f"not JSON: {exc}"
+    return None
+
+
+def _reconciliation_problem(rec: Reconciliation) -> tuple[str, str] | None:
+    if not math.isfinite(rec.step_s) or rec.step_s <= 0:
+        return "step_s", f"{rec.step_s!r} is not a positive time"
+    if not math.isfinite(rec.kernel_s) or rec.kernel_s < 0:
+        return "kernel_s", f"{rec.kernel_s!r} is not a time"
+    if rec.kernels < 1:
+        return "kernels", f"{rec.kernels} kernels"
+    return None
+
+
+def _launch_problem(row: KernelRow | Reconciliation,
+                    machines: Mapping[tuple[str, str], MachineCeilings]) -> tuple[str, str] | None:
+    if row.precision not in {p.value for p in Precision}:
+        return "precision", f"unknown precision '{row.precision}'"
+    if row.threads < 0:
+        return "threads", f"{row.threads} threads"
+    if (row.machine, row.device) not in machines:
+        return "machine", f"no measured ceilings of machine '{row.machine}' ({row.device}): no whole-model row of it"
+    try:
+        params = json.loads(row.params)
+    except json.JSONDecodeError as exc:
+        return "params", f"not JSON: {exc}"
+    return None if isinstance(params, dict) else ("params", "not a JSON object of parameters")
 
 
 def fit_kinds(rows: Sequence[KernelRow], machines: Mapping[tuple[str, str], MachineCeilings],
