@@ -113,6 +113,11 @@ def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> N
     assert (p.low_seconds, p.high_seconds) == pytest.approx((14.5 * MS * math.exp(q10), 14.5 * MS * math.exp(q90)))
     assert (p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")) == pytest.approx((12 * MS, MS, 1.5 * MS))
     assert p.bound == "compute" and p.term("kernels") == 5 and p.term("new_machine_spread") == 0.0
+    # The same from the model alone (what an evaluation composes from a launch's kernels, without a workload).
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+    composed = fixed.compose((CONV, CONV, RELU, CONV, RELU), BOX, candidate)
+    assert composed is not None and (composed.step_s, composed.low_s, composed.high_s) == pytest.approx(
+        (p.step_seconds, p.low_seconds, p.high_seconds))
 
 
 def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: KernelModel) -> None:

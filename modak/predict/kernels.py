@@ -8,7 +8,7 @@ to the ceilings, so it transfers to a machine with other ceilings.
 
 A step is the sum over the kernels the runtime plans for it (:func:`modak.workload.kernels.planned_kernels`), plus a
 dispatch time per kernel (per runtime and device: the median over the profiled launches' reconciliations of
-(unprofiled step - kernel sum) / kernels, at least 0), times the median calibration residual. The interval is the
+(unprofiled step - kernel sum) / kernels, at least 0), times exp(the median calibration residual). The interval is the
 10th to 90th percentile of the out-of-fold residuals log(measured step / composed step) of the reconciled steps
 (kernel models fit without the step's model). On a machine without kernel rows the predictor transfers by ceilings:
 its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
@@ -410,6 +410,45 @@ class KernelModel:
         return (machine.signature in self.signatures.get(key, frozenset())
                 or machine.kind is not None and machine.kind in self.machine_kinds.get(key, frozenset()))
 
+    def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate) -> Composition | None:
+        """The step of ``kernels`` (one call each) for ``candidate`` on ``machine``; None where the candidate's
+        runtime and device are not calibrated or a kernel's kind has no model (or there are no kernels)."""
+        key = (candidate.runtime, candidate.device)
+        calibration = self.calibration.get(key)
+        times = kernel_seconds(self.kinds, *key, kernels, machine, candidate) if kernels and calibration else None
+        if times is None or calibration is None:
+            return None
+        dispatch_s = len(kernels) * self.dispatch[key]
+        compute_s = sum(t for t, compute in times if compute)
+        memory_s = sum(t for t, compute in times if not compute)
+        low_q, mid_q, high_q = calibration
+        known = self.knows(key, machine)
+        widen = 0.0 if known else (_Z80 * NEW_MACHINE_SPREAD) ** 2
+        step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
+        return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
+                           step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
+                           dispatch_s, len(kernels), math.exp(mid_q), known)
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A step composed from its kernels: the calibrated step and interval, and the sums behind them (kernel seconds
+    of compute- and memory-bound kernels, dispatch), before the calibration's factor."""
+
+    step_s: float
+    low_s: float
+    high_s: float
+    compute_s: float
+    memory_s: float
+    dispatch_s: float
+    kernels: int
+    calibration: float  # exp(median out-of-fold residual): what multiplies the sums
+    known_machine: bool  # False: transferred by ceilings, the interval widened
+
+    @property
+    def predictor(self) -> str:
+        return PREDICTOR if self.known_machine else TRANSFER_PREDICTOR
+
 
 @dataclass(frozen=True)
 class KernelPredictor:
@@ -437,31 +476,17 @@ class KernelPredictor:
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None:
-        key = (candidate.runtime, candidate.device)
-        calibration = self.model.calibration.get(key)
-        if workload.task is not Task.inference or calibration is None:
+        if workload.task is not Task.inference or (candidate.runtime, candidate.device) not in self.model.calibration:
             return None
         kernels = self.planned(workload, candidate, candidate.threads or ceilings.cores)
-        machine = MachineCeilings.of_target(ceilings, candidate.device)
-        times = kernel_seconds(self.model.kinds, *key, kernels, machine, candidate) if kernels else None
-        if times is None:
+        c = self.model.compose(kernels, MachineCeilings.of_target(ceilings, candidate.device), candidate)
+        if c is None:
             return None
-        dispatch_s = len(kernels) * self.model.dispatch[key]
-        compute_s = sum(t for t, compute in times if compute)
-        memory_s = sum(t for t, compute in times if not compute)
-        composed = compute_s + memory_s + dispatch_s
-        low_q, mid_q, high_q = calibration
-        known = self.model.knows(key, machine)
-        widen = 0.0 if known else (_Z80 * NEW_MACHINE_SPREAD) ** 2
-        step = composed * math.exp(mid_q)
-        low = step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen))
-        high = step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen))
         physics = RooflinePredictor().predict(workload, ceilings, candidate, recipe)
         own = {"compute_s", "memory_s", "overhead_s"}
-        terms = (("compute_s", compute_s), ("memory_s", memory_s), ("overhead_s", dispatch_s),
-                 *(t for t in physics.terms if t[0] not in own),
-                 ("kernels", float(len(kernels))), ("dispatch_per_kernel_s", self.model.dispatch[key]),
-                 ("calibration", math.exp(mid_q)), ("new_machine_spread", 0.0 if known else NEW_MACHINE_SPREAD))
-        bound = max((("compute", compute_s), ("memory", memory_s), ("overhead", dispatch_s)), key=lambda t: t[1])[0]
-        return Prediction(step, low, high, physics.compile_seconds, terms, bound,
-                          PREDICTOR if known else TRANSFER_PREDICTOR)
+        terms = (("compute_s", c.compute_s), ("memory_s", c.memory_s), ("overhead_s", c.dispatch_s),
+                 *(t for t in physics.terms if t[0] not in own), ("kernels", float(c.kernels)),
+                 ("calibration", c.calibration), ("new_machine_spread", 0.0 if c.known_machine else NEW_MACHINE_SPREAD))
+        bound = max((("compute", c.compute_s), ("memory", c.memory_s), ("overhead", c.dispatch_s)),
+                    key=lambda t: t[1])[0]
+        return Prediction(c.step_s, c.low_s, c.high_s, physics.compile_seconds, terms, bound, c.predictor)
