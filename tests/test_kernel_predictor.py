@@ -299,3 +299,11 @@ def test_for_model_binds_the_graph_through_the_fallback(fixed: KernelModel) -> N
     # Without a graph, no planned kernels: no answer, the next predictor's.
     assert KernelPredictor(fixed).predict(workload, target("box", 1.0), candidate,
                                           load_catalog()["onnxruntime"]) is None
+
+
+def test_the_default_predictor_asks_the_kernel_model_first_when_given_kernel_data(tmp_path: Path) -> None:
+    from modak.predict.default import default_predictor
+
+    given = default_predictor(tmp_path / "none.sqlite", KernelData.of(*fixed_table(), {("box", "cpu"): BOX}))
+    assert given.name == f"{PREDICTOR}+learned+roofline"
+    assert default_predictor(tmp_path / "none.sqlite").name == "learned+roofline"
