@@ -16,8 +16,9 @@ from modak.errors import InputError
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.image.deployment import Deployment
 from modak.measurements.store import Measurement, TunedChoice, as_json
-from modak.predict.base import Prediction, Predictor, paired_ratio_p90, predict_many
+from modak.predict.base import Prediction, Predictor, for_model, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
+from modak.predict.kernels import NOTES as KERNEL_NOTES
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.spec.resolve import module_code
@@ -247,7 +248,7 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     that ``modak bench`` can measure it again, but is never chosen."""
     job = loaded.job
     catalog = catalog or load_catalog()
-    predictor = predictor or default_predictor()
+    predictor = for_model(predictor or default_predictor(), source.onnx_path)
     ceilings = target_ceilings(loaded.target, loaded.target_doc)
     if job.device is Device.gpu and ceilings.gpu is None:
         raise loaded.job_doc.error(("device",), f"the job needs a GPU but target '{loaded.target.name}' has none")
@@ -573,7 +574,8 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
         reasons.append("predictors: " + "; ".join(f"{name} for {', '.join(sorted(runtimes))}"
                                                   for name, runtimes in sorted(used.items()))
                        + (" (roofline where measured data does not cover the runtime at that precision on this "
-                          "device class)" if "roofline" in used else ""))
+                          "device class)" if "roofline" in used else "")
+                       + "".join(f" ({KERNEL_NOTES[name]})" for name in sorted(used) if name in KERNEL_NOTES))
     if pruned:
         reasons.append(f"{len(pruned)} runtime(s)/candidate(s) left out: "
                        + "; ".join(f"{x.runtime} ({x.reason})" for x in pruned[:6])

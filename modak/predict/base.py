@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from modak.candidates.catalog import Recipe
@@ -61,6 +62,14 @@ class Predictor(Protocol):
                 recipe: Recipe) -> Prediction | None: ...
 
 
+def for_model(predictor: Predictor, onnx_path: Path | None) -> Predictor:
+    """``predictor`` for one model graph: a predictor that reads the graph itself (the kernel predictor asks the
+    runtimes which kernels it becomes) is bound to ``onnx_path`` (None: the job has no ONNX file); others are
+    returned as they are."""
+    bind = getattr(predictor, "for_model", None)
+    return bind(onnx_path) if bind is not None else predictor
+
+
 def predict_many(predictor: Predictor, workload: WorkloadProfile, ceilings: TargetCeilings,
                  requests: list[PredictionRequest]) -> list[Prediction | None]:
     """Predictions for many candidates, in one call where the predictor can batch them."""
@@ -79,6 +88,9 @@ class FallbackPredictor:
     @property
     def name(self) -> str:
         return "+".join(p.name for p in self.predictors)
+
+    def for_model(self, onnx_path: Path | None) -> FallbackPredictor:
+        return FallbackPredictor(tuple(for_model(p, onnx_path) for p in self.predictors))
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None:

@@ -1,21 +1,30 @@
-"""The predictor `modak plan` uses: the learned model where measured data covers the candidate's runtime
-and device class, the roofline predictor (wide interval) elsewhere."""
+"""The predictor `modak plan` uses: the kernel model where the runtime's planned kernels are all covered, the
+learned model where measured data covers the candidate's runtime and device class, the roofline predictor (wide
+interval) elsewhere. Each prediction's ``predictor`` names the one that answered."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from modak.predict.base import FallbackPredictor, Predictor
 from modak.predict.roofline import RooflinePredictor
 
+if TYPE_CHECKING:
+    from modak.predict.kernels import KernelData
 
-def default_predictor(store: Path | None = None) -> Predictor:
-    """Learned model fit on ``perfmodels/*.csv`` and the local store (cached by that data), then roofline fallback."""
+
+def default_predictor(store: Path | None = None, kernels: KernelData | None = None) -> Predictor:
+    """The kernel model fit on ``kernels`` (when given; bound to a job's graph by
+    :func:`modak.predict.base.for_model`), then the learned model fit on ``perfmodels/*.csv`` and the local store
+    (cached by that data), then the roofline."""
+    from modak.predict.kernels import KernelModel, KernelPredictor
     from modak.predict.learned import LearnedPredictor, NoTrainingRows
     from modak.predict.training import training_set
 
+    first: tuple[Predictor, ...] = () if kernels is None else (KernelPredictor(KernelModel.cached(kernels)),)
     try:
         learned = LearnedPredictor.cached(training_set(store))
     except NoTrainingRows:
-        return RooflinePredictor()
-    return FallbackPredictor((learned, RooflinePredictor()))
+        return FallbackPredictor((*first, RooflinePredictor())) if first else RooflinePredictor()
+    return FallbackPredictor((*first, learned, RooflinePredictor()))

@@ -15,7 +15,7 @@ from modak.errors import ModakError
 from modak.hardware.ceilings import Ceilings
 from modak.measurements.store import Measurement
 from modak.plan import Plan
-from modak.predict.base import Predictor, predict_many
+from modak.predict.base import Predictor, for_model, predict_many
 from modak.workload.analysis import WorkloadProfile, analyze
 
 MAX_BATCHES = 10  # trajectory points per thread count
@@ -231,6 +231,7 @@ def trajectory(plan: Plan, predictor: Predictor, optimizer: str = "sgd_momentum"
 
     start = time.perf_counter()
     chosen, source = plan.choice.candidate, plan.source
+    predictor = for_model(predictor, source.onnx_path)  # as the plan's: for this model's graph
     recipe = plan.recipe()
     job = plan.loaded.job
     points: list[TrajectoryPoint] = []

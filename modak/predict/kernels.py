@@ -1,0 +1,492 @@
+"""The operator-level performance model (#40): a step composed from the kernels its runtime runs.
+
+A kernel's time is its roofline on the machine's measured ceilings, at the candidate's threads and precision
+(compute: FLOPs / the peak share of its threads; memory: bytes / the bandwidth share; the larger of the two),
+divided by an efficiency learned per (runtime, device, kernel kind): a small random forest predicts log(roofline
+time / measured time) from the kernel's size relative to the machine (:func:`features`). The efficiency is relative
+to the ceilings, so it transfers to a machine with other ceilings.
+
+A step is the sum over the kernels the runtime plans for it (:func:`modak.workload.kernels.planned_kernels`), plus a
+dispatch time per kernel (per runtime and device: the median over the profiled launches' reconciliations of
+(unprofiled step - kernel sum) / kernels, at least 0), times exp(the median calibration residual). The interval is the
+10th to 90th percentile of the out-of-fold residuals log(measured step / composed step) of the reconciled steps
+(kernel models fit without the step's model). On a machine without kernel rows the predictor transfers by ceilings:
+its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
+
+Coverage: it answers only where every planned kernel's kind has a model for the runtime and device (no time is
+invented for a kernel no profile has shown), the runtime and device's steps are calibrated (at least
+:data:`MIN_CALIBRATION` residuals), and the task is inference (the planned kernels are the forward graph's).
+Elsewhere it returns None, and the next predictor answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import cast
+
+from modak.candidates.candidate import DeviceKind
+from modak.candidates.catalog import Recipe
+from modak.candidates.enumerate import Candidate
+from modak.errors import InputError
+from modak.hardware.ceilings import TargetCeilings
+from modak.image.kernels import OP_CLASSES, Kernel
+from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.store import Measurement
+from modak.paths import cache_dir, write_atomic
+from modak.predict import forest, roofline
+from modak.predict.base import Prediction
+from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
+from modak.predict.learned import _Z80, KEEP_FITS, NEW_MACHINE_SPREAD, machine_kind, machine_signature
+from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares
+from modak.spec.models import Precision, Task
+from modak.workload.analysis import WorkloadProfile
+
+KERNEL_TREES = 30  # trees per kind's forest
+FOLDS = 5  # calibration folds, by model
+MIN_CALIBRATION = 5  # out-of-fold steps of a runtime and device before its interval is trusted
+ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor bytes (its efficiency is its time)
+PREDICTOR = "kernels"
+TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by its ceilings
+# What each name means, for the plan's reasons.
+NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans for the step, each of a kind profiled "
+                    "on this machine",
+         TRANSFER_PREDICTOR: f"{TRANSFER_PREDICTOR}: the same from other machines' kernel rows, by their ceilings, "
+                             "with a wider interval"}
+
+KindKey = tuple[str, str, str]  # runtime, device, kernel kind
+RuntimeKey = tuple[str, str]  # runtime, device
+# The kernels a runtime plans for a workload, given the candidate and its threads (the seam tests fill by hand).
+KernelsOf = Callable[[WorkloadProfile, Candidate, int], Sequence[Kernel]]
+
+
+@dataclass(frozen=True)
+class MachineCeilings:
+    """What the kernel model needs of a machine (a CPU node's share or one GPU): its cores and measured ceilings,
+    read as the learned model reads a row (bf16 and fp16 at the bf16 peak where measured, others at fp32)."""
+
+    device: str
+    name: str | None  # the CPU microarchitecture or GPU model, where it says what kind of machine it is
+    cores: int
+    fp32_gflops: float
+    bf16_gflops: float | None
+    bandwidth_gbs: float
+
+    def peak_gflops(self, precision: Precision) -> float:
+        if precision in (Precision.bf16, Precision.fp16) and self.bf16_gflops:
+            return self.bf16_gflops
+        return self.fp32_gflops
+
+    @property
+    def signature(self) -> tuple:
+        return machine_signature(self.device, self.cores, self.fp32_gflops, self.bandwidth_gbs)
+
+    @property
+    def kind(self) -> tuple | None:
+        return machine_kind(self.device, self.name, self.cores)
+
+    @classmethod
+    def of_measurement(cls, row: Measurement) -> MachineCeilings:
+        return cls(row.device, row.gpu if row.device == "gpu" else row.microarchitecture, row.cores,
+                   row.peak_fp32_gflops, row.peak_bf16_gflops, row.bandwidth_gbs)
+
+    @classmethod
+    def of_target(cls, ceilings: TargetCeilings, device: str) -> MachineCeilings:
+        """The ceilings of a target's CPU or GPU (no kind where they are the catalog's, as the learned model)."""
+        own = ceilings.gpu if device == "gpu" and ceilings.gpu else ceilings.cpu
+        return cls(device, own.name if own.measured else None, ceilings.cores, own.peak_gflops[Precision.fp32],
+                   own.peak_gflops.get(Precision.bf16), own.bandwidth_gbs)
+
+
+def machines_of(rows: Iterable[Measurement]) -> dict[tuple[str, str], MachineCeilings]:
+    """Each (machine, device)'s ceilings, from the whole-model rows (a kernel row names its machine only)."""
+    return {(row.machine, row.device): MachineCeilings.of_measurement(row) for row in rows}
+
+
+def row_candidate(row: KernelRow | Reconciliation) -> Candidate:
+    """The candidate a kernel row or reconciliation was profiled with."""
+    return Candidate(row.runtime, cast(DeviceKind, row.device), Precision(row.precision),
+                     tuple(json.loads(row.params).items()), row.threads or None)
+
+
+def roofline_seconds(kernel: Kernel, machine: MachineCeilings, candidate: Candidate) -> tuple[float, float]:
+    """(compute, memory) seconds of one call of ``kernel`` on ``machine`` at the candidate's threads and precision."""
+    compute_share, bandwidth_share = thread_shares(candidate, machine.cores)
+    return op_seconds(kernel.flops, kernel.bytes, candidate.precision,
+                      machine.peak_gflops(candidate.precision) * 1e9 * compute_share,
+                      machine.bandwidth_gbs * 1e9 * bandwidth_share)
+
+
+def attribute_values(attributes: str) -> dict[str, float]:
+    """A kernel's numeric attributes (a number, or a list of numbers: the magnitude of their product), as log1p."""
+    data = json.loads(attributes)
+    values: dict[str, float] = {}
+    for key, value in (data.items() if isinstance(data, dict) else ()):
+        numbers = value if isinstance(value, list) else [value]
+        if numbers and all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
+            values[key] = math.log1p(abs(math.prod(numbers)))
+    return values
+
+
+def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
+             attribute_keys: Sequence[str]) -> tuple[list[float], float, bool]:
+    """The efficiency model's columns for ``kernel``, its roofline seconds and whether it is compute-bound.
+
+    Columns: log FLOPs, log bytes, log intensity, log(compute / memory seconds) (where the kernel sits against the
+    machine's ridge point), the threads' share of the cores, one-hot precision, log elements of the first input,
+    then the kind's numeric attributes (``attribute_keys``)."""
+    compute_s, memory_s = roofline_seconds(kernel, machine, candidate)
+    attributes = attribute_values(kernel.attributes)
+    elements = math.prod(kernel.shapes[0]) if kernel.shapes else 0
+    columns = [math.log1p(kernel.flops), math.log1p(kernel.bytes), math.log((kernel.flops + 1) / (kernel.bytes + 1)),
+               math.log(max(compute_s, ROOFLINE_FLOOR_S) / max(memory_s, ROOFLINE_FLOOR_S)),
+               candidate.threads / machine.cores if candidate.threads else 1.0,
+               *(float(candidate.precision is p) for p in Precision), math.log1p(elements),
+               *(attributes.get(key, 0.0) for key in attribute_keys)]
+    return columns, max(compute_s, memory_s, ROOFLINE_FLOOR_S), compute_s >= memory_s
+
+
+@dataclass(frozen=True)
+class KindModel:
+    """The efficiency forest of one (runtime, device, kernel kind) and the attributes it has columns for."""
+
+    attribute_keys: tuple[str, ...]
+    forest: TreeEnsemble
+    rows: int
+
+
+def _launch(row: KernelRow | Reconciliation) -> tuple:
+    """What ties kernel rows to their profiled launch's reconciliation."""
+    return (row.machine, row.runtime, row.device, row.threads, row.precision, row.params, row.model, row.batch_size,
+            row.session)
+
+
+def check_rows(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
+               machines: Mapping[tuple[str, str], MachineCeilings]) -> None:
+    """Refuse a damaged kernel table: an :class:`InputError` naming the row (``kernel_rows[i]`` or
+    ``reconciliations[i]``, counted from 1) and its field."""
+    tables: tuple[tuple[str, Sequence[KernelRow | Reconciliation]], ...] = (
+        ("kernel_rows", rows), ("reconciliations", reconciliations))
+    for table, items in tables:
+        for i, row in enumerate(items, 1):
+            problem = (_kernel_row_problem(row) if isinstance(row, KernelRow) else _reconciliation_problem(row)) \
+                or _launch_problem(row, machines)
+            if problem is not None:
+                field, what = problem
+                raise InputError(f"{what} ({row.machine}, {row.runtime}, {row.model})", field=f"{table}[{i}].{field}")
+
+
+def _kernel_row_problem(row: KernelRow) -> tuple[str, str] | None:
+    kernel = row.kernel
+    if not kernel.kind.strip():
+        return "kernel.kind", "no kernel kind"
+    if kernel.op not in OP_CLASSES:
+        return "kernel.op", f"unknown op class '{kernel.op}' of kind '{kernel.kind}' (known: {', '.join(OP_CLASSES)})"
+    if not math.isfinite(row.seconds) or row.seconds <= 0:
+        return "seconds", f"{row.seconds!r} is not a positive time"
+    if row.calls < 1:
+        return "calls", f"{row.calls} calls"
+    for field, value in (("kernel.flops", kernel.flops), ("kernel.bytes", kernel.bytes)):
+        if not math.isfinite(value) or value < 0:
+            return field, f"{value!r} is not a count"
+    try:
+        attribute_values(kernel.attributes)
+    except json.JSONDecodeError as exc:
+        return "kernel.attributes", f"not JSON: {exc}"
+    return None
+
+
+def _reconciliation_problem(rec: Reconciliation) -> tuple[str, str] | None:
+    if not math.isfinite(rec.step_s) or rec.step_s <= 0:
+        return "step_s", f"{rec.step_s!r} is not a positive time"
+    if not math.isfinite(rec.kernel_s) or rec.kernel_s < 0:
+        return "kernel_s", f"{rec.kernel_s!r} is not a time"
+    if rec.kernels < 1:
+        return "kernels", f"{rec.kernels} kernels"
+    return None
+
+
+def _launch_problem(row: KernelRow | Reconciliation,
+                    machines: Mapping[tuple[str, str], MachineCeilings]) -> tuple[str, str] | None:
+    if row.precision not in {p.value for p in Precision}:
+        return "precision", f"unknown precision '{row.precision}'"
+    if row.threads < 0:
+        return "threads", f"{row.threads} threads"
+    if (row.machine, row.device) not in machines:
+        return "machine", f"no measured ceilings of machine '{row.machine}' ({row.device}): no whole-model row of it"
+    try:
+        params = json.loads(row.params)
+    except json.JSONDecodeError as exc:
+        return "params", f"not JSON: {exc}"
+    return None if isinstance(params, dict) else ("params", "not a JSON object of parameters")
+
+
+def fit_kinds(rows: Sequence[KernelRow], machines: Mapping[tuple[str, str], MachineCeilings],
+              seed: int = 0) -> dict[KindKey, KindModel]:
+    """One efficiency forest per (runtime, device, kernel kind) of ``rows``: log(roofline / measured per call)."""
+    import numpy as np
+    from sklearn.ensemble import RandomForestRegressor
+
+    by_kind: dict[KindKey, list[KernelRow]] = {}
+    for row in rows:
+        by_kind.setdefault((row.runtime, row.device, row.kernel.kind), []).append(row)
+    models = {}
+    for key, group in sorted(by_kind.items()):
+        keys = tuple(sorted({k for r in group for k in attribute_values(r.kernel.attributes)}))
+        X, y = [], []
+        for row in group:
+            columns, bound_s, _ = features(row.kernel, machines[(row.machine, row.device)], row_candidate(row), keys)
+            X.append(columns)
+            y.append(math.log(bound_s / (row.seconds / row.calls)))
+        fitted = RandomForestRegressor(n_estimators=KERNEL_TREES, min_samples_leaf=2, random_state=seed)
+        fitted.fit(np.array(X), np.array(y))
+        models[key] = KindModel(keys, TreeEnsemble.from_sklearn(fitted), len(group))
+    return models
+
+
+def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str, kernels: Sequence[Kernel],
+                   machine: MachineCeilings, candidate: Candidate) -> list[tuple[float, bool]] | None:
+    """Each kernel's predicted seconds per call and whether it is compute-bound; None where a kind has no model."""
+    if any((runtime, device, k.kind) not in kinds for k in kernels):
+        return None
+    results: list[tuple[float, bool]] = [(0.0, False)] * len(kernels)
+    by_kind: dict[str, list[int]] = {}
+    for i, kernel in enumerate(kernels):
+        by_kind.setdefault(kernel.kind, []).append(i)
+    for kind, indices in by_kind.items():
+        model = kinds[(runtime, device, kind)]
+        examples = [features(kernels[i], machine, candidate, model.attribute_keys) for i in indices]
+        for i, (_, bound_s, compute), efficiency in zip(indices, examples,
+                                                         model.forest.predict([e[0] for e in examples])):
+            results[i] = (bound_s / math.exp(efficiency), compute)
+    return results
+
+
+def dispatch_seconds(reconciliations: Iterable[Reconciliation]) -> dict[RuntimeKey, float]:
+    """Per (runtime, device): the median over profiled launches of (step - kernel sum) / kernels, at least 0 (where
+    profiling inflates the kernels past the step, the calibration takes up the difference)."""
+    remainders: dict[RuntimeKey, list[float]] = {}
+    for rec in reconciliations:
+        remainders.setdefault((rec.runtime, rec.device), []).append((rec.step_s - rec.kernel_s) / rec.kernels)
+    return {key: max(0.0, statistics.median(values)) for key, values in remainders.items()}
+
+
+def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
+              machines: Mapping[tuple[str, str], MachineCeilings], dispatch: Mapping[RuntimeKey, float],
+              seed: int = 0) -> dict[RuntimeKey, tuple[float, float, float]]:
+    """Per (runtime, device) with at least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of
+    log(measured step / composed step) over the reconciled steps, each composed from kernel models fit without its
+    model's rows (models in :data:`FOLDS` folds; a step whose kinds the other folds do not cover is left out)."""
+    models = sorted({rec.model for rec in reconciliations})
+    folds = min(FOLDS, len(models))
+    if folds < 2:
+        return {}
+    by_launch: dict[tuple, list[KernelRow]] = {}
+    for row in rows:
+        by_launch.setdefault(_launch(row), []).append(row)
+    residuals: dict[RuntimeKey, list[float]] = {}
+    for fold in range(folds):
+        held = set(models[fold::folds])
+        kinds = fit_kinds([r for r in rows if r.model not in held], machines, seed)
+        for rec in reconciliations:
+            own = by_launch.get(_launch(rec), [])
+            if rec.model not in held or not own:
+                continue
+            times = kernel_seconds(kinds, rec.runtime, rec.device, [r.kernel for r in own],
+                                   machines[(rec.machine, rec.device)], row_candidate(rec))
+            if times is None:
+                continue
+            composed = (sum(t * r.calls for (t, _), r in zip(times, own))
+                        + rec.kernels * dispatch[(rec.runtime, rec.device)])
+            residuals.setdefault((rec.runtime, rec.device), []).append(math.log(rec.step_s / composed))
+    quantiles = {}
+    for key, values in residuals.items():
+        if len(values) >= MIN_CALIBRATION:
+            deciles = statistics.quantiles(values, n=10, method="inclusive")
+            quantiles[key] = (deciles[0], statistics.median(values), deciles[-1])
+    return quantiles
+
+
+@dataclass(frozen=True)
+class KernelData:
+    """Kernel rows, reconciliations and the machines' ceilings to fit on, named by a ``key`` that changes whenever
+    they do (as :class:`modak.predict.learned.TrainingData`): a cached fit is found by the key alone."""
+
+    key: str
+    load: Callable[[], tuple[Sequence[KernelRow], Sequence[Reconciliation],
+                             Mapping[tuple[str, str], MachineCeilings]]]
+
+    @classmethod
+    def of(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
+           machines: Mapping[tuple[str, str], MachineCeilings]) -> KernelData:
+        """Data in memory, keyed by their values."""
+        digest = hashlib.sha256()
+        for item in (*rows, *reconciliations, *sorted(machines.items())):
+            digest.update(repr(item).encode())
+        return cls(digest.hexdigest(), lambda: (rows, reconciliations, machines))
+
+
+@dataclass(frozen=True, eq=False)
+class KernelModel:
+    """The fitted kernel model: efficiency forests per kind, dispatch and calibration per (runtime, device), and the
+    machines (signatures and kinds) with kernel rows per (runtime, device)."""
+
+    kinds: Mapping[KindKey, KindModel]
+    dispatch: Mapping[RuntimeKey, float]
+    calibration: Mapping[RuntimeKey, tuple[float, float, float]]
+    signatures: Mapping[RuntimeKey, frozenset[tuple]]
+    machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
+
+    @classmethod
+    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
+            machines: Mapping[tuple[str, str], MachineCeilings], seed: int = 0) -> KernelModel:
+        """Fit on ``rows`` and ``reconciliations`` measured on ``machines``; a damaged table is an InputError."""
+        check_rows(rows, reconciliations, machines)
+        dispatch = dispatch_seconds(reconciliations)
+        signatures: dict[RuntimeKey, set[tuple]] = {}
+        kinds: dict[RuntimeKey, set[tuple]] = {}
+        for row in rows:
+            machine = machines[(row.machine, row.device)]
+            signatures.setdefault((row.runtime, row.device), set()).add(machine.signature)
+            if machine.kind is not None:
+                kinds.setdefault((row.runtime, row.device), set()).add(machine.kind)
+        calibration = calibrate(rows, reconciliations, machines, dispatch, seed)
+        return cls(fit_kinds(rows, machines, seed), dispatch, calibration,
+                   {k: frozenset(v) for k, v in signatures.items()}, {k: frozenset(v) for k, v in kinds.items()})
+
+    @classmethod
+    def cached(cls, data: KernelData, folder: Path | None = None) -> KernelModel:
+        """:meth:`fit` on ``data``, or the saved fit of the same data key and model code from ``folder`` (default:
+        modak's cache); a missing or unreadable file fits and rewrites it."""
+        folder = folder if folder is not None else cache_dir() / "kernels"
+        digest = hashlib.sha256(data.key.encode())
+        for source in (__file__, forest.__file__, roofline.__file__):
+            digest.update(Path(source).read_bytes())
+        path = folder / f"{digest.hexdigest()[:32]}.forest"
+        try:
+            return cls.load(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        model = cls.fit(*data.load())
+        model.save(path)
+        for old in sorted(folder.glob("*.forest"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
+            old.unlink(missing_ok=True)
+        return model
+
+    def save(self, path: Path) -> None:
+        """Write the model (plain arrays and a JSON header, :mod:`modak.predict.forest`), atomically."""
+        kinds = sorted(self.kinds.items())
+        header = {
+            "kinds": [[*key, list(model.attribute_keys), model.rows] for key, model in kinds],
+            "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
+            "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
+            "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
+            "machine_kinds": [[*key, sorted(map(list, values))] for key, values in sorted(self.machine_kinds.items())],
+        }
+        arrays: dict[str, array] = {}
+        for i, (_, model) in enumerate(kinds):
+            arrays |= model.forest.arrays(f"kind{i}")
+        write_atomic(path, encode_arrays(header, arrays))
+
+    @classmethod
+    def load(cls, path: Path) -> KernelModel:
+        """A model written by :meth:`save`."""
+        header, arrays = load_arrays(path)
+        kinds = {(runtime, device, kind): KindModel(tuple(keys), TreeEnsemble.from_arrays(arrays, f"kind{i}"), rows)
+                 for i, (runtime, device, kind, keys, rows) in enumerate(header["kinds"])}
+        return cls(kinds, {(r, d): float(v) for r, d, v in header["dispatch"]},
+                   {(r, d): (float(a), float(b), float(c)) for r, d, a, b, c in header["calibration"]},
+                   {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
+                   {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["machine_kinds"]})
+
+    def knows(self, key: RuntimeKey, machine: MachineCeilings) -> bool:
+        """Whether the runtime and device have kernel rows of ``machine`` (its ceilings, or its kind)."""
+        return (machine.signature in self.signatures.get(key, frozenset())
+                or machine.kind is not None and machine.kind in self.machine_kinds.get(key, frozenset()))
+
+    def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate) -> Composition | None:
+        """The step of ``kernels`` (one call each) for ``candidate`` on ``machine``; None where the candidate's
+        runtime and device are not calibrated or a kernel's kind has no model (or there are no kernels)."""
+        key = (candidate.runtime, candidate.device)
+        calibration = self.calibration.get(key)
+        times = kernel_seconds(self.kinds, *key, kernels, machine, candidate) if kernels and calibration else None
+        if times is None or calibration is None:
+            return None
+        dispatch_s = len(kernels) * self.dispatch[key]
+        compute_s = sum(t for t, compute in times if compute)
+        memory_s = sum(t for t, compute in times if not compute)
+        low_q, mid_q, high_q = calibration
+        known = self.knows(key, machine)
+        widen = 0.0 if known else (_Z80 * NEW_MACHINE_SPREAD) ** 2
+        step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
+        return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
+                           step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
+                           dispatch_s, len(kernels), math.exp(mid_q), known)
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A step composed from its kernels: the calibrated step and interval, and the sums behind them (kernel seconds
+    of compute- and memory-bound kernels, dispatch), before the calibration's factor."""
+
+    step_s: float
+    low_s: float
+    high_s: float
+    compute_s: float
+    memory_s: float
+    dispatch_s: float
+    kernels: int
+    calibration: float  # exp(median out-of-fold residual): what multiplies the sums
+    known_machine: bool  # False: transferred by ceilings, the interval widened
+
+    @property
+    def predictor(self) -> str:
+        return PREDICTOR if self.known_machine else TRANSFER_PREDICTOR
+
+
+@dataclass(frozen=True)
+class KernelPredictor:
+    """The :class:`modak.predict.base.Predictor` of the kernel model, for one model graph (:meth:`for_model`)."""
+
+    model: KernelModel
+    onnx_path: Path | None = None
+    kernels_of: KernelsOf | None = None  # default: the runtime's report of ``onnx_path``
+    name: str = PREDICTOR
+
+    def for_model(self, onnx_path: Path | None) -> KernelPredictor:
+        """This predictor for the graph at ``onnx_path`` (:func:`modak.predict.base.for_model`)."""
+        return replace(self, onnx_path=onnx_path)
+
+    def planned(self, workload: WorkloadProfile, candidate: Candidate, threads: int) -> Sequence[Kernel]:
+        """The kernels the candidate's runtime plans for one step of ``workload`` (none without a graph)."""
+        if self.kernels_of is not None:
+            return self.kernels_of(workload, candidate, threads)
+        if self.onnx_path is None:
+            return ()
+        from modak.workload.kernels import planned_kernels  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        return cast(Sequence[Kernel], planned_kernels(candidate.runtime, self.onnx_path, workload.batch_size,
+                                                      workload.input_shapes, candidate.precision.value, threads))
+
+    def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
+                recipe: Recipe) -> Prediction | None:
+        if workload.task is not Task.inference or (candidate.runtime, candidate.device) not in self.model.calibration:
+            return None
+        kernels = self.planned(workload, candidate, candidate.threads or ceilings.cores)
+        c = self.model.compose(kernels, MachineCeilings.of_target(ceilings, candidate.device), candidate)
+        if c is None:
+            return None
+        physics = RooflinePredictor().predict(workload, ceilings, candidate, recipe)
+        own = {"compute_s", "memory_s", "overhead_s"}
+        terms = (("compute_s", c.compute_s), ("memory_s", c.memory_s), ("overhead_s", c.dispatch_s),
+                 *(t for t in physics.terms if t[0] not in own), ("kernels", float(c.kernels)),
+                 ("calibration", c.calibration), ("new_machine_spread", 0.0 if c.known_machine else NEW_MACHINE_SPREAD))
+        bound = max((("compute", c.compute_s), ("memory", c.memory_s), ("overhead", c.dispatch_s)),
+                    key=lambda t: t[1])[0]
+        return Prediction(c.step_s, c.low_s, c.high_s, physics.compile_seconds, terms, bound, c.predictor)

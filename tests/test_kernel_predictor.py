@@ -1,0 +1,309 @@
+"""The operator-level predictor (#40 item 3): per-kind efficiency on roofline terms, composition of a step from its
+kernels, calibration on reconciled steps, transfer by ceilings, refusal of a damaged table, and its place before
+the forest in the plan."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import random
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from modak.api import load as load_job
+from modak.candidates.catalog import load_catalog
+from modak.candidates.enumerate import Candidate
+from modak.errors import EXIT_BAD_INPUT, InputError
+from modak.hardware.ceilings import Ceilings, TargetCeilings, target_ceilings
+from modak.image.kernels import OP_CLASSES, Kernel
+from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.plan import make_plan
+from modak.predict.base import FallbackPredictor, for_model
+from modak.predict.kernels import (
+    PREDICTOR,
+    TRANSFER_PREDICTOR,
+    KernelData,
+    KernelModel,
+    KernelPredictor,
+    MachineCeilings,
+    kernel_seconds,
+    roofline_seconds,
+)
+from modak.predict.learned import _Z80, NEW_MACHINE_SPREAD, LearnedPredictor
+from modak.predict.roofline import RooflinePredictor
+from modak.predict.training import training_set
+from modak.spec.models import Precision
+from modak.workload.source import load_analysis
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+MS = 1e-3
+
+# The fixed table's machine: 4 cores, 100 GFLOP/s, 10 GB/s; all 4 threads get all of both.
+BOX = MachineCeilings("cpu", "box", 4, 100.0, None, 10.0)
+CONV = Kernel("Conv", "conv", ("conv",), ((1, 8, 16, 16),), '{"kernel_shape": [3, 3]}', flops=2e8, bytes=1e6)
+RELU = Kernel("Relu", "elementwise", ("relu",), ((1, 8, 16, 16),), "{}", flops=1e5, bytes=4e6)
+# Their rooflines there: Conv 2e8 / 1e11 = 2 ms (compute-bound), Relu 4e6 / 1e10 = 0.4 ms (memory-bound); profiled at
+# efficiencies 0.5 and 0.8: 4 ms and 0.5 ms per call.
+STEPS_MS = (4.7, 4.9, 5.1, 5.3, 5.5)  # five models' unprofiled steps: dispatch (step - 4.5 ms) / 2 = 0.1 ... 0.5 ms
+
+
+def kernel_row(kernel: Kernel, seconds: float, model: str, machine: str = "box", runtime: str = "onnxruntime",
+               calls: int = 1, threads: int = 4) -> KernelRow:
+    return KernelRow(machine=machine, runtime=runtime, device="cpu", threads=threads, precision="fp32", params="{}",
+                     model=model, batch_size=1, kernel=kernel, seconds=seconds, calls=calls, source="test",
+                     session=f"s-{model}", measured_at="2026-11-26T00:00:00Z")
+
+
+def reconciliation(model: str, step_s: float, kernel_s: float, kernels: int, machine: str = "box",
+                   runtime: str = "onnxruntime", threads: int = 4) -> Reconciliation:
+    return Reconciliation(machine=machine, runtime=runtime, device="cpu", threads=threads, precision="fp32",
+                          params="{}", model=model, batch_size=1, step_s=step_s, profiled_step_s=step_s * 1.2,
+                          kernel_s=kernel_s, unmapped_s=0.0, kernels=kernels, source="test", session=f"s-{model}",
+                          measured_at="2026-11-26T00:00:00Z")
+
+
+def fixed_table() -> tuple[list[KernelRow], list[Reconciliation]]:
+    rows, recs = [], []
+    for i, step in enumerate(STEPS_MS):
+        model = f"m{i}"
+        rows += [kernel_row(CONV, 4 * MS, model), kernel_row(RELU, 0.5 * MS, model)]
+        recs.append(reconciliation(model, step * MS, 4.5 * MS, 2))
+    return rows, recs
+
+
+def target(name: str, scale: float) -> TargetCeilings:
+    cpu = Ceilings("cpu", name, {Precision.fp32: 100.0 * scale}, 10.0 * scale, 16.0, measured=True)
+    return TargetCeilings(name, frozenset(), 4, 4, cpu, None, 0, None)
+
+
+@functools.cache
+def cnn():
+    loaded = load_job(CNN)
+    source, workload = load_analysis(loaded)
+    return loaded, source, workload
+
+
+@pytest.fixture(scope="module")
+def fixed() -> KernelModel:
+    return KernelModel.fit(*fixed_table(), {("box", "cpu"): BOX})
+
+
+def predict_fixed(model: KernelModel, ceilings: TargetCeilings, kernels: tuple[Kernel, ...]):
+    _, _, workload = cnn()
+    predictor = KernelPredictor(model, kernels_of=lambda workload, candidate, threads: kernels)
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+    return predictor.predict(workload, ceilings, candidate, load_catalog()["onnxruntime"])
+
+
+def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> None:
+    assert fixed.dispatch[("onnxruntime", "cpu")] == pytest.approx(0.3 * MS)  # median of 0.1 ... 0.5 ms
+    # Out of fold every step composes to 4 + 0.5 + 2 x 0.3 = 5.1 ms; the residuals log(step / 5.1 ms), sorted:
+    r = [math.log(s / 5.1) for s in STEPS_MS]
+    q10, q90 = r[0] + 0.4 * (r[1] - r[0]), r[3] + 0.6 * (r[4] - r[3])  # deciles, linear between order statistics
+    assert fixed.calibration[("onnxruntime", "cpu")] == pytest.approx((q10, 0.0, q90), abs=1e-9)
+    # A step of 3 Conv and 2 Relu: 3 x 4 + 2 x 0.5 + 5 x 0.3 = 14.5 ms, times exp(median residual 0).
+    p = predict_fixed(fixed, target("box", 1.0), (CONV, CONV, RELU, CONV, RELU))
+    assert p is not None and p.predictor == PREDICTOR
+    assert p.step_seconds == pytest.approx(14.5 * MS)
+    assert (p.low_seconds, p.high_seconds) == pytest.approx((14.5 * MS * math.exp(q10), 14.5 * MS * math.exp(q90)))
+    assert (p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")) == pytest.approx((12 * MS, MS, 1.5 * MS))
+    assert p.bound == "compute" and p.term("kernels") == 5 and p.term("new_machine_spread") == 0.0
+    # The same from the model alone (what an evaluation composes from a launch's kernels, without a workload).
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+    composed = fixed.compose((CONV, CONV, RELU, CONV, RELU), BOX, candidate)
+    assert composed is not None and (composed.step_s, composed.low_s, composed.high_s) == pytest.approx(
+        (p.step_seconds, p.low_seconds, p.high_seconds))
+
+
+def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: KernelModel) -> None:
+    # Twice the peak and bandwidth: the same efficiencies on half the rooflines, 3 x 2 + 2 x 0.25 + 5 x 0.3 = 8 ms.
+    p = predict_fixed(fixed, target("other", 2.0), (CONV, CONV, RELU, CONV, RELU))
+    assert p is not None and p.predictor == TRANSFER_PREDICTOR
+    assert p.step_seconds == pytest.approx(8 * MS)
+    q10, _, q90 = fixed.calibration[("onnxruntime", "cpu")]
+    widen = (_Z80 * NEW_MACHINE_SPREAD) ** 2
+    assert p.low_seconds == pytest.approx(8 * MS / math.exp(math.sqrt(q10 ** 2 + widen)))
+    assert p.high_seconds == pytest.approx(8 * MS * math.exp(math.sqrt(q90 ** 2 + widen)))
+    assert p.term("new_machine_spread") == NEW_MACHINE_SPREAD
+
+
+def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fixed: KernelModel) -> None:
+    pool = Kernel("MaxPool", "pooling", flops=1e5, bytes=1e6)
+    assert predict_fixed(fixed, target("box", 1.0), (CONV, pool)) is None  # coverage: every kernel's kind
+    assert predict_fixed(fixed, target("box", 1.0), ()) is None
+    rows, recs = fixed_table()
+    one = KernelModel.fit(rows[:2], recs[:1], {("box", "cpu"): BOX})  # one model: nothing out of fold
+    assert one.calibration == {} and predict_fixed(one, target("box", 1.0), (CONV,)) is None
+    loaded, source, workload = cnn()
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+    predictor = KernelPredictor(fixed, kernels_of=lambda *_: (CONV,))
+    training = replace(workload, task=type(workload.task)("training"))
+    assert predictor.predict(training, target("box", 1.0), candidate, load_catalog()["onnxruntime"]) is None
+    assert predictor.predict(workload, target("box", 1.0), candidate, load_catalog()["onnxruntime"]) is not None
+
+
+def noisy_launch(draw: random.Random, model: str) -> tuple[list[KernelRow], Reconciliation, tuple[Kernel, ...]]:
+    """One profiled launch of Conv and Relu kernels of random sizes (efficiencies 0.5 and 0.8), 0.2 ms dispatch per
+    kernel, and a step off that composition by a log-normal factor (SD 0.1)."""
+    kernels = tuple(replace(k, flops=k.flops * f, bytes=k.bytes * f)
+                    for k in (CONV, RELU) for f in [draw.uniform(0.2, 4) for _ in range(draw.randint(1, 4))])
+    times = [max(roofline_seconds(k, BOX, Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)))
+             / (0.5 if k.kind == "Conv" else 0.8) for k in kernels]
+    step = (sum(times) + 0.2 * MS * len(kernels)) * math.exp(draw.gauss(0, 0.1))
+    rows = [kernel_row(k, t, model) for k, t in zip(kernels, times)]
+    return rows, reconciliation(model, step, sum(times), len(kernels)), kernels
+
+
+def test_the_interval_holds_80_percent_of_new_steps() -> None:
+    draw = random.Random(1)
+    launches = [noisy_launch(draw, f"m{i}") for i in range(100)]
+    model = KernelModel.fit([r for rows, _, _ in launches for r in rows], [rec for _, rec, _ in launches],
+                            {("box", "cpu"): BOX})
+    inside = []
+    for i in range(300):
+        _, rec, kernels = noisy_launch(draw, f"new{i}")
+        p = predict_fixed(model, target("box", 1.0), kernels)
+        assert p is not None
+        inside.append(p.low_seconds <= rec.step_s <= p.high_seconds)
+    assert 0.7 <= sum(inside) / len(inside) <= 0.9  # 80%, give or take the deciles' error on 100 steps
+
+
+@pytest.mark.parametrize(("index", "change", "field"), [
+    (1, lambda r: replace(r, seconds=-0.001), "kernel_rows[2].seconds"),
+    (0, lambda r: replace(r, kernel=replace(r.kernel, op="convolution")), "kernel_rows[1].kernel.op"),
+    (0, lambda r: replace(r, kernel=replace(r.kernel, kind=" ")), "kernel_rows[1].kernel.kind"),
+    (0, lambda r: replace(r, kernel=replace(r.kernel, flops=float("nan"))), "kernel_rows[1].kernel.flops"),
+    (3, lambda r: replace(r, machine="elsewhere"), "kernel_rows[4].machine"),
+    (2, lambda r: replace(r, kernel=replace(r.kernel, attributes="{kernel_shape")), "kernel_rows[3].kernel.attributes"),
+    (1, lambda r: replace(r, params="[]"), "kernel_rows[2].params"),
+    (1, lambda r: replace(r, precision="fp64"), "kernel_rows[2].precision"),
+])
+def test_a_damaged_kernel_row_is_refused_with_its_location(index, change, field) -> None:
+    rows, recs = fixed_table()
+    rows[index] = change(rows[index])
+    with pytest.raises(InputError) as error:
+        KernelModel.fit(rows, recs, {("box", "cpu"): BOX})
+    assert error.value.field == field and error.value.exit_code == EXIT_BAD_INPUT
+    assert str(error.value).startswith(f"{field}: ")
+
+
+def test_a_damaged_reconciliation_is_refused_with_its_location() -> None:
+    rows, recs = fixed_table()
+    recs[4] = replace(recs[4], step_s=0.0)
+    with pytest.raises(InputError, match=r"^reconciliations\[5\]\.step_s: 0\.0 is not a positive time"):
+        KernelModel.fit(rows, recs, {("box", "cpu"): BOX})
+    recs[4] = replace(recs[4], step_s=0.005, kernels=0)
+    with pytest.raises(InputError, match=r"^reconciliations\[5\]\.kernels: "):
+        KernelModel.fit(rows, recs, {("box", "cpu"): BOX})
+
+
+def efficiency(flops: float) -> float:
+    """The synthetic runtime's efficiency: small matrix products reach less of the roofline."""
+    return 0.15 + 0.6 / (1 + math.exp(-(math.log10(flops) - 7.5) * 1.5))
+
+
+def matmul(m: int, n: int, k: int) -> Kernel:
+    return Kernel("MatMul", "matmul", shapes=((m, k), (k, n)), flops=2.0 * m * n * k,
+                  bytes=4.0 * (m * k + k * n + m * n))
+
+
+def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings() -> None:
+    machines = {("a", "cpu"): MachineCeilings("cpu", "a", 4, 100.0, None, 10.0),
+                ("b", "cpu"): MachineCeilings("cpu", "b", 8, 400.0, None, 30.0)}
+    draw = random.Random(0)
+    sizes = [2 ** e for e in range(4, 11)]
+    rows = []
+    for i in range(240):
+        name = "a" if i % 2 else "b"
+        kernel = matmul(draw.choice(sizes), draw.choice(sizes), draw.choice(sizes))
+        machine = machines[(name, "cpu")]
+        threads = draw.choice((1, machine.cores))
+        candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), threads)
+        bound = max(roofline_seconds(kernel, machine, candidate))
+        rows.append(kernel_row(kernel, bound / efficiency(kernel.flops), f"m{i % 12}", machine=name,
+                               threads=threads))
+    model = KernelModel.fit(rows, [], machines)
+    assert model.calibration == {} and model.dispatch == {}
+    # New shapes on a machine of other ceilings, at threads it was never profiled with.
+    unseen = MachineCeilings("cpu", "c", 6, 250.0, None, 20.0)
+    errors = []
+    for _ in range(60):
+        kernel = matmul(draw.randint(24, 900), draw.randint(24, 900), draw.randint(24, 900))
+        candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 3)
+        predicted = kernel_seconds(model.kinds, "onnxruntime", "cpu", [kernel], unseen, candidate)
+        assert predicted is not None
+        truth = max(roofline_seconds(kernel, unseen, candidate)) / efficiency(kernel.flops)
+        errors.append(abs(predicted[0][0] / truth - 1))
+    assert statistics.median(errors) < 0.05 and max(errors) < 0.15
+
+
+def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed: KernelModel) -> None:
+    data = KernelData.of(*fixed_table(), {("box", "cpu"): BOX})
+    first = KernelModel.cached(data, tmp_path)
+    assert len(list(tmp_path.glob("*.forest"))) == 1
+    again = KernelModel.cached(data, tmp_path)  # loaded, not fit: the same arrays
+    for model in (first, again):
+        assert model.calibration == pytest.approx(fixed.calibration) and model.dispatch == fixed.dispatch
+        assert model.signatures == fixed.signatures and model.machine_kinds == fixed.machine_kinds
+    assert (predict_fixed(again, target("box", 1.0), (CONV, RELU))
+            == predict_fixed(fixed, target("box", 1.0), (CONV, RELU)))
+
+
+def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_which(tmp_path: Path) -> None:
+    loaded, source, workload = cnn()
+    ceilings = target_ceilings(loaded.target, loaded.target_doc)
+    here = MachineCeilings.of_target(ceilings, "cpu")
+
+    def planned(workload, candidate, threads):  # one kernel per ONNX node, named by its op type
+        return tuple(Kernel(op.op_type, op.op_class if op.op_class in OP_CLASSES else "other", (op.name,),
+                            flops=float(op.flops), bytes=float(op.bytes)) for op in workload.ops)
+
+    rows, recs = [], []
+    for i, scale in enumerate((0.5, 0.8, 1.0, 1.3, 2.0, 3.0)):  # six "models": the CNN's kernels at other sizes
+        model = f"cnn{i}"
+        kernels = [replace(k, flops=k.flops * scale, bytes=k.bytes * scale) for k in planned(workload, None, 0)]
+        times = [max(roofline_seconds(k, here, Candidate("onnxruntime", "cpu", Precision.fp32, (), None))) / 0.4
+                 for k in kernels]
+        rows += [kernel_row(k, t, model, machine="here", threads=0) for k, t in zip(kernels, times)]
+        recs.append(reconciliation(model, sum(times) * (1.1 + 0.02 * i), sum(times), len(kernels), machine="here",
+                                   threads=0))
+    fitted = KernelModel.fit(rows, recs, {("here", "cpu"): here})
+    learned = LearnedPredictor.cached(training_set(tmp_path / "none.sqlite"))
+    predictor = FallbackPredictor((KernelPredictor(fitted, kernels_of=planned), learned, RooflinePredictor()))
+    plan = make_plan(loaded, source, workload, predictor=predictor)
+    document = plan.to_dict()
+    by_runtime: dict[str, set[str]] = {}
+    for candidate in document["candidates"]:
+        by_runtime.setdefault(candidate["runtime"], set()).add(candidate["predictor"])
+    assert by_runtime.pop("onnxruntime") == {PREDICTOR}
+    assert by_runtime and set().union(*by_runtime.values()) == {"learned"}
+    predictors = next(r for r in document["reasons"] if r.startswith("predictors: "))
+    assert f"{PREDICTOR} for onnxruntime" in predictors and "learned for " in predictors
+    assert "kernels: the sum over the kernels the runtime plans" in predictors
+    chosen = document["candidates"][0]
+    assert document["reasons"][0].endswith(f"({chosen['predictor']})")
+    json.dumps(document)
+
+
+def test_for_model_binds_the_graph_through_the_fallback(fixed: KernelModel) -> None:
+    bound = for_model(FallbackPredictor((KernelPredictor(fixed), RooflinePredictor())), Path("model.onnx"))
+    assert isinstance(bound, FallbackPredictor) and isinstance(bound.predictors[0], KernelPredictor)
+    assert bound.predictors[0].onnx_path == Path("model.onnx") and bound.predictors[1] == RooflinePredictor()
+    loaded, _, workload = cnn()
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+    # Without a graph, no planned kernels: no answer, the next predictor's.
+    assert KernelPredictor(fixed).predict(workload, target("box", 1.0), candidate,
+                                          load_catalog()["onnxruntime"]) is None
+
+
+def test_the_default_predictor_asks_the_kernel_model_first_when_given_kernel_data(tmp_path: Path) -> None:
+    from modak.predict.default import default_predictor
+
+    given = default_predictor(tmp_path / "none.sqlite", KernelData.of(*fixed_table(), {("box", "cpu"): BOX}))
+    assert given.name == f"{PREDICTOR}+learned+roofline"
+    assert default_predictor(tmp_path / "none.sqlite").name == "learned+roofline"
