@@ -33,7 +33,7 @@ from modak.predict.kernels import (
     kernel_seconds,
     roofline_seconds,
 )
-from modak.predict.learned import _Z80, NEW_MACHINE_SPREAD, LearnedPredictor
+from modak.predict.learned import Z80, NEW_MACHINE_SPREAD, LearnedPredictor
 from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_set
 from modak.spec.models import Precision
@@ -126,7 +126,7 @@ def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: K
     assert p is not None and p.predictor == TRANSFER_PREDICTOR
     assert p.step_seconds == pytest.approx(8 * MS)
     q10, _, q90 = fixed.calibration[("onnxruntime", "cpu")]
-    widen = (_Z80 * NEW_MACHINE_SPREAD) ** 2
+    widen = (Z80 * NEW_MACHINE_SPREAD) ** 2
     assert p.low_seconds == pytest.approx(8 * MS / math.exp(math.sqrt(q10 ** 2 + widen)))
     assert p.high_seconds == pytest.approx(8 * MS * math.exp(math.sqrt(q90 ** 2 + widen)))
     assert p.term("new_machine_spread") == NEW_MACHINE_SPREAD

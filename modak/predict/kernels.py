@@ -43,7 +43,7 @@ from modak.paths import cache_dir, write_atomic
 from modak.predict import forest, roofline
 from modak.predict.base import Prediction
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
-from modak.predict.learned import _Z80, KEEP_FITS, NEW_MACHINE_SPREAD, machine_kind, machine_signature
+from modak.predict.learned import KEEP_FITS, NEW_MACHINE_SPREAD, Z80, machine_kind, machine_signature
 from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares
 from modak.spec.models import Precision, Task
 from modak.workload.analysis import WorkloadProfile
@@ -89,7 +89,7 @@ class MachineCeilings:
 
     @property
     def kind(self) -> tuple | None:
-        return machine_kind(self.device, self.name, self.cores)
+        return machine_kind(self.device, self.name, self.cores, bool(self.bf16_gflops))
 
     @classmethod
     def of_measurement(cls, row: Measurement) -> MachineCeilings:
@@ -423,7 +423,7 @@ class KernelModel:
         memory_s = sum(t for t, compute in times if not compute)
         low_q, mid_q, high_q = calibration
         known = self.knows(key, machine)
-        widen = 0.0 if known else (_Z80 * NEW_MACHINE_SPREAD) ** 2
+        widen = 0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2
         step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
         return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
                            step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,

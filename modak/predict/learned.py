@@ -50,7 +50,7 @@ WORKLOAD_SPREAD_PRIOR = 2  # that spread counts as if seen on this many workload
 NEW_MACHINE_SPREAD = 0.405  # added in quadrature to the trees' spread on a machine the model was not fit on
 NEW_MODEL_SPREAD = 0.245  # the same for a model graph it has no rows of, on a machine it knows
 SAME_KIND_SPREAD = 0.13  # the same for another probe of a machine kind it knows (other measured ceilings)
-_Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs
+Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs
 SHARE_CLASSES = ("conv", "matmul", "recurrent")  # op classes whose FLOP share is a column (see Features)
 KEEP_FITS = 4  # fitted models kept in the cache (one per distinct training data)
 
@@ -467,7 +467,7 @@ class LearnedPredictor:
             anchor = example.anchor_seconds
             mean = statistics.fmean(trees)
             step = anchor / math.exp(mean)
-            widen = _Z80 ** 2 * sum(spread ** 2 for spread in self.unseen_spread(example))
+            widen = Z80 ** 2 * sum(spread ** 2 for spread in self.unseen_spread(example))
             low = step / math.exp(math.sqrt(max(0.0, deciles[-1] - mean) ** 2 + widen))
             high = step * math.exp(math.sqrt(max(0.0, mean - deciles[0]) ** 2 + widen))
             compile_total = compile_s[i] + self._tuning_seconds(example)
