@@ -45,7 +45,7 @@ def graph_nodes(request: RunRequest) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_pytorch_inference_ops_map_to_the_onnx_nodes_of_their_modules(tmp_path):
-    found, request = profiled("pytorch", "mnist_cnn", "inference", tmp_path)
+    found, request = profiled("pytorch", "mnist_cnn", "inference", tmp_path, channels_last=True)
     assert found.source == "torch-profiler"
     by_node = {k.kernel.nodes: k.kernel for k in found.kernels if k.kernel.nodes}
     # Each convolution, linear layer, ReLU and pooling maps to its own node; the flatten (a view) to none.
@@ -54,7 +54,9 @@ def test_pytorch_inference_ops_map_to_the_onnx_nodes_of_their_modules(tmp_path):
     conv = by_node[("/conv2/Conv",)]
     assert (conv.kind, conv.op) == ("aten::convolution", "conv")
     assert conv.shapes[:3] == ((2, 32, 14, 14), (64, 32, 3, 3), (64,))
-    assert json.loads(conv.attributes)["args"][3:6] == [[1, 1], [1, 1], [1, 1]]  # stride, padding, dilation
+    attributes = json.loads(conv.attributes)
+    assert attributes["args"][3:6] == [[1, 1], [1, 1], [1, 1]]  # stride, padding, dilation
+    assert attributes["strides"][0] == [32 * 14 * 14, 1, 32 * 14, 32]  # channels_last, as the candidate asked
     assert by_node[("/fc1/Gemm",)].kind == "aten::addmm"
     assert by_node[("/Relu_1",)].kind == "aten::relu" and by_node[("/MaxPool_1",)].op == "pooling"
     # aten::linear is a decomposition: its ops are the kernels, never it

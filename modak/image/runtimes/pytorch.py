@@ -223,7 +223,7 @@ def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int
     op's whole CPU time, the ops it calls included (on a GPU: the device time of the kernels it launched), so no
     time counts twice; what the step spent outside any kernel (Python, the autograd engine, composite wrappers) is
     ``unmapped_seconds``. ``shapes``: its inputs' shapes as recorded (a scalar argument is ``()``);
-    ``attributes``: its non-tensor arguments (``args``, tensors as null) and input dtypes (``dtypes``).
+    ``attributes``: its non-tensor arguments (``args``, tensors as null), input dtypes and strides.
 
     ``nodes`` (eager, with an ONNX graph): a forward op maps to the node of its ONNX op type (:data:`ATEN_ONNX`) in
     the scope of the module that ran it, where the module ran as many such ops as the graph has such nodes there
@@ -371,12 +371,14 @@ def _shapes(event: Any) -> tuple[tuple[int, ...], ...]:
 
 def _attributes(call: _Call) -> str:
     """A kernel's attributes as sorted JSON: an Inductor kernel's source aten ops (``aten``), an operator's
-    non-tensor arguments (``args``) and input dtypes (``dtypes``)."""
+    non-tensor arguments (``args``), input dtypes (``dtypes``) and strides (``strides``: the layout, e.g.
+    channels_last or a transposed weight)."""
     if not _OPERATOR.match(call.kind):
         return json.dumps({"aten": inductor_sources(call.kind)}, sort_keys=True)
     args = [value if isinstance(value, (int, float, bool, str, list)) or value is None else str(value)
             for value in (call.event.concrete_inputs or ())]
-    return json.dumps({"args": args, "dtypes": list(call.event.input_dtypes or ())}, sort_keys=True)
+    return json.dumps({"args": args, "dtypes": list(call.event.input_dtypes or ()),
+                       "strides": list(getattr(call.event, "structured_input_strides", None) or ())}, sort_keys=True)
 
 
 def inductor_sources(kind: str) -> list[str]:
