@@ -18,12 +18,14 @@ from modak.workload.zoo import export_onnx
 STEPS = 3
 
 
-def profiled(runtime: str, zoo: str, task: str, workdir: Path, **params: object) -> tuple[Profile, RunRequest]:
-    """The profile of ``runtime`` running ``zoo`` (batch 2, fp32), checked for what every profile must hold."""
-    entry = get_entry(zoo)
+def profiled(runtime: str, zoo: str, task: str, workdir: Path, shapes: dict[str, tuple[int, ...]] | None = None,
+             **params: object) -> tuple[Profile, RunRequest]:
+    """The profile of ``runtime`` running ``zoo`` (batch 2, fp32; the zoo's input shapes unless ``shapes``),
+    checked for what every profile must hold."""
+    shapes = shapes or get_entry(zoo).input_shapes
     request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params=dict(params), threads=None,
-                         task=task, onnx_path=str(export_onnx(zoo)), zoo=zoo, batch_size=2,
-                         input_shapes={k: list(v) for k, v in entry.input_shapes.items()}, workdir=str(workdir))
+                         task=task, onnx_path=str(export_onnx(zoo, shapes)), zoo=zoo, batch_size=2,
+                         input_shapes={k: list(v) for k, v in shapes.items()}, workdir=str(workdir))
     profile = getattr(load_runtime(runtime), "profile", None)
     assert profile is not None, f"{runtime} has no profile"
     found = profile(request, make_inputs(request), STEPS)
@@ -61,6 +63,17 @@ def test_pytorch_inference_ops_map_to_the_onnx_nodes_of_their_modules(tmp_path):
     assert by_node[("/Relu_1",)].kind == "aten::relu" and by_node[("/MaxPool_1",)].op == "pooling"
     # aten::linear is a decomposition: its ops are the kernels, never it
     assert not {k.kernel.kind for k in found.kernels} & {"aten::linear", "aten::conv2d"}
+
+
+@pytest.mark.slow
+def test_pytorch_ops_map_to_nodes_in_nested_modules(tmp_path):
+    found, request = profiled("pytorch", "resnet18", "inference", tmp_path, {"input": (3, 32, 32)})
+    covered = {n: k.kernel.kind for k in found.kernels for n in k.kernel.nodes}
+    # every node but the flatten, down to the residual blocks' sequential downsampling
+    assert sorted(covered) == sorted(n for n, t in graph_nodes(request).items() if t != "Flatten")
+    assert covered["/layer2/layer2.0/downsample/downsample.0/Conv"] == "aten::convolution"
+    assert covered["/layer2/layer2.0/bn1/BatchNormalization"] == "aten::native_batch_norm"
+    assert covered["/layer2/layer2.0/Add"] == "aten::add" and covered["/avgpool/GlobalAveragePool"] == "aten::mean"
 
 
 @pytest.mark.slow

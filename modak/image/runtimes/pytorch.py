@@ -177,18 +177,21 @@ STEP_RANGE = "modak.step "  # + the step's index: the profiler range around each
 MODULE_RANGE = "modak.module "  # + a module's qualified name: the range around its forward (eager profiles)
 BACKWARD_RANGE = "autograd::engine::evaluate_function: "  # the autograd engine's range around a backward node
 WARMUP_STEPS = 2  # unprofiled steps first (torch.compile compiles in the first)
-# aten op -> the ONNX op type the TorchScript exporter writes for it, for the ops it exports one node each; a
-# kernel maps to a node where its module holds as many such ops as nodes of that type (see _onnx_nodes).
+# aten op -> the ONNX op types the TorchScript exporter writes for it, for the ops it exports as one node; a kernel
+# maps to a node where its module holds as many such ops as nodes of those types (see _onnx_nodes). A linear
+# layer on 3-D inputs is a MatMul and an Add: its addmm covers the MatMul.
 ATEN_ONNX = {
-    "aten::convolution": "Conv", "aten::addmm": "Gemm", "aten::mm": "MatMul", "aten::bmm": "MatMul",
-    "aten::relu": "Relu", "aten::relu_": "Relu", "aten::max_pool2d": "MaxPool",
-    "aten::max_pool2d_with_indices": "MaxPool", "aten::avg_pool2d": "AveragePool",
-    "aten::adaptive_avg_pool2d": "GlobalAveragePool", "aten::_adaptive_avg_pool2d": "GlobalAveragePool",
-    "aten::native_batch_norm": "BatchNormalization", "aten::_native_batch_norm_legit": "BatchNormalization",
-    "aten::_native_batch_norm_legit_no_training": "BatchNormalization",
-    "aten::native_layer_norm": "LayerNormalization", "aten::add": "Add", "aten::add_": "Add",
-    "aten::mul": "Mul", "aten::sigmoid": "Sigmoid", "aten::tanh": "Tanh", "aten::_softmax": "Softmax",
-    "aten::embedding": "Gather", "aten::cat": "Concat", "aten::hardtanh": "Clip", "aten::hardtanh_": "Clip",
+    "aten::convolution": ("Conv", "ConvTranspose"), "aten::addmm": ("Gemm", "MatMul"), "aten::mm": ("MatMul",),
+    "aten::bmm": ("MatMul",), "aten::relu": ("Relu",), "aten::relu_": ("Relu",), "aten::max_pool2d": ("MaxPool",),
+    "aten::max_pool2d_with_indices": ("MaxPool",), "aten::avg_pool2d": ("AveragePool",),
+    "aten::mean": ("GlobalAveragePool", "ReduceMean"),
+    "aten::_adaptive_avg_pool2d": ("GlobalAveragePool", "AveragePool"),
+    "aten::native_batch_norm": ("BatchNormalization",), "aten::_native_batch_norm_legit": ("BatchNormalization",),
+    "aten::_native_batch_norm_legit_no_training": ("BatchNormalization",),
+    "aten::native_layer_norm": ("LayerNormalization",), "aten::add": ("Add",), "aten::add_": ("Add",),
+    "aten::mul": ("Mul",), "aten::div": ("Div",), "aten::sigmoid": ("Sigmoid",), "aten::tanh": ("Tanh",),
+    "aten::_softmax": ("Softmax",), "aten::embedding": ("Gather",), "aten::cat": ("Concat",),
+    "aten::hardtanh": ("Clip",), "aten::hardtanh_": ("Clip",),
 }
 _OPERATOR = re.compile(r"^\w+::\w+$")  # a dispatcher operator (aten::addmm, mkldnn::_convolution_pointwise)
 # an Inductor kernel: [graph_N_](cpp|triton)_..._N; its kind drops the per-graph prefix and numeric suffix
@@ -197,12 +200,13 @@ _INDUCTOR = re.compile(r"^(?:graph_\d+_)?((?:cpp|triton)_\w+?)_\d+$")
 
 @dataclass(frozen=True)
 class _Call:
-    """One kernel call of the profiled step: the profiler event, its kind, the module whose forward ran it
-    (eager forward; None elsewhere) and the forward sequence number of the backward node that ran it (or -1)."""
+    """One kernel call of the profiled step: the profiler event, its kind, the ONNX scope of the modules whose
+    forward ran it (eager forward: ``/layer1/layer1.0/conv1``, the root's ``""``; None elsewhere) and the forward
+    sequence number of the backward node that ran it (or -1)."""
 
     event: Any
     kind: str
-    module: str | None
+    scope: str | None
     backward_of: int
 
 
@@ -226,9 +230,9 @@ def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int
     ``attributes``: its non-tensor arguments (``args``, tensors as null), input dtypes and strides.
 
     ``nodes`` (eager, with an ONNX graph): a forward op maps to the node of its ONNX op type (:data:`ATEN_ONNX`) in
-    the scope of the module that ran it, where the module ran as many such ops as the graph has such nodes there
-    (the k-th op to the k-th node); a backward op maps to its forward op's nodes (through the autograd sequence
-    number). Elsewhere they stay empty.
+    the scope of the modules that ran it (their forward hooks mark it), where they ran as many such ops as the
+    graph has such nodes in that scope (the k-th op to the k-th node); a backward op maps to its forward op's nodes
+    (through the autograd sequence number). Elsewhere they stay empty.
     """
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
@@ -294,17 +298,18 @@ def _module_ranges(model: Any) -> list[Any]:
     return handles
 
 
-def _walk(event: Any, module: str | None, backward_of: int, calls: list[_Call]) -> float:
+def _walk(event: Any, scope: str | None, backward_of: int, calls: list[_Call]) -> float:
     """Append the kernel calls under ``event`` to ``calls``; the CPU time (µs) spent outside them."""
     kind = _kernel_kind(event.name)
     if kind is not None and not (_composite(event.name) and event.cpu_children):
-        calls.append(_Call(event, kind, module, backward_of))
+        calls.append(_Call(event, kind, scope, backward_of))
         return 0.0
     if event.name.startswith(MODULE_RANGE):
         module = event.name[len(MODULE_RANGE):]
+        scope = f"{scope or ''}/{_scope_level(module)}" if module else ""
     elif event.name.startswith(BACKWARD_RANGE):
-        module, backward_of = None, event.sequence_nr
-    return event.self_cpu_time_total + sum(_walk(child, module, backward_of, calls) for child in event.cpu_children)
+        scope, backward_of = None, event.sequence_nr
+    return event.self_cpu_time_total + sum(_walk(child, scope, backward_of, calls) for child in event.cpu_children)
 
 
 def _kernel_kind(name: str) -> str | None:
@@ -339,23 +344,27 @@ def _onnx_nodes(calls: list[_Call], onnx_path: str) -> dict[int, tuple[str, ...]
     """Index in ``calls`` -> the ONNX node of that forward call (see :func:`profile_steps`)."""
     import onnx
 
-    graph: dict[tuple[str, str], list[str]] = {}
-    for node in onnx.load(onnx_path, load_external_data=False).graph.node:
-        graph.setdefault((_onnx_scope(node.name), node.op_type), []).append(node.name)
-    wanted: dict[tuple[str, str], list[int]] = {}
+    graph = [(node.name.rpartition("/")[0], node.op_type, node.name)
+             for node in onnx.load(onnx_path, load_external_data=False).graph.node]
+    wanted: dict[tuple[str, tuple[str, ...]], list[int]] = {}
     for i, call in enumerate(calls):
-        if call.module is not None and call.backward_of < 0 and call.kind in ATEN_ONNX:
-            wanted.setdefault((call.module, ATEN_ONNX[call.kind]), []).append(i)
-    return {i: (name,) for key, indices in wanted.items() if len(graph.get(key, ())) == len(indices)
-            for i, name in zip(indices, graph[key])}
+        if call.scope is not None and call.backward_of < 0 and call.kind in ATEN_ONNX:
+            wanted.setdefault((call.scope, ATEN_ONNX[call.kind]), []).append(i)
+    found: dict[int, tuple[str, ...]] = {}
+    for (scope, types), indices in wanted.items():
+        names = [name for node_scope, op_type, name in graph if node_scope == scope and op_type in types]
+        if len(names) == len(indices):
+            found.update((i, (name,)) for i, name in zip(indices, names))
+    return found
 
 
-def _onnx_scope(node_name: str) -> str:
-    """The qualified name of the module whose forward the TorchScript exporter's node ``node_name`` came from:
-    ``/layer1/layer1.0/conv1/Conv`` -> ``layer1.0.conv1`` (each scope level repeats its parent's name before an
-    index); ``/Relu`` -> the root, ``""``."""
-    levels = node_name.split("/")[1:-1] if node_name.startswith("/") else []
-    return ".".join(level.rpartition(".")[2] for level in levels)
+def _scope_level(qualified_name: str) -> str:
+    """The level a module adds to the scope of the TorchScript exporter's node names (``/layers.0/query/MatMul``):
+    its qualified name from its last atom that is not an index (as ``torch.onnx.utils`` names it):
+    ``layer2.0.downsample.0`` -> ``downsample.0``."""
+    atoms = qualified_name.split(".")
+    last = max((i for i, atom in enumerate(atoms) if not atom.isnumeric()), default=0)
+    return ".".join(atoms[last:])
 
 
 def _shapes(event: Any) -> tuple[tuple[int, ...], ...]:
