@@ -4,6 +4,7 @@ zoo model, and the name parsing it relies on."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
@@ -18,14 +19,14 @@ from modak.workload.zoo import export_onnx
 STEPS = 3
 
 
-def profiled(runtime: str, zoo: str, task: str, workdir: Path, shapes: dict[str, tuple[int, ...]] | None = None,
-             **params: object) -> tuple[Profile, RunRequest]:
+def profiled(runtime: str, zoo: str, task: str, workdir: Path,
+             shapes: Mapping[str, tuple[int, ...]] | None = None, **params: object) -> tuple[Profile, RunRequest]:
     """The profile of ``runtime`` running ``zoo`` (batch 2, fp32; the zoo's input shapes unless ``shapes``),
     checked for what every profile must hold."""
-    shapes = shapes or get_entry(zoo).input_shapes
+    given = shapes or get_entry(zoo).input_shapes
     request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params=dict(params), threads=None,
-                         task=task, onnx_path=str(export_onnx(zoo, shapes)), zoo=zoo, batch_size=2,
-                         input_shapes={k: list(v) for k, v in shapes.items()}, workdir=str(workdir))
+                         task=task, onnx_path=str(export_onnx(zoo, given)), zoo=zoo, batch_size=2,
+                         input_shapes={k: list(v) for k, v in given.items()}, workdir=str(workdir))
     profile = getattr(load_runtime(runtime), "profile", None)
     assert profile is not None, f"{runtime} has no profile"
     found = profile(request, make_inputs(request), STEPS)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from modak.image.kernels import OP_CLASSES
 
+WARMUP_STEPS = 2  # unprofiled steps before the profiled ones (torch.compile compiles in the first)
+
 # Words of a kernel's name (split at anything not a letter or digit, ``_`` included) that give its op class, in
 # the order of :data:`OP_CLASSES` (costliest first): a fused kernel takes the class of its costliest word.
 # Classes whose words are prefixes (``conv2d``, ``max_pool2d``, ``native_batch_norm``) match by substring.

@@ -21,7 +21,7 @@ import numpy as np
 
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.runtimes.base import FunctionSession, RunRequest, has_graph, loss_targets
-from modak.image.runtimes.profiling import median_step, op_class
+from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
 
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
 
@@ -176,7 +176,6 @@ def _as_list(outputs: Any) -> list[Any]:
 STEP_RANGE = "modak.step "  # + the step's index: the profiler range around each profiled step
 MODULE_RANGE = "modak.module "  # + a module's qualified name: the range around its forward (eager profiles)
 BACKWARD_RANGE = "autograd::engine::evaluate_function: "  # the autograd engine's range around a backward node
-WARMUP_STEPS = 2  # unprofiled steps first (torch.compile compiles in the first)
 # aten op -> the ONNX op types the TorchScript exporter writes for it, for the ops it exports as one node; a kernel
 # maps to a node where its module holds as many such ops as nodes of those types (see _onnx_nodes). A linear
 # layer on 3-D inputs is a MatMul and an Add: its addmm covers the MatMul.

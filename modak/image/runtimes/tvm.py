@@ -45,12 +45,11 @@ import numpy as np
 
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.runtimes.base import FunctionSession, RunRequest
-from modak.image.runtimes.profiling import median_step, op_class
+from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
 from modak.paths import write_atomic
 
 MARKER = "modak-tuned.json"
 TUNING_FOLDER = "tvm-tuning"  # under the request's workdir
-WARMUP_STEPS = 2  # unprofiled steps before a profile's
 BUILD_TIMEOUT_S = 60.0  # per candidate build in MetaSchedule (its default, 30 s, is tight on 2 shared cores)
 # archspec microarchitecture -> LLVM CPU name, for when LLVM cannot name the host itself. Names missing
 # here are tried as they are (``-`` for ``_``), then through their ancestors.
