@@ -3,16 +3,25 @@
 A training step is forward, a loss (the job's: a built-in on seeded targets, or the user's ``module:function``;
 else the mean square of the outputs: the data is random, the work is real), backward and an SGD-with-momentum
 update.
+
+:func:`profile` reports the kernels (aten ops, forward, backward and the optimizer's) of a profiled step.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from modak.image.runtimes.base import FunctionSession, RunRequest, loss_targets
+from modak.image.kernels import Kernel, KernelTime, Profile
+from modak.image.runtimes.base import FunctionSession, RunRequest, has_graph, loss_targets
+from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
 
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
 
@@ -25,6 +34,11 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
                   wrap: Callable[[Any], Any] | None = None) -> FunctionSession:
     """The session for a zoo model or the user's own (:func:`user_module`); ``wrap`` transforms the module (e.g.
     ``torch.compile``). ``inputs`` are unused: eager modules take any batch."""
+    return _build(request, wrap)[0]
+
+
+def _build(request: RunRequest, wrap: Callable[[Any], Any] | None) -> tuple[FunctionSession, Any]:
+    """:func:`build_session`'s session, and the module it runs (before ``wrap``)."""
     import torch
 
     if request.zoo is None and request.pytorch is None:
@@ -65,7 +79,7 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
                 outputs = _as_list(module(*tensors(feeds)))
             sync()
             return [o.float().cpu().numpy() for o in outputs]
-        return FunctionSession(infer)
+        return FunctionSession(infer), model
 
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -82,7 +96,7 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         scaler.update()
         sync()
         return [loss.detach().float().cpu().numpy()]
-    return FunctionSession(train_step)
+    return FunctionSession(train_step), model
 
 
 def user_module(request: RunRequest) -> Any:
@@ -155,3 +169,254 @@ def _as_list(outputs: Any) -> list[Any]:
     if isinstance(outputs, Mapping):
         return [value for value in outputs.values() if value is not None]
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+# --- Profiles (#40): the kernels of one step, from torch.profiler --------------------------------------------------
+
+STEP_RANGE = "modak.step "  # + the step's index: the profiler range around each profiled step
+MODULE_RANGE = "modak.module "  # + a module's qualified name: the range around its forward (eager profiles)
+BACKWARD_RANGE = "autograd::engine::evaluate_function: "  # the autograd engine's range around a backward node
+# aten op -> the ONNX op types the TorchScript exporter writes for it, for the ops it exports as one node; a kernel
+# maps to a node where its module holds as many such ops as nodes of those types (see _onnx_nodes). A linear
+# layer on 3-D inputs is a MatMul and an Add: its addmm covers the MatMul.
+ATEN_ONNX = {
+    "aten::convolution": ("Conv", "ConvTranspose"), "aten::addmm": ("Gemm", "MatMul"), "aten::mm": ("MatMul",),
+    "aten::bmm": ("MatMul",), "aten::relu": ("Relu",), "aten::relu_": ("Relu",), "aten::max_pool2d": ("MaxPool",),
+    "aten::max_pool2d_with_indices": ("MaxPool",), "aten::avg_pool2d": ("AveragePool",),
+    "aten::mean": ("GlobalAveragePool", "ReduceMean"),
+    "aten::_adaptive_avg_pool2d": ("GlobalAveragePool", "AveragePool"),
+    "aten::native_batch_norm": ("BatchNormalization",), "aten::_native_batch_norm_legit": ("BatchNormalization",),
+    "aten::_native_batch_norm_legit_no_training": ("BatchNormalization",),
+    "aten::native_layer_norm": ("LayerNormalization",), "aten::add": ("Add",), "aten::add_": ("Add",),
+    "aten::mul": ("Mul",), "aten::div": ("Div",), "aten::sigmoid": ("Sigmoid",), "aten::tanh": ("Tanh",),
+    "aten::_softmax": ("Softmax",), "aten::embedding": ("Gather",), "aten::cat": ("Concat",),
+    "aten::hardtanh": ("Clip",), "aten::hardtanh_": ("Clip",),
+}
+_OPERATOR = re.compile(r"^\w+::\w+$")  # a dispatcher operator (aten::addmm, mkldnn::_convolution_pointwise)
+# an Inductor kernel: [graph_N_](cpp|triton)_..._N; its kind drops the per-graph prefix and numeric suffix
+_INDUCTOR = re.compile(r"^(?:graph_\d+_)?((?:cpp|triton)_\w+?)_\d+$")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One kernel call of the profiled step: the profiler event, its kind, the ONNX scope of the modules whose
+    forward ran it (eager forward: ``/layer1/layer1.0/conv1``, the root's ``""``; None elsewhere) and the forward
+    sequence number of the backward node that ran it (or -1)."""
+
+    event: Any
+    kind: str
+    scope: str | None
+    backward_of: int
+
+
+def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> Profile:
+    """The candidate's kernels (aten ops: forward, backward and the optimizer's in a training step) over one
+    profiled step, prepared as :func:`prepare` prepares it (see :func:`profile_steps`)."""
+    return profile_steps(request, inputs, steps)
+
+
+def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int,
+                  wrap: Callable[[Any], Any] | None = None) -> Profile:
+    """``steps`` steps under ``torch.profiler`` (``record_shapes``), after :data:`WARMUP_STEPS` unprofiled ones;
+    the kernels of the median step (:func:`modak.image.runtimes.profiling.median_step`).
+
+    A kernel is a dispatcher operator as ``__torch_dispatch__`` sees it, the ops a meta-tensor trace reports: the
+    outermost op of each call that is not a ``CompositeImplicitAutograd`` decomposition (``aten::linear`` is
+    ``aten::t`` and ``aten::addmm``; ``aten::convolution`` stays whole), or an Inductor kernel. Its time is the
+    op's whole CPU time, the ops it calls included (on a GPU: the device time of the kernels it launched), so no
+    time counts twice; what the step spent outside any kernel (Python, the autograd engine, composite wrappers) is
+    ``unmapped_seconds``. ``shapes``: its inputs' shapes as recorded (a scalar argument is ``()``);
+    ``attributes``: its non-tensor arguments (``args``, tensors as null), input dtypes and strides.
+
+    ``nodes`` (eager, with an ONNX graph): a forward op maps to the node of its ONNX op type (:data:`ATEN_ONNX`) in
+    the scope of the modules that ran it (their forward hooks mark it), where they ran as many such ops as the
+    graph has such nodes in that scope (the k-th op to the k-th node); a backward op maps to its forward op's nodes
+    (through the autograd sequence number). Elsewhere they stay empty.
+    """
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as torch_profile
+
+    session, model = _build(request, wrap)
+    hooks = _module_ranges(model) if wrap is None else []
+    gpu = request.device == "gpu"
+    walls: list[float] = []
+    try:
+        for _ in range(WARMUP_STEPS):
+            session.run(inputs)
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]
+        with torch_profile(activities=activities, record_shapes=True) as profiler:
+            for index in range(steps):
+                start = time.perf_counter()
+                with record_function(f"{STEP_RANGE}{index}"):
+                    session.run(inputs)
+                walls.append(time.perf_counter() - start)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    median = median_step(walls)
+    step = next(e for e in profiler.events() if e.name == f"{STEP_RANGE}{median}")
+    calls: list[_Call] = []
+    unmapped_us = sum(_walk(child, None, -1, calls) for child in step.cpu_children) + step.self_cpu_time_total
+    nodes = _onnx_nodes(calls, request.onnx_path) if wrap is None and has_graph(request) else {}
+    forward_nodes = {c.event.sequence_nr: nodes[i] for i, c in enumerate(calls)
+                     if i in nodes and c.backward_of < 0 and c.event.sequence_nr >= 0}
+    found: dict[Kernel, list[float]] = {}
+    for i, call in enumerate(calls):
+        covered = nodes.get(i, forward_nodes.get(call.backward_of, ()) if call.backward_of >= 0 else ())
+        kernel = Kernel(kind=call.kind, op=op_class(call.kind), nodes=covered, shapes=_shapes(call.event),
+                        attributes=_attributes(call))
+        us = call.event.device_time_total if gpu else call.event.cpu_time_total
+        found.setdefault(kernel, []).append(us / 1e6)
+    notes = [f"{len(walls)} profiled steps; the kernels of the median step; times are "
+             + ("device times of the kernels each op launched" if gpu else "each op's CPU time, nested ops included")]
+    if wrap is not None:
+        notes.append("torch.compile: kernels are not mapped to ONNX nodes (the compiled graph keeps no module "
+                     "scopes); Inductor's fused kernels list their source aten ops in attributes 'aten' (from "
+                     "their names: at most 10), and the profiler records no shapes for them")
+    return Profile(source="torch-profiler", steps=steps, step_seconds=walls[median],
+                   kernels=tuple(KernelTime(kernel=k, seconds=sum(t), calls=len(t)) for k, t in found.items()),
+                   unmapped_seconds=0.0 if gpu else unmapped_us / 1e6, notes=tuple(notes))
+
+
+def _module_ranges(model: Any) -> list[Any]:
+    """Forward hooks that put every module's forward in a profiler range named :data:`MODULE_RANGE` + its
+    qualified name (the root's is empty); the hooks' handles, to remove them."""
+    from torch.autograd.profiler import record_function
+
+    handles = []
+    for name, module in model.named_modules():
+        open_ranges: list[Any] = []
+
+        def enter(_module: Any, _args: Any, name: str = name, open_ranges: list[Any] = open_ranges) -> None:
+            open_ranges.append(record_function(MODULE_RANGE + name))
+            open_ranges[-1].__enter__()
+
+        def leave(_module: Any, _args: Any, _output: Any, open_ranges: list[Any] = open_ranges) -> None:
+            open_ranges.pop().__exit__(None, None, None)
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    return handles
+
+
+def _walk(event: Any, scope: str | None, backward_of: int, calls: list[_Call]) -> float:
+    """Append the kernel calls under ``event`` to ``calls``; the CPU time (µs) spent outside them."""
+    kind = _kernel_kind(event.name)
+    if kind is not None and not (_composite(event.name) and event.cpu_children):
+        calls.append(_Call(event, kind, scope, backward_of))
+        return 0.0
+    if event.name.startswith(MODULE_RANGE):
+        module = event.name[len(MODULE_RANGE):]
+        scope = f"{scope or ''}/{_scope_level(module)}" if module else ""
+    elif event.name.startswith(BACKWARD_RANGE):
+        scope, backward_of = None, event.sequence_nr
+    return event.self_cpu_time_total + sum(_walk(child, scope, backward_of, calls) for child in event.cpu_children)
+
+
+def _kernel_kind(name: str) -> str | None:
+    """The kind of the kernel a profiler event named ``name`` is (an operator, an Inductor kernel), else None."""
+    if _OPERATOR.match(name):
+        return name
+    found = _INDUCTOR.match(name)
+    return found.group(1) if found else None
+
+
+@functools.cache
+def _composite(name: str) -> bool:
+    """Whether operator ``name`` decomposes into other operators (``CompositeImplicitAutograd``): its default
+    overload, else its first."""
+    import torch
+
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(name)
+    except RuntimeError:
+        return False
+    if not schemas:
+        return False
+    overload = min(s.overload_name for s in schemas)  # "" (the default) sorts first
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"{name}.{overload}" if overload else name, "CompositeImplicitAutograd"))
+    except RuntimeError:  # an overload the dispatcher does not hold (TorchScript's own)
+        return False
+
+
+def _onnx_nodes(calls: list[_Call], onnx_path: str) -> dict[int, tuple[str, ...]]:
+    """Index in ``calls`` -> the ONNX node of that forward call (see :func:`profile_steps`)."""
+    import onnx
+
+    graph = [(node.name.rpartition("/")[0], node.op_type, node.name)
+             for node in onnx.load(onnx_path, load_external_data=False).graph.node]
+    wanted: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    for i, call in enumerate(calls):
+        if call.scope is not None and call.backward_of < 0 and call.kind in ATEN_ONNX:
+            wanted.setdefault((call.scope, ATEN_ONNX[call.kind]), []).append(i)
+    found: dict[int, tuple[str, ...]] = {}
+    for (scope, types), indices in wanted.items():
+        names = [name for node_scope, op_type, name in graph if node_scope == scope and op_type in types]
+        if len(names) == len(indices):
+            found.update((i, (name,)) for i, name in zip(indices, names))
+    return found
+
+
+def _scope_level(qualified_name: str) -> str:
+    """The level a module adds to the scope of the TorchScript exporter's node names (``/layers.0/query/MatMul``):
+    its qualified name from its last atom that is not an index (as ``torch.onnx.utils`` names it):
+    ``layer2.0.downsample.0`` -> ``downsample.0``."""
+    atoms = qualified_name.split(".")
+    last = max((i for i, atom in enumerate(atoms) if not atom.isnumeric()), default=0)
+    return ".".join(atoms[last:])
+
+
+def _shapes(event: Any) -> tuple[tuple[int, ...], ...]:
+    """The shapes of an event's inputs, a list of tensors' each in turn (scalars and None are ``()``)."""
+    found: list[tuple[int, ...]] = []
+    for shape in event.input_shapes or ():
+        if shape and all(isinstance(item, list) for item in shape):
+            found += [tuple(int(d) for d in item) for item in shape]
+        else:
+            found.append(tuple(int(d) for d in shape))
+    return tuple(found)
+
+
+def _attributes(call: _Call) -> str:
+    """A kernel's attributes as sorted JSON: an Inductor kernel's source aten ops (``aten``), an operator's
+    non-tensor arguments (``args``), input dtypes (``dtypes``) and strides (``strides``: the layout, e.g.
+    channels_last or a transposed weight)."""
+    if not _OPERATOR.match(call.kind):
+        return json.dumps({"aten": inductor_sources(call.kind)}, sort_keys=True)
+    args = [value if isinstance(value, (int, float, bool, str, list)) or value is None else str(value)
+            for value in (call.event.concrete_inputs or ())]
+    return json.dumps({"args": args, "dtypes": list(call.event.input_dtypes or ()),
+                       "strides": list(getattr(call.event, "structured_input_strides", None) or ())}, sort_keys=True)
+
+
+def inductor_sources(kind: str) -> list[str]:
+    """The aten ops an Inductor kernel fused, from its name: Inductor names a kernel ``..._fused_`` + its source
+    ops' names, sorted and joined with ``_`` (at most ``torch._inductor.config.kernel_name_max_ops``), which this
+    splits back along aten's op names (fewest ops first; ``[]`` where the name does not split)."""
+    _, fused, names = kind.partition("fused_")
+    if not fused:
+        return []
+    vocabulary = _aten_names()
+    best: dict[int, list[str]] = {0: []}  # start of the next op's name -> the fewest ops spelling what is before
+    spelled: list[str] | None = None
+    for start in range(len(names)):
+        if start not in best:
+            continue
+        for end in range(start + 1, len(names) + 1):
+            if names[start:end] not in vocabulary:
+                continue
+            ops = [*best[start], f"aten::{names[start:end]}"]
+            if end == len(names):
+                spelled = ops if spelled is None or len(ops) < len(spelled) else spelled
+            elif names[end] == "_" and end + 1 < len(names) and len(best.get(end + 1, ops)) >= len(ops):
+                best[end + 1] = ops
+    return spelled or []
+
+
+@functools.cache
+def _aten_names() -> frozenset[str]:
+    """The names of aten's operators, without their overloads (``convolution_backward``, ``copy_``)."""
+    import torch
+
+    return frozenset(name.partition("::")[2].partition(".")[0] for name in torch._C._dispatch_get_all_op_names()
+                     if name.startswith("aten::"))

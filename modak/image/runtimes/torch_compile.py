@@ -1,18 +1,36 @@
 """torch.compile (Inductor): the PyTorch eager session with the module compiled in the candidate's mode.
 
-Compilation happens on the first step; the runner counts that step's extra time as compile time.
+Compilation happens on the first step; the runner counts that step's extra time as compile time. :func:`profile`
+reports Inductor's kernels (its fused ``cpp_fused_*`` / ``triton_*`` kernels and the aten ops it calls).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from modak.image.kernels import Profile
 from modak.image.runtimes.base import FunctionSession, RunRequest
-from modak.image.runtimes.pytorch import build_session
+from modak.image.runtimes.pytorch import build_session, profile_steps
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
+    return build_session(request, inputs, wrap=_compiler(request))
+
+
+def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> Profile:
+    """The kernels of one profiled step (:func:`modak.image.runtimes.pytorch.profile_steps`), compiled with
+    Inductor's kernel profiling on (``cpp.enable_kernel_profile``: its C++ kernels then report to the profiler, as
+    its Triton kernels always do), which only the profiled launch pays for."""
+    import torch._inductor.config
+
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+        return profile_steps(request, inputs, steps, wrap=_compiler(request))
+
+
+def _compiler(request: RunRequest) -> Any:
     import torch
 
     mode = request.params.get("mode", "default")
-    return build_session(request, inputs, wrap=lambda module: torch.compile(module, mode=mode))
+    return lambda module: torch.compile(module, mode=mode)

@@ -23,6 +23,8 @@ image's workdir) therefore bakes the tuning in: :func:`artifacts` names the fold
 Target: ``{"kind": "llvm", "mcpu": ..., "num-cores": ...}``. ``mcpu`` is ``request.extra["mcpu"]`` when
 given, else the host CPU as LLVM itself detects it (what ``-mcpu=native`` would pick), else a name mapped
 from archspec's host microarchitecture (:data:`ARCHSPEC_TO_LLVM`), else ``generic``.
+
+Profiles (#40): :func:`profile` times the compiled primitives of a step.
 """
 
 from __future__ import annotations
@@ -32,14 +34,18 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
 from modak.paths import write_atomic
 
 MARKER = "modak-tuned.json"
@@ -60,6 +66,63 @@ ARCHSPEC_TO_LLVM = {
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
+    return FunctionSession(_step(*_virtual_machine(request, inputs)))
+
+
+def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> Profile:
+    """The primitives of one profiled step, timed by a Relax VM instrument (TVM 0.27 has no graph debug executor
+    and its VM no profiler): the VM calls it before and after each call instruction. A kernel is a call of a
+    compiled primitive (``fused_conv2d_add_relu``, ``matmul``; its kind drops the numeric suffix that tells the
+    primitives of different shapes apart); calls of the VM's builtins (``vm.builtin.*``: allocation, shape
+    checks, reshapes) are ``unmapped_seconds``. ``shapes``: its arguments' shapes, its outputs' last
+    (primitives are destination-passing); ``nodes`` stay empty: the Relax module keeps no ONNX node names."""
+    import tvm
+
+    vm, names = _virtual_machine(request, inputs)
+    step = _step(vm, names)
+    started: list[float] = []
+    calls: list[tuple[str, float, list[Any]]] = []
+
+    def instrument(_func: Any, symbol: str, before_run: bool, _ret: Any, *args: Any) -> int:
+        now = time.perf_counter()
+        if before_run:
+            started.append(now)
+        else:
+            calls.append((str(symbol), now - started.pop(), [a for a in args if isinstance(a, tvm.runtime.Tensor)]))
+        return int(tvm.relax.VMInstrumentReturnKind.NO_OP)
+
+    vm.set_instrument(instrument)
+    for _ in range(WARMUP_STEPS):
+        step(inputs)
+    walls: list[float] = []
+    per_step: list[list[tuple[str, float, list[Any]]]] = []
+    for _ in range(steps):
+        calls.clear()
+        start = time.perf_counter()
+        step(inputs)
+        walls.append(time.perf_counter() - start)
+        per_step.append(list(calls))
+    median = median_step(walls)
+    found: dict[Kernel, list[float]] = {}
+    unmapped = 0.0
+    for symbol, seconds, tensors in per_step[median]:
+        if symbol.startswith("vm."):
+            unmapped += seconds
+            continue
+        kind = re.sub(r"\d+$", "", symbol)
+        kernel = Kernel(kind=kind, op=op_class(kind), shapes=tuple(tuple(int(d) for d in t.shape) for t in tensors),
+                        attributes=json.dumps({"dtypes": [str(t.dtype) for t in tensors]}, sort_keys=True))
+        found.setdefault(kernel, []).append(seconds)
+    return Profile(source="tvm-vm-instrument", steps=steps, step_seconds=walls[median],
+                   kernels=tuple(KernelTime(kernel=k, seconds=sum(t), calls=len(t)) for k, t in found.items()),
+                   unmapped_seconds=unmapped,
+                   notes=(f"{steps} profiled steps; the primitives of the median step, timed by a Relax VM "
+                          "instrument", "TVM's primitives are not mapped to ONNX nodes (the Relax module keeps no "
+                          "node names)"))
+
+
+def _virtual_machine(request: RunRequest, inputs: dict[str, np.ndarray]) -> tuple[Any, list[str]]:
+    """The candidate compiled (and tuned) in a Relax VM, and the names of the graph inputs ``main`` takes."""
     if request.device != "cpu":
         raise ValueError("the tvm runtime here targets CPUs (llvm) only")
     if request.threads:
@@ -80,15 +143,21 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSessi
         workers = int(request.threads or _cpu_count())
         mod = tune(mod, target, trials, tuning_dir(request, target, inputs), workers)
     executable = tvm.compile(mod, target=target)
-    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return relax.VirtualMachine(executable, tvm.cpu()), [value.name for value in model.graph.input
+                                                         if value.name in inputs]
+
+
+def _step(vm: Any, names: list[str]) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+    """One step: ``main`` of ``vm`` on the feeds ``names`` (copied into TVM tensors; outputs copied back)."""
+    import tvm
+
     main = vm["main"]
-    names = [value.name for value in model.graph.input if value.name in inputs]
     device = tvm.cpu()
 
     def step(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         arguments = [tvm.runtime.tensor(np.ascontiguousarray(feeds[name]), device) for name in names]
         return [o.numpy() for o in _as_list(main(*arguments))]
-    return FunctionSession(step)
+    return step
 
 
 def tune(mod: Any, target: Any, trials: int, work_dir: Path, workers: int) -> Any:
