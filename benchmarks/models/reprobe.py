@@ -33,7 +33,6 @@ from modak.predict.training import ok_rows, shipped_rows
 WAYS = {"plan": "the plan's (own ceilings, no offset)", "offset": "with the sibling's offset",
         "known": "as the known machine (its ceilings and offset)"}
 SPREADS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, learned.NEW_MACHINE_SPREAD)
-_Z80 = statistics.NormalDist().inv_cdf(0.9)
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,8 @@ class Predicted:
 
     def inside(self, spread: float) -> bool:
         """Whether the measured time is inside the 80% interval widened by ``spread`` in quadrature."""
-        low = self.step / math.exp(math.hypot(self.trees_low, _Z80 * spread))
-        high = self.step * math.exp(math.hypot(self.trees_high, _Z80 * spread))
+        low = self.step / math.exp(math.hypot(self.trees_low, learned.Z80 * spread))
+        high = self.step * math.exp(math.hypot(self.trees_high, learned.Z80 * spread))
         return low <= self.measured <= high
 
 
@@ -62,7 +61,7 @@ def predictions(model: LearnedPredictor, path: Path, catalog) -> dict[str, list[
         if machine or new_model or not same_kind:
             raise SystemExit(f"{path}: {row.machine} is not another probe of a known kind with known models "
                              f"(kind {example.kind})")
-        widen = (_Z80 * same_kind) ** 2
+        widen = (learned.Z80 * same_kind) ** 2
         trees_low = math.sqrt(max(0.0, math.log(step / low) ** 2 - widen))
         trees_high = math.sqrt(max(0.0, math.log(high / step) ** 2 - widen))
         known = next(m for m, kind in model.known_machines.items() if kind == example.kind)
@@ -101,11 +100,12 @@ def main() -> None:
     print(f"shipped rows {len(shipped)}, seeds {args.seeds}; SAME_KIND_SPREAD now {learned.SAME_KIND_SPREAD}")
     for path, ways in by_file.items():
         print(f"\n{path} ({len(ways['plan']) // args.seeds} rows)")
+        spread = learned.SAME_KIND_SPREAD
         for way, predicted in ways.items():
             errors = [math.log(p.step / p.measured) for p in predicted]
             print(f"  {WAYS[way]}: MAPE {statistics.mean(abs(math.exp(e) - 1) for e in errors):.1%}, mean log error "
                   f"{statistics.mean(errors):+.3f}, SD {statistics.pstdev(errors):.3f}, inside the 80% interval "
-                  f"{statistics.mean(p.inside(0.0 if way == 'known' else learned.SAME_KIND_SPREAD) for p in predicted):.1%}")
+                  f"{statistics.mean(p.inside(0.0 if way == 'known' else spread) for p in predicted):.1%}")
         print("  the plan's, inside the 80% interval: " + ", ".join(
             f"s={s:.3g} {statistics.mean(p.inside(s) for p in ways['plan']):.1%}" for s in SPREADS))
         print(f"  s for 80%: {calibrated(ways['plan']):.3f}")
