@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -67,6 +68,9 @@ CONVERSIONS = frozenset({"ReorderInput", "ReorderOutput", "Transpose", "Cast", "
 PROFILE_WARMUP_STEPS = 3
 _EVENT_SUFFIX = "_kernel_time"  # the profiler's event for a node: "<node name>_kernel_time"
 _OWN_DOMAINS = ("", "ai.onnx", "com.microsoft")  # op types named without their domain
+# ONNX Runtime's NCHWc transformer names a node "<the ONNX tensor it computes, in NCHWc layout>_nchwc" (made unique
+# with "_token_<n>"): the link where a chain of NCHWc nodes passes tensors of its own between them.
+_NCHWC_NAME = re.compile(r"(?P<tensor>.+)_nchwc(?:_token_\d+)?")
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,9 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
     """Each node of ``optimized`` (ONNX Runtime's optimized form of ``original``, in its order) as a kernel.
 
     A node is seeded with the ONNX producers of the ONNX tensors it outputs, directly or through the conversions
-    after it (a NCHWc convolution's ReorderOutput), then absorbs the ONNX nodes upstream that the optimized graph
-    dropped (:class:`modak.image.onnx_nodes.Cover`): a FusedConv covers the Conv, BatchNormalization and Relu it
-    replaced."""
+    after it (a NCHWc convolution's ReorderOutput) or as its NCHWc name says, then absorbs the ONNX nodes upstream
+    that the optimized graph dropped (:class:`modak.image.onnx_nodes.Cover`): a FusedConv covers the Conv,
+    BatchNormalization and Relu it replaced."""
     cover = Cover(original)
     original_names = set(cover.ids)
     alive = ({t for node in optimized.node for t in (*node.input, *node.output)}
@@ -99,7 +103,8 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
     conversion = [node.op_type in CONVERSIONS and node.name not in original_names for node in optimized.node]
 
     def seeds(index: int) -> set[str]:
-        found: set[str] = set()
+        nchwc = _NCHWC_NAME.fullmatch(optimized.node[index].name)
+        found = {cover.producer[nchwc["tensor"]]} if nchwc and nchwc["tensor"] in cover.producer else set()
         pending, seen = [index], {index}
         while pending:
             for tensor in optimized.node[pending.pop()].output:
