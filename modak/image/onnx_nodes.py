@@ -5,14 +5,16 @@ rewritten graph. The link back to the ONNX graph is the tensors and the node nam
 *seeded* with the ONNX nodes the runtime names for it (ONNX Runtime: the producers of the ONNX tensors it outputs;
 OpenVINO: its ``originalLayersNames``), then *absorbs* the unclaimed ONNX nodes upstream of its seeds (the
 convolution that a Conv+BatchNorm+ReLU fusion renamed), up to tensors the rewritten graph still has, graph inputs,
-initializers and nodes another kernel claimed. An ONNX node is identified as :mod:`modak.workload.analysis`
+initializers and nodes another kernel claimed; a kernel that reads a tensor besides its main input also *joins* the
+unclaimed nodes downstream that combine its results with that tensor (the residual Add that ONNX Runtime's NCHWc
+convolution sums into its output). An ONNX node is identified as :mod:`modak.workload.analysis`
 identifies it: its name, or ``<op_type>_<index>`` when it has none.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -57,6 +59,12 @@ class Cover:
         self.producer = {t: self.ids[i] for i, node in enumerate(graph.node) for t in node.output if t}
         self.inputs = {self.ids[i]: [t for t in node.input if t] for i, node in enumerate(graph.node)}
         self.outputs = {self.ids[i]: [t for t in node.output if t] for i, node in enumerate(graph.node)}
+        self.consumers: dict[str, list[str]] = {}
+        for index, node in enumerate(graph.node):
+            for tensor in node.input:
+                self.consumers.setdefault(tensor, []).append(self.ids[index])
+        self.constants = {i.name for i in graph.initializer} | {
+            t for node in graph.node if node.op_type == "Constant" for t in node.output}
         self.claimed: set[str] = set()
 
     def claim(self, seeds: Iterable[str]) -> None:
@@ -78,8 +86,26 @@ class Cover:
         self.claimed.update(covered)
         return tuple(n for n in self.ids if n in covered)
 
+    def join(self, covered: Collection[str], reads: Collection[str]) -> tuple[str, ...]:
+        """``covered`` and the unclaimed nodes downstream of it whose inputs are all its results, tensors in
+        ``reads`` (what the kernel reads, as ONNX tensors) or constants, at least one from ``reads``; the joined
+        nodes become claimed. In graph order."""
+        joined = set(covered)
+        pending = list(covered)
+        while pending:
+            for tensor in self.outputs.get(pending.pop(), ()):
+                for node in self.consumers.get(tensor, ()):
+                    inputs = self.inputs[node]
+                    if node in joined or node in self.claimed or not any(t in reads for t in inputs):
+                        continue
+                    if all(t in reads or t in self.constants or self.producer.get(t) in joined for t in inputs):
+                        joined.add(node)
+                        pending.append(node)
+        self.claimed.update(joined)
+        return tuple(n for n in self.ids if n in joined)
 
-def resolve(name: str, by_name: dict[str, str]) -> str | None:
+
+def resolve(name: str, by_name: Mapping[str, str]) -> str | None:
     """The ONNX node a runtime's layer name stands for: a node name or output tensor name (``by_name``), else the
     same for the name without its trailing ``/part``s (runtimes name the pieces of a decomposed node so)."""
     while True:

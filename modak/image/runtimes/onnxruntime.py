@@ -102,9 +102,13 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
             consumers.setdefault(tensor, []).append(index)
     conversion = [node.op_type in CONVERSIONS and node.name not in original_names for node in optimized.node]
 
-    def seeds(index: int) -> set[str]:
+    def hint(index: int) -> str | None:
         nchwc = _NCHWC_NAME.fullmatch(optimized.node[index].name)
-        found = {cover.producer[nchwc["tensor"]]} if nchwc and nchwc["tensor"] in cover.producer else set()
+        return nchwc["tensor"] if nchwc and nchwc["tensor"] in cover.producer else None
+
+    def seeds(index: int) -> set[str]:
+        tensor = hint(index)
+        found = {cover.producer[tensor]} if tensor else set()
         pending, seen = [index], {index}
         while pending:
             for tensor in optimized.node[pending.pop()].output:
@@ -117,12 +121,32 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
                         pending.append(consumer)
         return found
 
+    producer = {t: i for i, node in enumerate(optimized.node) for t in node.output}
+    holds: dict[int, str] = {}  # a node whose NCHWc name is stale: it also computes the nodes it joined
+
+    def as_onnx(tensor: str) -> str | None:
+        """The ONNX tensor an optimized-graph tensor holds (in another layout, for a conversion's or a NCHWc
+        node's output), where the graph says."""
+        while tensor not in cover.producer and tensor not in cover.constants and tensor in producer:
+            index = producer[tensor]
+            if not conversion[index]:
+                return holds.get(index) or hint(index)
+            tensor = optimized.node[index].input[0]
+        return tensor
+
     seeded = [set() if conversion[i] else seeds(i) for i in range(len(optimized.node))]
     for nodes in seeded:
         cover.claim(nodes)
-    return tuple(GraphKernel(name=node.name, kind=kernel_kind(node), nodes=cover.absorb(nodes, alive) if nodes else (),
-                             attributes=attributes_json(node))
-                 for node, nodes in zip(optimized.node, seeded))
+    kernels = []
+    for index, (node, nodes) in enumerate(zip(optimized.node, seeded)):
+        reads = {as_onnx(t) for t in node.input[1:] if t} - {None}
+        absorbed = cover.absorb(nodes, alive) if nodes else ()
+        covered = cover.join(absorbed, reads) if nodes else ()
+        if len(covered) > len(absorbed):
+            holds[index] = cover.outputs[[n for n in covered if n not in absorbed][-1]][0]
+        kernels.append(GraphKernel(name=node.name, kind=kernel_kind(node), nodes=covered,
+                                   attributes=attributes_json(node)))
+    return tuple(kernels)
 
 
 def kernel_kind(node: onnx.NodeProto) -> str:

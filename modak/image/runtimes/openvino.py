@@ -48,6 +48,9 @@ _HINTS = ("LATENCY", "THROUGHPUT")
 # With one compile in five wrong, eight attempts all wrong is about one start in 400,000.
 COMPILE_ATTEMPTS = 8
 PROFILE_WARMUP_STEPS = 3
+# Layer types of the nodes OpenVINO inserts to convert layouts and precisions (an ONNX Cast it runs as a Convert
+# keeps the Cast's name): their time maps to no ONNX node.
+CONVERSIONS = frozenset({"Reorder", "Convert"})
 
 
 class WaveSession:
@@ -153,14 +156,19 @@ def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> P
             per_step[name] = per_step.get(name, 0.0) + grown / len(session.requests) / session.batches_per_step
     graph = onnx.load(request.onnx_path, load_external_data=False).graph
     kernels = execution_kernels(session.compiled.get_runtime_model(), graph)
-    times = tuple(KernelTime(kernel, per_step.get(name, 0.0)) for name, kernel in kernels if kernel.nodes)
-    unmapped = sum(per_step.get(name, 0.0) for name, kernel in kernels if not kernel.nodes)
-    notes = ("OpenVINO counts whole microseconds: a kernel shorter than one may count as 0",)
+    times = tuple(KernelTime(kernel, per_step.get(name, 0.0)) for name, kernel in kernels if not _conversion(kernel))
+    unmapped = sum(per_step.get(name, 0.0) for name, kernel in kernels if _conversion(kernel))
+    notes: tuple[str, ...] = ("OpenVINO counts whole microseconds: a kernel shorter than one may count as 0",)
     if session.batches_per_step > 1:
         notes += (f"{session.batches_per_step} streams: a kernel's time is its mean over the streams' infer "
                   f"requests, divided by {session.batches_per_step}",)
     return Profile(source="openvino-counters", steps=steps, step_seconds=statistics.median(walls), kernels=times,
                    unmapped_seconds=unmapped, notes=notes)
+
+
+def _conversion(kernel: Kernel) -> bool:
+    """Whether a kernel is a conversion OpenVINO inserted (no ONNX node of its own)."""
+    return not kernel.nodes and kernel.kind.partition(":")[0] in CONVERSIONS
 
 
 def _counters(infer_request: Any) -> dict[str, float]:
@@ -175,31 +183,31 @@ def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple
 
     ``originalLayersNames`` names the layers a node fused, as OpenVINO named them: an ONNX node's name, an output
     tensor's name where the node has none, those with ``/part`` suffixes for a decomposed node, or a name of
-    OpenVINO's own for a node its transformations rewrote (the ``Multiply_N`` of a Conv+BatchNorm fusion). The
-    names that resolve to ONNX nodes seed the kernel; a kernel with a name of OpenVINO's own also absorbs the
-    unclaimed ONNX nodes upstream (:class:`modak.image.onnx_nodes.Cover`): the Conv that the fusion renamed.
-    Nodes OpenVINO inserted (layout reorders) name nothing and cover no ONNX node."""
+    OpenVINO's own for a node its transformations rewrote (the ``Multiply_N`` of a Conv+BatchNorm fusion). It
+    leaves some fused layers out (a MatMul+Add FullyConnected is named after the Add). The names that resolve to
+    ONNX nodes seed an executed node's kernel, which then absorbs the unclaimed ONNX nodes upstream
+    (:class:`modak.image.onnx_nodes.Cover`): the Conv that the fusion renamed, the MatMul left unnamed. A node that is
+    not executed (a Reshape done in place, a constant) keeps the ONNX nodes of its own exact names from being
+    absorbed. Nodes that name nothing cover no ONNX node: the reorders OpenVINO inserts (:data:`CONVERSIONS`), and
+    some parts of a decomposed node (the MVN of a LayerNormalization, whose scale and shift carry its name)."""
     by_name = names_of(graph)
     cover = Cover(graph)
     layers = []
     for op in runtime_model.get_ordered_ops():
         info = op.get_rt_info()
-        names = [n for n in info["originalLayersNames"].astype(str).split(",") if n]
-        resolved = {resolve(n, by_name) for n in names}
-        seeds = {n for n in resolved if n is not None}
         executed = info["execTimeMcs"].astype(str) != "not_executed"
+        names = [n for n in info["originalLayersNames"].astype(str).split(",") if n]
+        seeds = {resolve(n, by_name) if executed else by_name.get(n) for n in names} - {None}
         cover.claim(seeds)
-        layers.append((op, info, seeds, executed and None in resolved))
+        if executed:
+            layers.append((op, info, seeds))
     kernels = []
-    for op, info, seeds, absorbs in layers:
-        if info["execTimeMcs"].astype(str) == "not_executed":
-            continue
-        nodes = cover.absorb(seeds) if absorbs else tuple(n for n in cover.ids if n in seeds)
+    for op, info, seeds in layers:
         shapes = tuple(tuple(d.get_length() if d.is_static else -1 for d in port.get_partial_shape())
                        for port in op.inputs())
         attributes = json.dumps({"output_layouts": info["outputLayouts"].astype(str),
                                  "runtime_precision": info["runtimePrecision"].astype(str)}, sort_keys=True)
         kind = f"{info['layerType'].astype(str)}:{info['primitiveType'].astype(str)}"
-        kernels.append((op.get_friendly_name(), Kernel(kind=kind, op="", nodes=nodes, shapes=shapes,
-                                                       attributes=attributes)))
+        kernels.append((op.get_friendly_name(), Kernel(kind=kind, op="", nodes=cover.absorb(seeds) if seeds else (),
+                                                       shapes=shapes, attributes=attributes)))
     return tuple(kernels)
