@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from modak.image.deployment import Deployment
@@ -93,6 +94,39 @@ def test_onnxruntime_graph_kernels_follow_tensors(tmp_path):
                                         onnx.load(tmp_path / "optimized.onnx").graph)
     assert [(k.kind, k.nodes) for k in kernels] == [
         ("FusedConv", ("conv", "bn", "relu")), ("MaxPool", ("pool",)), ("Flatten", ("flat",)), ("MatMul", ("fc",))]
+
+
+def write_residual(path: Path) -> None:
+    """conv1 -> relu1 -> conv2 -> add (+ relu1's output) -> conv3, 16 channels (NCHWc blocks) at 8x8."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.uniform(-0.3, 0.3, (16, 16, 3, 3)).astype(np.float32), f"w{i}")
+               for i in (1, 2, 3)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], "conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "r1"], ["a"], "add"),
+             helper.make_node("Conv", ["a", "w3"], ["y"], "conv3", pads=[1, 1, 1, 1])]
+    shape = ["N", 16, 8, 8]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save_model(model, path)
+
+
+def test_onnxruntime_residual_add_stays_with_the_convolution_that_sums_it(tmp_path):
+    """A NCHWc convolution sums a residual into its output; the next convolution does not take the Add."""
+    write_residual(tmp_path / "residual.onnx")
+    run = RunRequest(runtime="onnxruntime", device="cpu", precision="fp32", params={}, threads=1, task="inference",
+                     onnx_path=str(tmp_path / "residual.onnx"), zoo=None, batch_size=2,
+                     input_shapes={"x": [16, 8, 8]}, workdir=str(tmp_path))
+    kinds = check_profile(profiled(run), "onnxruntime-profiler", ("conv1", "relu1", "conv2", "add", "conv3"))
+    assert ("conv3",) in kinds and ("conv1", "relu1") in kinds
+    # NCHWc: the second convolution sums the residual; else the Add runs on its own.
+    assert ("conv2", "add") in kinds if kinds[("conv3",)] == "nchwc.Conv" else {("conv2",), ("add",)} <= set(kinds)
 
 
 @pytest.mark.parametrize("named", [True, False])

@@ -76,13 +76,14 @@ _NCHWC_NAME = re.compile(r"(?P<tensor>.+)_nchwc(?:_token_\d+)?")
 @dataclass(frozen=True)
 class GraphKernel:
     """A node of ONNX Runtime's optimized graph as a kernel: its name there, its kind (op type, with the domain
-    where it is neither ONNX's nor ``com.microsoft``: ``nchwc.Conv``), the ONNX nodes of the given graph it covers
-    (none: a conversion ONNX Runtime inserted) and its attributes."""
+    where it is neither ONNX's nor ``com.microsoft``: ``nchwc.Conv``), the ONNX nodes of the given graph it covers,
+    its attributes, and whether it is a conversion ONNX Runtime inserted (:data:`CONVERSIONS`; it covers none)."""
 
     name: str
     kind: str
     nodes: tuple[str, ...]
     attributes: str
+    conversion: bool = False
 
 
 def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tuple[GraphKernel, ...]:
@@ -145,7 +146,7 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
         if len(covered) > len(absorbed):
             holds[index] = cover.outputs[[n for n in covered if n not in absorbed][-1]][0]
         kernels.append(GraphKernel(name=node.name, kind=kernel_kind(node), nodes=covered,
-                                   attributes=attributes_json(node)))
+                                   attributes=attributes_json(node), conversion=conversion[index]))
     return tuple(kernels)
 
 
@@ -194,7 +195,8 @@ def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], 
     """A :class:`Profile` from ONNX Runtime's trace (its JSON events): the last ``steps`` runs (``model_run``
     events), each node event (``cat == "Node"``) matched to its optimized-graph kernel by name (the k-th event of
     a name in a run to the k-th node of that name); per kernel the median over the runs of its time in each.
-    Events of kernels that cover no ONNX node (conversions, nodes inside subgraphs) are ``unmapped_seconds``."""
+    Events of conversions and of nodes the optimized graph does not have (inside a subgraph) are
+    ``unmapped_seconds``."""
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-steps:]
     if len(runs) < steps:
         raise RuntimeError(f"ONNX Runtime's trace has {len(runs)} runs, {steps} were profiled")
@@ -217,7 +219,7 @@ def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], 
         same = by_name.get(name, [])
         occurrence = seen[run][name] = seen[run].get(name, -1) + 1
         duration = float(event["dur"]) * 1e-6
-        if not same or not kernels[same[min(occurrence, len(same) - 1)]].nodes:
+        if not same or kernels[same[min(occurrence, len(same) - 1)]].conversion:
             unmapped[run] += duration
             continue
         index = same[min(occurrence, len(same) - 1)]
