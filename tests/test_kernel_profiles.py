@@ -109,7 +109,7 @@ def write_residual(path: Path) -> None:
              helper.make_node("Conv", ["r1", "w2"], ["c2"], "conv2", pads=[1, 1, 1, 1]),
              helper.make_node("Add", ["c2", "r1"], ["a"], "add"),
              helper.make_node("Conv", ["a", "w3"], ["y"], "conv3", pads=[1, 1, 1, 1])]
-    shape = ["N", 16, 8, 8]
+    shape: list[str | int | None] = ["N", 16, 8, 8]
     graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

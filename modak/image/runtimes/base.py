@@ -37,6 +37,7 @@ from modak.image.kernels import Profile
 # Largest error tolerated before a runtime's output counts as wrong, relative to the reference's largest
 # magnitude: fp32 leaves room for reassociation, reduced precisions for their mantissas.
 TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 6e-2, "fp16": 3e-2, "int8": 1e-1}
+PROFILE_WARMUP_STEPS = 3  # steps a runtime's ``profile`` runs before its profiled ones
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 from modak.image.deployment import WAIT_VARIABLE
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.onnx_nodes import Cover, attributes_json, has_unique_names, node_ids
-from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, FunctionSession, RunRequest
 
 if TYPE_CHECKING:
     import onnx
@@ -65,7 +65,6 @@ def session_options(request: RunRequest) -> Any:
 # Node types ONNX Runtime inserts to convert layouts or move tensors between devices (a node of the given graph with
 # the same op type keeps its name, so it is not taken for one): their time maps to no ONNX node.
 CONVERSIONS = frozenset({"ReorderInput", "ReorderOutput", "Transpose", "Cast", "MemcpyToHost", "MemcpyFromHost"})
-PROFILE_WARMUP_STEPS = 3
 _EVENT_SUFFIX = "_kernel_time"  # the profiler's event for a node: "<node name>_kernel_time"
 _OWN_DOMAINS = ("", "ai.onnx", "com.microsoft")  # op types named without their domain
 # ONNX Runtime's NCHWc transformer names a node "<the ONNX tensor it computes, in NCHWc layout>_nchwc" (made unique
@@ -92,7 +91,8 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
     A node is seeded with the ONNX producers of the ONNX tensors it outputs, directly or through the conversions
     after it (a NCHWc convolution's ReorderOutput) or as its NCHWc name says, then absorbs the ONNX nodes upstream
     that the optimized graph dropped (:class:`modak.image.onnx_nodes.Cover`): a FusedConv covers the Conv,
-    BatchNormalization and Relu it replaced."""
+    BatchNormalization and Relu it replaced. It also joins the dropped nodes downstream that combine its output with
+    another tensor it reads: a NCHWc convolution that sums a residual covers the Add."""
     cover = Cover(original)
     original_names = set(cover.ids)
     alive = ({t for node in optimized.node for t in (*node.input, *node.output)}
@@ -140,7 +140,7 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
         cover.claim(nodes)
     kernels = []
     for index, (node, nodes) in enumerate(zip(optimized.node, seeded)):
-        reads = {as_onnx(t) for t in node.input[1:] if t} - {None}
+        reads = {tensor for tensor in (as_onnx(t) for t in node.input[1:] if t) if tensor}
         absorbed = cover.absorb(nodes, alive) if nodes else ()
         covered = cover.join(absorbed, reads) if nodes else ()
         if len(covered) > len(absorbed):

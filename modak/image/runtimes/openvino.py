@@ -36,7 +36,7 @@ import numpy as np
 
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.onnx_nodes import Cover, names_of, resolve
-from modak.image.runtimes.base import TOLERANCE, RunRequest, relative_error
+from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, TOLERANCE, RunRequest, relative_error
 
 if TYPE_CHECKING:
     import onnx
@@ -47,7 +47,6 @@ _HINTS = ("LATENCY", "THROUGHPUT")
 # of the precision's tolerance (fp32: 1e-4; compiles that agree differ by ~1e-6, the wrong ones by 9e-4 or more).
 # With one compile in five wrong, eight attempts all wrong is about one start in 400,000.
 COMPILE_ATTEMPTS = 8
-PROFILE_WARMUP_STEPS = 3
 # Layer types of the nodes OpenVINO inserts to convert layouts and precisions (an ONNX Cast it runs as a Convert
 # keeps the Cast's name): their time maps to no ONNX node.
 CONVERSIONS = frozenset({"Reorder", "Convert"})
@@ -197,7 +196,7 @@ def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple
         info = op.get_rt_info()
         executed = info["execTimeMcs"].astype(str) != "not_executed"
         names = [n for n in info["originalLayersNames"].astype(str).split(",") if n]
-        seeds = {resolve(n, by_name) if executed else by_name.get(n) for n in names} - {None}
+        seeds = {node for node in (resolve(n, by_name) if executed else by_name.get(n) for n in names) if node}
         cover.claim(seeds)
         if executed:
             layers.append((op, info, seeds))
