@@ -151,6 +151,31 @@ def test_openvino_streams_divide_kernel_times(tmp_path):
     assert any("streams" in note for note in profile.notes) == (session.batches_per_step > 1)
 
 
+@pytest.mark.parametrize("runtime, source, kind", [("onnxruntime", "onnxruntime-profiler", "FusedGemm"),
+                                                   ("openvino", "openvino-counters", "FullyConnected:")])
+def test_matmul_add_relu_is_one_kernel(tmp_path, runtime, source, kind):
+    """ONNX Runtime fuses them into a FusedGemm named after none of them; OpenVINO into a FullyConnected whose
+    originalLayersNames leaves the MatMul out: both kernels cover all three nodes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.uniform(-1, 1, (64, 32)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.uniform(-1, 1, (32,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], "matmul"), helper.make_node("Add", ["m", "b"], ["a"], "add"),
+             helper.make_node("Relu", ["a"], ["y"], "relu")]
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save_model(model, tmp_path / "dense.onnx")
+    run = RunRequest(runtime=runtime, device="cpu", precision="fp32", params={}, threads=1, task="inference",
+                     onnx_path=str(tmp_path / "dense.onnx"), zoo=None, batch_size=4, input_shapes={"x": [64]},
+                     workdir=str(tmp_path))
+    kinds = check_profile(profiled(run), source, ("matmul", "add", "relu"))
+    assert list(kinds) == [("matmul", "add", "relu")] and kinds[("matmul", "add", "relu")].startswith(kind)
+
+
 def _measure_profile(run: RunRequest, tmp_path: Path, *args: str) -> tuple[int, dict]:
     """``modak measure --profile`` as ``modak bench`` starts it: the deployment through the launcher."""
     deployment = Deployment(runtime=run.runtime, device=run.device, precision=run.precision, task=run.task,
