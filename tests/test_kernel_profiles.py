@@ -97,7 +97,7 @@ def test_onnxruntime_graph_kernels_follow_tensors(tmp_path):
 
 
 def write_residual(path: Path) -> None:
-    """conv1 -> relu1 -> conv2 -> add (+ relu1's output) -> conv3, 16 channels (NCHWc blocks) at 8x8."""
+    """conv1 -> relu1 -> conv2 -> add (+ relu1's output) -> relu2 -> conv3, 16 channels (NCHWc blocks) at 8x8."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -108,7 +108,8 @@ def write_residual(path: Path) -> None:
              helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
              helper.make_node("Conv", ["r1", "w2"], ["c2"], "conv2", pads=[1, 1, 1, 1]),
              helper.make_node("Add", ["c2", "r1"], ["a"], "add"),
-             helper.make_node("Conv", ["a", "w3"], ["y"], "conv3", pads=[1, 1, 1, 1])]
+             helper.make_node("Relu", ["a"], ["r2"], "relu2"),
+             helper.make_node("Conv", ["r2", "w3"], ["y"], "conv3", pads=[1, 1, 1, 1])]
     shape: list[str | int | None] = ["N", 16, 8, 8]
     graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], weights)
@@ -118,15 +119,18 @@ def write_residual(path: Path) -> None:
 
 
 def test_onnxruntime_residual_add_stays_with_the_convolution_that_sums_it(tmp_path):
-    """A NCHWc convolution sums a residual into its output; the next convolution does not take the Add."""
+    """A NCHWc convolution sums a residual into its output, then applies its activation: it covers the Add and the
+    Relu, the next convolution neither."""
     write_residual(tmp_path / "residual.onnx")
     run = RunRequest(runtime="onnxruntime", device="cpu", precision="fp32", params={}, threads=1, task="inference",
                      onnx_path=str(tmp_path / "residual.onnx"), zoo=None, batch_size=2,
                      input_shapes={"x": [16, 8, 8]}, workdir=str(tmp_path))
-    kinds = check_profile(profiled(run), "onnxruntime-profiler", ("conv1", "relu1", "conv2", "add", "conv3"))
-    assert ("conv3",) in kinds and ("conv1", "relu1") in kinds
-    # NCHWc: the second convolution sums the residual; else the Add runs on its own.
-    assert ("conv2", "add") in kinds if kinds[("conv3",)] == "nchwc.Conv" else {("conv2",), ("add",)} <= set(kinds)
+    kinds = check_profile(profiled(run), "onnxruntime-profiler", ("conv1", "relu1", "conv2", "add", "relu2", "conv3"))
+    # Without MLAS's NCHWc kernels, the Add and the Relu run on their own.
+    assert kinds in ({("conv1", "relu1"): "nchwc.Conv", ("conv2", "add", "relu2"): "nchwc.Conv",
+                      ("conv3",): "nchwc.Conv"},
+                     {("conv1", "relu1"): "FusedConv", ("conv2",): "Conv", ("add",): "Add", ("relu2",): "Relu",
+                      ("conv3",): "Conv"})
 
 
 @pytest.mark.parametrize("named", [True, False])

@@ -7,8 +7,8 @@ OpenVINO: its ``originalLayersNames``), then *absorbs* the unclaimed ONNX nodes 
 convolution that a Conv+BatchNorm+ReLU fusion renamed), up to tensors the rewritten graph still has, graph inputs,
 initializers and nodes another kernel claimed; a kernel that reads a tensor besides its main input also *joins* the
 unclaimed nodes downstream that combine its results with that tensor (the residual Add that ONNX Runtime's NCHWc
-convolution sums into its output). An ONNX node is identified as :mod:`modak.workload.analysis`
-identifies it: its name, or ``<op_type>_<index>`` when it has none.
+convolution sums into its output, and the activation it applies after the sum). An ONNX node is identified as
+:mod:`modak.workload.analysis` identifies it: its name, or ``<op_type>_<index>`` when it has none.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Cover:
         self.producer = {t: self.ids[i] for i, node in enumerate(graph.node) for t in node.output if t}
         self.inputs = {self.ids[i]: [t for t in node.input if t] for i, node in enumerate(graph.node)}
         self.outputs = {self.ids[i]: [t for t in node.output if t] for i, node in enumerate(graph.node)}
+        self.op_types = {self.ids[i]: node.op_type for i, node in enumerate(graph.node)}
         self.consumers: dict[str, list[str]] = {}
         for index, node in enumerate(graph.node):
             for tensor in node.input:
@@ -86,21 +87,30 @@ class Cover:
         self.claimed.update(covered)
         return tuple(n for n in self.ids if n in covered)
 
-    def join(self, covered: Collection[str], reads: Collection[str]) -> tuple[str, ...]:
+    def join(self, covered: Collection[str], reads: Collection[str], activation: str = "") -> tuple[str, ...]:
         """``covered`` and the unclaimed nodes downstream of it whose inputs are all its results, tensors in
-        ``reads`` (what the kernel reads, as ONNX tensors) or constants, at least one from ``reads``; the joined
-        nodes become claimed. In graph order."""
+        ``reads`` (what the kernel reads, as ONNX tensors) or constants, at least one from ``reads``; then the node
+        of op type ``activation`` (the activation the kernel says it applies last) that alone consumes the last
+        joined node's results. The joined nodes become claimed. In graph order."""
         joined = set(covered)
         pending = list(covered)
         while pending:
             for tensor in self.outputs.get(pending.pop(), ()):
                 for node in self.consumers.get(tensor, ()):
                     inputs = self.inputs[node]
-                    if node in joined or node in self.claimed or not any(t in reads for t in inputs):
-                        continue
-                    if all(t in reads or t in self.constants or self.producer.get(t) in joined for t in inputs):
+                    if node not in joined and node not in self.claimed and any(t in reads for t in inputs) and all(
+                            t in reads or t in self.constants or self.producer.get(t) in joined for t in inputs):
                         joined.add(node)
                         pending.append(node)
+        added = [n for n in self.ids if n in joined and n not in covered]
+        if activation and added:
+            results = self.outputs[added[-1]]
+            consumers = {n for t in results for n in self.consumers.get(t, ())}
+            if len(consumers) == 1:
+                node = consumers.pop()
+                if node not in self.claimed and self.op_types[node] == activation and all(
+                        t in results or t in self.constants for t in self.inputs[node]):
+                    joined.add(node)
         self.claimed.update(joined)
         return tuple(n for n in self.ids if n in joined)
 

@@ -92,7 +92,8 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
     after it (a NCHWc convolution's ReorderOutput) or as its NCHWc name says, then absorbs the ONNX nodes upstream
     that the optimized graph dropped (:class:`modak.image.onnx_nodes.Cover`): a FusedConv covers the Conv,
     BatchNormalization and Relu it replaced. It also joins the dropped nodes downstream that combine its output with
-    another tensor it reads: a NCHWc convolution that sums a residual covers the Add."""
+    another tensor it reads, and then its ``activation``: a NCHWc convolution that sums a residual covers the Add
+    and the Relu after it."""
     cover = Cover(original)
     original_names = set(cover.ids)
     alive = ({t for node in optimized.node for t in (*node.input, *node.output)}
@@ -142,7 +143,8 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
     for index, (node, nodes) in enumerate(zip(optimized.node, seeded)):
         reads = {tensor for tensor in (as_onnx(t) for t in node.input[1:] if t) if tensor}
         absorbed = cover.absorb(nodes, alive) if nodes else ()
-        covered = cover.join(absorbed, reads) if nodes else ()
+        activation = next((a.s.decode() for a in node.attribute if a.name == "activation"), "")
+        covered = cover.join(absorbed, reads, activation) if nodes else ()
         if len(covered) > len(absorbed):
             holds[index] = cover.outputs[[n for n in covered if n not in absorbed][-1]][0]
         kernels.append(GraphKernel(name=node.name, kind=kernel_kind(node), nodes=covered,
