@@ -180,6 +180,38 @@ def test_matmul_add_relu_is_one_kernel(tmp_path, runtime, source, kind):
     assert list(kinds) == [("matmul", "add", "relu")] and kinds[("matmul", "add", "relu")].startswith(kind)
 
 
+@pytest.mark.parametrize("runtime, source, kind", [("onnxruntime", "onnxruntime-profiler", "QLinearConv"),
+                                                   ("openvino", "openvino-counters", "Convolution:")])
+def test_int8_convolution_covers_its_quantize_and_dequantize_nodes(tmp_path, runtime, source, kind):
+    """A QDQ convolution runs as one int8 kernel (ONNX Runtime renames it "conv_token_<n>" and renames every tensor):
+    it covers the DequantizeLinear of its input and weights and the QuantizeLinear of its output."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    constants = {"s_x": np.float32(0.02), "z_x": np.uint8(128), "s_w": np.float32(0.005), "z_w": np.int8(0),
+                 "w_q": rng.integers(-100, 100, (16, 16, 3, 3)).astype(np.int8), "s_y": np.float32(0.05),
+                 "z_y": np.uint8(128)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_x", "z_x"], ["xq"], "quant_x"),
+             helper.make_node("DequantizeLinear", ["xq", "s_x", "z_x"], ["xd"], "dequant_x"),
+             helper.make_node("DequantizeLinear", ["w_q", "s_w", "z_w"], ["wd"], "dequant_w"),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], "conv", pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "s_y", "z_y"], ["cq"], "quant_y"),
+             helper.make_node("DequantizeLinear", ["cq", "s_y", "z_y"], ["y"], "dequant_y")]
+    shape: list[str | int | None] = ["N", 16, 8, 8]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save_model(model, tmp_path / "qdq.onnx")
+    run = RunRequest(runtime=runtime, device="cpu", precision="int8", params={}, threads=1, task="inference",
+                     onnx_path=str(tmp_path / "qdq.onnx"), zoo=None, batch_size=2, input_shapes={"x": [16, 8, 8]},
+                     workdir=str(tmp_path))
+    kinds = check_profile(profiled(run), source, tuple(n.name for n in nodes))
+    assert kinds[("dequant_x", "dequant_w", "conv", "quant_y")].startswith(kind)
+
+
 def _measure_profile(run: RunRequest, tmp_path: Path, *args: str) -> tuple[int, dict]:
     """``modak measure --profile`` as ``modak bench`` starts it: the deployment through the launcher."""
     deployment = Deployment(runtime=run.runtime, device=run.device, precision=run.precision, task=run.task,

@@ -89,9 +89,9 @@ class Cover:
 
     def join(self, covered: Collection[str], reads: Collection[str], activation: str = "") -> tuple[str, ...]:
         """``covered`` and the unclaimed nodes downstream of it whose inputs are all its results, tensors in
-        ``reads`` (what the kernel reads, as ONNX tensors) or constants, at least one from ``reads``; then the node
-        of op type ``activation`` (the activation the kernel says it applies last) that alone consumes the last
-        joined node's results. The joined nodes become claimed. In graph order."""
+        ``reads`` (what the kernel reads besides constants, as ONNX tensors) or constants, at least one from
+        ``reads``; then the node of op type ``activation`` (the activation the kernel says it applies last) that
+        alone consumes the last joined node's results. The joined nodes become claimed. In graph order."""
         joined = set(covered)
         pending = list(covered)
         while pending:

@@ -70,6 +70,9 @@ _OWN_DOMAINS = ("", "ai.onnx", "com.microsoft")  # op types named without their 
 # ONNX Runtime's NCHWc transformer names a node "<the ONNX tensor it computes, in NCHWc layout>_nchwc" (made unique
 # with "_token_<n>"): the link where a chain of NCHWc nodes passes tensors of its own between them.
 _NCHWC_NAME = re.compile(r"(?P<tensor>.+)_nchwc(?:_token_\d+)?")
+# A node ONNX Runtime rewrote keeps the ONNX node's name, made unique with "_token_<n>" (a QDQ Conv becomes the
+# QLinearConv "conv_token_9", whose tensors are all new).
+_KEPT_NAME = re.compile(r"(?P<node>.+?)(?:_token_\d+)?")
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,9 @@ class GraphKernel:
 def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tuple[GraphKernel, ...]:
     """Each node of ``optimized`` (ONNX Runtime's optimized form of ``original``, in its order) as a kernel.
 
-    A node is seeded with the ONNX producers of the ONNX tensors it outputs, directly or through the conversions
-    after it (a NCHWc convolution's ReorderOutput) or as its NCHWc name says, then absorbs the ONNX nodes upstream
+    A node is seeded with the ONNX node whose name it kept and the ONNX producers of the ONNX tensors it outputs,
+    directly or through the conversions after it (a NCHWc convolution's ReorderOutput) or as its NCHWc name says,
+    then absorbs the ONNX nodes upstream
     that the optimized graph dropped (:class:`modak.image.onnx_nodes.Cover`): a FusedConv covers the Conv,
     BatchNormalization and Relu it replaced. It also joins the dropped nodes downstream that combine its output with
     another tensor it reads, and then its ``activation``: a NCHWc convolution that sums a residual covers the Add
@@ -111,6 +115,9 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
     def seeds(index: int) -> set[str]:
         tensor = hint(index)
         found = {cover.producer[tensor]} if tensor else set()
+        kept = _KEPT_NAME.fullmatch(optimized.node[index].name)
+        if kept and kept["node"] in original_names:
+            found.add(kept["node"])
         pending, seen = [index], {index}
         while pending:
             for tensor in optimized.node[pending.pop()].output:
@@ -141,7 +148,7 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
         cover.claim(nodes)
     kernels = []
     for index, (node, nodes) in enumerate(zip(optimized.node, seeded)):
-        reads = {tensor for tensor in (as_onnx(t) for t in node.input[1:] if t) if tensor}
+        reads = {tensor for tensor in (as_onnx(t) for t in node.input[1:] if t) if tensor} - cover.constants
         absorbed = cover.absorb(nodes, alive) if nodes else ()
         activation = next((a.s.decode() for a in node.attribute if a.name == "activation"), "")
         covered = cover.join(absorbed, reads, activation) if nodes else ()
