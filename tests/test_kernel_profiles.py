@@ -133,6 +133,32 @@ def test_onnxruntime_residual_add_stays_with_the_convolution_that_sums_it(tmp_pa
                       ("conv3",): "Conv"})
 
 
+def test_onnxruntime_trace_of_unnamed_nodes(tmp_path):
+    """The parser alone on a trace of a graph whose nodes have no names (``profile`` names them first): the
+    profiler calls them ``<op type>_<index>``, matched by op type in graph order."""
+    import onnx
+    import onnxruntime as ort
+
+    run = request(tmp_path, "onnxruntime", named=False)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "trace")
+    session = ort.InferenceSession(run.onnx_path, options, providers=["CPUExecutionProvider"])
+    for _ in range(STEPS):
+        session.run(None, make_inputs(run))
+    events = json.loads(Path(session.end_profiling()).read_text())
+    optimized = onnx.load(tmp_path / "optimized.onnx").graph
+    assert not any(node.name for node in optimized.node)
+    kernels = ort_runtime.graph_kernels(onnx.load(run.onnx_path).graph, optimized)
+    profile = ort_runtime.parse_trace(events, kernels, STEPS, step_seconds=1.0)
+    assert [(k.kernel.kind, k.kernel.nodes, k.calls) for k in profile.kernels] == [
+        ("FusedConv", UNNAMED[:3], 1), ("MaxPool", UNNAMED[3:4], 1), ("Flatten", UNNAMED[4:5], 1),
+        ("MatMul", UNNAMED[5:], 1)]
+    assert all(k.seconds > 0 for k in profile.kernels[:1]) and profile.unmapped_seconds == 0
+
+
 @pytest.mark.parametrize("named", [True, False])
 def test_openvino_fused_convolution_covers_conv_batchnorm_relu(tmp_path, named):
     names = CONV_BN_RELU_NODES if named else UNNAMED

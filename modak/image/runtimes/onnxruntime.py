@@ -203,15 +203,16 @@ def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], 
                 notes: tuple[str, ...] = ()) -> Profile:
     """A :class:`Profile` from ONNX Runtime's trace (its JSON events): the last ``steps`` runs (``model_run``
     events), each node event (``cat == "Node"``) matched to its optimized-graph kernel by name (the k-th event of
-    a name in a run to the k-th node of that name); per kernel the median over the runs of its time in each.
+    a name in a run to the k-th node of that name; a node without a name, which the profiler calls
+    ``<op type>_<its index>``, by op type); per kernel the median over the runs of its time in each.
     Events of conversions and of nodes the optimized graph does not have (inside a subgraph) are
     ``unmapped_seconds``."""
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-steps:]
     if len(runs) < steps:
         raise RuntimeError(f"ONNX Runtime's trace has {len(runs)} runs, {steps} were profiled")
     by_name: dict[str, list[int]] = {}
-    for index, kernel in enumerate(kernels):
-        by_name.setdefault(kernel.name, []).append(index)
+    for index, kernel in enumerate(kernels):  # (unnamed nodes under "\0<op type>", which no name is)
+        by_name.setdefault(kernel.name or f"\0{kernel.kind.rpartition('.')[2]}", []).append(index)
     seconds: list[list[float]] = [[0.0] * len(runs) for _ in kernels]
     calls = [[0] * len(runs) for _ in kernels]
     shapes: dict[int, tuple[tuple[int, ...], ...]] = {}
@@ -225,6 +226,10 @@ def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], 
         if run is None:
             continue
         name = event["name"][:-len(_EVENT_SUFFIX)]
+        args = event.get("args", {})
+        op_type = str(args.get("op_name", ""))
+        if name not in by_name and re.fullmatch(rf"{re.escape(op_type)}_\d+", name):
+            name = f"\0{op_type}"
         same = by_name.get(name, [])
         occurrence = seen[run][name] = seen[run].get(name, -1) + 1
         duration = float(event["dur"]) * 1e-6
@@ -234,7 +239,6 @@ def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], 
         index = same[min(occurrence, len(same) - 1)]
         seconds[index][run] += duration
         calls[index][run] += 1
-        args = event.get("args", {})
         shapes.setdefault(index, tuple(tuple(int(d) for d in next(iter(t.values())))
                                        for t in args.get("input_type_shape", [])))
         provider.setdefault(index, str(args.get("provider", "")))
