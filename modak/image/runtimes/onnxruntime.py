@@ -1,5 +1,6 @@
 """ONNX Runtime: intra/inter-op threads and their wait policy, graph optimization level, execution mode; CPU or CUDA
-provider."""
+provider. Its ``profile`` reads the profiler's trace and maps the optimized graph's nodes to the ONNX nodes they cover
+(:func:`graph_kernels`, which a plan can use on the optimized graph alone)."""
 
 from __future__ import annotations
 

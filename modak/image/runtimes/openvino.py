@@ -22,6 +22,9 @@ to 0.013 off (relative to the largest magnitude) on every stream, for as long as
 one-stream compiles of the same models were never off (0 of 80; ViT-Tiny and a wide MLP never, 0 of 40 each). So
 a multi-stream compile is checked once against a one-stream compile of the same model on the example batch and
 compiled again while they disagree.
+
+:func:`profile` reads the CPU plugin's performance counters; :func:`execution_kernels` maps the executed nodes of the
+compiled model's execution graph to the ONNX nodes they cover.
 """
 
 from __future__ import annotations
