@@ -4,6 +4,7 @@
     modak run --input PATH --output DIR       batch inference over .npy/.npz files, resumable
     modak self-test [--steps 20] [--serve]    the build's smoke test: timed steps against the prediction
     modak measure [--min-seconds S] [--budget S]   what ``modak bench`` runs per launch (JSON on stdout)
+    modak measure --profile STEPS             per-kernel times of the runtime's profiler instead (JSON)
 
 Every command reads the deployment the image's entrypoint applied (``$MODAK_PLAN``, ``$MODAK_MODEL``,
 ``$MODAK_THREADS``; see :mod:`modak.runtime`). Exit codes: 0 done, 2 bad arguments or inputs, 3 the model or the
@@ -32,7 +33,16 @@ def parser() -> argparse.ArgumentParser:
     measure.add_argument("--min-seconds", type=float, default=1.0, help="seconds of timed steps at least")
     measure.add_argument("--budget", type=float, default=10.0, help="seconds of timed steps at most")
     measure.add_argument("--no-check", action="store_true", help="skip the reference check")
+    measure.add_argument("--profile", type=_steps, metavar="STEPS",
+                         help="instead of timing, profile STEPS steps with the runtime's own profiler")
     return main_parser
+
+
+def _steps(text: str) -> int:
+    """A positive step count (argparse type)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number of steps, got {text!r}")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "self-test":
             return measure.run_reported(lambda: measure.self_test(args.steps, serve_check=args.serve))
+        if args.profile is not None:
+            return measure.run_reported(lambda: measure.profile_deployment(args.profile))
         return measure.run_reported(
             lambda: measure.measure_deployment(args.min_seconds, args.budget, not args.no_check))
     except KeyboardInterrupt:

@@ -6,7 +6,9 @@ and the thread count it set):
 
 * ``python -m modak.image.launch -- python -m modak.runtime measure`` is what ``modak bench`` starts once per
   candidate (a fresh process, so thread settings and memory peaks belong to that candidate alone);
-* ``modak self-test`` is the build's smoke test in the image: warm-up, then at least 20 timed steps.
+* ``modak self-test`` is the build's smoke test in the image: warm-up, then at least 20 timed steps;
+* ``python -m modak.runtime measure --profile STEPS`` is ``modak bench``'s profiled launch of a candidate, beside
+  (never mixed with) its timed launches: the runtime's ``profile`` instead of timing (:func:`profile_deployment`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ import numpy as np
 
 from modak.errors import EXIT_OK, EXIT_RUN_FAILED
 from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE
-from modak.image.runtimes.base import TOLERANCE, RunRequest, has_graph, relative_error
+from modak.image.runtimes.base import TOLERANCE, RunRequest, has_graph, load_profiler, make_inputs, relative_error
 from modak.runtime import Model, open_model, request_from_environment
 
 _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
@@ -257,6 +259,26 @@ def measure_deployment(min_seconds: float, budget_s: float, check: bool) -> dict
     """:func:`measure` of the deployment the launcher applied, with the threads it used."""
     request = request_from_environment()
     return {**measure(request, min_seconds, budget_s, check), "threads": request.threads}
+
+
+def profile_deployment(steps: int) -> dict[str, Any]:
+    """:func:`profile` of the deployment the launcher applied, with the threads it used."""
+    request = request_from_environment()
+    return {**profile(request, steps), "threads": request.threads}
+
+
+def profile(request: RunRequest, steps: int) -> dict[str, Any]:
+    """The runtime's profile of ``steps`` steps (:func:`modak.image.runtimes.base.load_profiler`) as the report's
+    ``profile``: no timed steps, no reference check (profiling inflates times; the timed launches check)."""
+    result: dict[str, Any] = {"status": "error", "versions": _versions()}
+    profiler = load_profiler(request.runtime)
+    if profiler is None:
+        result["error"] = f"runtime {request.runtime} reports no profile"
+        return result
+    report = profiler(request, make_inputs(request), steps)
+    protocol = {"profile_steps": steps, **{k: os.environ[k] for k in PROTOCOL_VARIABLES if k in os.environ}}
+    result.update(status="ok", profile=asdict(report), peak_rss_mb=_peak_rss_mb(), protocol=protocol)
+    return result
 
 
 def self_test(steps: int = SELF_TEST_STEPS, budget_s: float = 120.0, serve_check: bool = False) -> dict[str, Any]:

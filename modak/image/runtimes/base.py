@@ -15,6 +15,10 @@ A module whose runs leave something a later run reuses (TVM's tuning databases) 
 -> host path, named for the image's runner, whose model stem is ``image_model_stem`` (a model's stem is its zoo
 name, else its ONNX file's stem). ``modak build`` copies them into the image. :func:`reusable_artifacts` is
 ``{}`` for the runtimes without it.
+
+A module that can say where a step's time goes also exposes ``profile(request, inputs, steps) ->
+modak.image.kernels.Profile``: the candidate prepared as ``prepare`` does, warmed up, then ``steps`` profiled steps,
+reported as per-kernel times of one step (:func:`load_profiler`; ``modak measure --profile``).
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from modak.image.kernels import Profile
+
 # Largest error tolerated before a runtime's output counts as wrong, relative to the reference's largest
 # magnitude: fp32 leaves room for reassociation, reduced precisions for their mantissas.
 TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 6e-2, "fp16": 3e-2, "int8": 1e-1}
+PROFILE_WARMUP_STEPS = 3  # steps a runtime's ``profile`` runs before its profiled ones
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,14 @@ class Runtime(Protocol):
 def load_runtime(name: str) -> Runtime:
     """The module implementing runtime ``name``."""
     return importlib.import_module(f"modak.image.runtimes.{name.replace('-', '_')}")  # type: ignore[return-value]
+
+
+Profiler = Callable[[RunRequest, dict[str, np.ndarray], int], Profile]
+
+
+def load_profiler(name: str) -> Profiler | None:
+    """Runtime ``name``'s ``profile`` (see the module docstring), or None where it reports no profile."""
+    return getattr(load_runtime(name), "profile", None)
 
 
 def reusable_artifacts(name: str, workdir: Path, model_stem: str, batch_size: int,

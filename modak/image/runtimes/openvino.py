@@ -22,16 +22,27 @@ to 0.013 off (relative to the largest magnitude) on every stream, for as long as
 one-stream compiles of the same models were never off (0 of 80; ViT-Tiny and a wide MLP never, 0 of 40 each). So
 a multi-stream compile is checked once against a one-stream compile of the same model on the example batch and
 compiled again while they disagree.
+
+:func:`profile` reads the CPU plugin's performance counters; :func:`execution_kernels` maps the executed nodes of the
+compiled model's execution graph to the ONNX nodes they cover.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modak.image.runtimes.base import TOLERANCE, RunRequest, relative_error
+from modak.image.kernels import Kernel, KernelTime, Profile
+from modak.image.onnx_nodes import Cover, names_of, resolve
+from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, TOLERANCE, RunRequest, relative_error
+
+if TYPE_CHECKING:
+    import onnx
 
 _PRECISION = {"bf16": "bf16", "fp16": "f16"}
 _HINTS = ("LATENCY", "THROUGHPUT")
@@ -39,15 +50,20 @@ _HINTS = ("LATENCY", "THROUGHPUT")
 # of the precision's tolerance (fp32: 1e-4; compiles that agree differ by ~1e-6, the wrong ones by 9e-4 or more).
 # With one compile in five wrong, eight attempts all wrong is about one start in 400,000.
 COMPILE_ATTEMPTS = 8
+# Layer types of the nodes OpenVINO inserts to convert layouts and precisions (an ONNX Cast it runs as a Convert
+# keeps the Cast's name): their time maps to no ONNX node.
+CONVERSIONS = frozenset({"Reorder", "Convert"})
 
 
 class WaveSession:
-    """Infer requests started together and waited for together, one batch of ``batch_size`` each."""
+    """Infer requests of ``compiled`` started together and waited for together, one batch of ``batch_size`` each."""
 
-    def __init__(self, requests: list[Any], batch_size: int) -> None:
+    def __init__(self, compiled: Any, requests: list[Any], batch_size: int) -> None:
+        self.compiled = compiled
         self.requests = requests
         self.batch_size = batch_size
         self.batches_per_step = len(requests)
+        self.runs = [0] * len(requests)  # inferences each request ran (profiling reads counters averaged over them)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """One wave over ``feeds``: k batches (k <= ``batches_per_step``) on the first k requests."""
@@ -63,6 +79,7 @@ class WaveSession:
             for port in request.model_inputs:
                 request.set_tensor(port, ov.Tensor(np.ascontiguousarray(feeds[port.get_any_name()][part])))
             request.start_async()
+            self.runs[index] += 1
         for request in used:
             request.wait()
         count = len(used[0].model_outputs)
@@ -70,6 +87,12 @@ class WaveSession:
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> WaveSession:
+    """The candidate's compiled model and its wave of infer requests."""
+    return _prepare(request, inputs, {})
+
+
+def _prepare(request: RunRequest, inputs: dict[str, np.ndarray], extra: dict[str, Any]) -> WaveSession:
+    """:func:`prepare` with ``extra`` plugin properties besides the candidate's (profiling's ``PERF_COUNT``)."""
     import openvino as ov
 
     hint = str(request.params.get("performance_hint", "LATENCY")).upper()
@@ -80,7 +103,7 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> WaveSession:
     model.reshape({port.get_any_name(): ov.PartialShape(list(inputs[port.get_any_name()].shape))
                    for port in model.inputs})
     config: dict[str, Any] = {"PERFORMANCE_HINT": hint,
-                              "INFERENCE_PRECISION_HINT": _PRECISION.get(request.precision, "f32")}
+                              "INFERENCE_PRECISION_HINT": _PRECISION.get(request.precision, "f32"), **extra}
     if request.threads:
         config["INFERENCE_NUM_THREADS"] = int(request.threads)
     device = "GPU" if request.device == "gpu" else "CPU"
@@ -88,7 +111,7 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> WaveSession:
     def compile_session(overrides: dict[str, Any]) -> WaveSession:
         compiled = core.compile_model(model, device, {**config, **overrides})
         depth = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
-        return WaveSession([compiled.create_infer_request() for _ in range(depth)], request.batch_size)
+        return WaveSession(compiled, [compiled.create_infer_request() for _ in range(depth)], request.batch_size)
 
     session = compile_session({})
     if session.batches_per_step == 1:
@@ -106,3 +129,87 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> WaveSession:
     raise RuntimeError(f"OpenVINO compiled {request.onnx_path} for {streams} streams {COMPILE_ATTEMPTS} times and "
                        f"each compile's outputs differed from a one-stream compile's (the last by {error:.3g}, "
                        f"relative; tolerated {limit:g}): use performance_hint LATENCY")
+
+
+def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> Profile:
+    """Per-kernel times of one step, from the CPU plugin's performance counters (``PERF_COUNT``) of the session
+    :func:`prepare` makes: warm-up, then ``steps`` profiled waves. A kernel is an executed node of the compiled
+    model's execution graph (:func:`execution_kernels`).
+
+    The plugin reports each node's mean over all inferences of a request's graph so far, in whole microseconds: a
+    kernel's time is the growth of its total over the profiled waves (mean x inferences, after minus before) per
+    wave, averaged over the wave's infer requests and divided by the batches a wave runs (as the step time is)."""
+    import onnx
+
+    session = _prepare(request, inputs, {"PERF_COUNT": True})
+    feeds = {name: np.concatenate([batch] * session.batches_per_step) for name, batch in inputs.items()}
+    for _ in range(PROFILE_WARMUP_STEPS):
+        session.run(feeds)
+    before = [(runs, _counters(r)) for runs, r in zip(session.runs, session.requests)]
+    walls: list[float] = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        session.run(feeds)
+        walls.append((time.perf_counter() - start) / session.batches_per_step)
+    per_step: dict[str, float] = {}
+    for (runs_before, old), runs, infer_request in zip(before, session.runs, session.requests):
+        for name, mean in _counters(infer_request).items():
+            grown = max(0.0, mean * runs - old.get(name, 0.0) * runs_before) / steps
+            per_step[name] = per_step.get(name, 0.0) + grown / len(session.requests) / session.batches_per_step
+    graph = onnx.load(request.onnx_path, load_external_data=False).graph
+    kernels = execution_kernels(session.compiled.get_runtime_model(), graph)
+    times = tuple(KernelTime(kernel, per_step.get(name, 0.0)) for name, kernel in kernels if not _conversion(kernel))
+    unmapped = sum(per_step.get(name, 0.0) for name, kernel in kernels if _conversion(kernel))
+    notes: tuple[str, ...] = ("OpenVINO counts whole microseconds: a kernel shorter than one may count as 0",)
+    if session.batches_per_step > 1:
+        notes += (f"{session.batches_per_step} streams: a kernel's time is its mean over the streams' infer "
+                  f"requests, divided by {session.batches_per_step}",)
+    return Profile(source="openvino-counters", steps=steps, step_seconds=statistics.median(walls), kernels=times,
+                   unmapped_seconds=unmapped, notes=notes)
+
+
+def _conversion(kernel: Kernel) -> bool:
+    """Whether a kernel is a conversion OpenVINO inserted (no ONNX node of its own)."""
+    return not kernel.nodes and kernel.kind.partition(":")[0] in CONVERSIONS
+
+
+def _counters(infer_request: Any) -> dict[str, float]:
+    """An infer request's performance counters: node name -> mean seconds per inference so far."""
+    return {c.node_name: c.real_time.total_seconds() for c in infer_request.get_profiling_info()}
+
+
+def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple[str, Kernel], ...]:
+    """The executed nodes of a compiled model's execution graph (``get_runtime_model()``), by their name there, as
+    kernels of ``graph`` (the ONNX graph it was read from): kind ``<layerType>:<execType>`` (``Convolution:
+    brgconv_avx512_f32``), input shapes, output layouts and runtime precision as attributes.
+
+    ``originalLayersNames`` names the layers a node fused, as OpenVINO named them: an ONNX node's name, an output
+    tensor's name where the node has none, those with ``/part`` suffixes for a decomposed node, or a name of
+    OpenVINO's own for a node its transformations rewrote (the ``Multiply_N`` of a Conv+BatchNorm fusion). It
+    leaves some fused layers out (a MatMul+Add FullyConnected is named after the Add). The names that resolve to
+    ONNX nodes seed an executed node's kernel, which then absorbs the unclaimed ONNX nodes upstream
+    (:class:`modak.image.onnx_nodes.Cover`): the Conv that the fusion renamed, the MatMul left unnamed. A node that is
+    not executed (a Reshape done in place, a constant) keeps the ONNX nodes of its own exact names from being
+    absorbed. Nodes that name nothing cover no ONNX node: the reorders OpenVINO inserts (:data:`CONVERSIONS`), and
+    some parts of a decomposed node (the MVN of a LayerNormalization, whose scale and shift carry its name)."""
+    by_name = names_of(graph)
+    cover = Cover(graph)
+    layers = []
+    for op in runtime_model.get_ordered_ops():
+        info = op.get_rt_info()
+        executed = info["execTimeMcs"].astype(str) != "not_executed"
+        names = [n for n in info["originalLayersNames"].astype(str).split(",") if n]
+        seeds = {node for node in (resolve(n, by_name) if executed else by_name.get(n) for n in names) if node}
+        cover.claim(seeds)
+        if executed:
+            layers.append((op, info, seeds))
+    kernels = []
+    for op, info, seeds in layers:
+        shapes = tuple(tuple(d.get_length() if d.is_static else -1 for d in port.get_partial_shape())
+                       for port in op.inputs())
+        attributes = json.dumps({"output_layouts": info["outputLayouts"].astype(str),
+                                 "runtime_precision": info["runtimePrecision"].astype(str)}, sort_keys=True)
+        kind = f"{info['layerType'].astype(str)}:{info['primitiveType'].astype(str)}"
+        kernels.append((op.get_friendly_name(), Kernel(kind=kind, op="", nodes=cover.absorb(seeds) if seeds else (),
+                                                       shapes=shapes, attributes=attributes)))
+    return tuple(kernels)
