@@ -1,0 +1,143 @@
+"""The kernels a runtime reports for a graph at plan time (modak.workload.kernels): the real ONNX Runtime, OpenVINO
+and PyTorch on a Conv+BatchNormalization+ReLU graph and a zoo CNN."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from modak.paths import cache_dir
+from modak.workload.analysis import analyze
+from modak.workload.kernels import UnreportedGraph, planned_kernels
+from modak.workload.zoo import export_onnx
+
+NODES = ("conv", "bn", "relu")
+
+
+@pytest.fixture(scope="module")
+def cbr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Conv (3x3, bias) -> BatchNormalization -> Relu over a dynamic batch of 8x16x16 inputs."""
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    variance = numpy_helper.from_array((np.abs(rng.standard_normal(16)) + 1).astype(np.float32), "var")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"], name="bn"),
+         helper.make_node("Relu", ["n"], ["y"], name="relu")],
+        "cbr", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8, 16, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [weight("w", 16, 8, 3, 3), weight("b", 16), weight("scale", 16), weight("shift", 16), weight("mean", 16),
+         variance])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path_factory.mktemp("cbr") / "cbr.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _report(runtime: str, path: Path, batch: int = 4, **kwargs):
+    return planned_kernels(runtime, path, batch, {}, "fp32", 1, **kwargs)
+
+
+def test_onnxruntime_basic_level_folds_the_batchnorm_into_the_conv(cbr: Path) -> None:
+    kernels = _report("onnxruntime", cbr, params={"graph_optimization": "basic"})
+    profile = analyze(cbr, 4)
+    flops = {op.name: op.flops for op in profile.ops}
+    assert [(k.kind, k.op, k.nodes) for k in kernels] == [("Conv", "conv", ("conv", "bn")),
+                                                         ("Relu", "elementwise", ("relu",))]
+    conv = kernels[0]
+    assert conv.shapes == ((4, 8, 16, 16), (16, 8, 3, 3), (16,))  # at the job's batch; the folded weights
+    assert json.loads(conv.attributes) == {"auto_pad": "NOTSET", "group": 1, "kernel_shape": [3, 3],
+                                           "pads": [1, 1, 1, 1]}
+    assert conv.flops == flops["conv"] + flops["bn"] and kernels[1].flops == flops["relu"]
+
+
+def test_onnxruntime_all_level_fuses_conv_batchnorm_relu_into_one_kernel(cbr: Path) -> None:
+    """ORT's default level: one fused kernel covers the three nodes (FusedConv, or the NCHWc Conv and its
+    layout reorder where MLAS has NCHWc kernels: AVX2 and up)."""
+    kernels = _report("onnxruntime", cbr)
+    shapes = ((4, 8, 16, 16), (16, 8, 3, 3), (16,))
+    described = [(k.kind, k.op, k.nodes, json.loads(k.attributes).get("domain"), json.loads(k.attributes).get(
+        "activation")) for k in kernels]
+    assert described in ([("FusedConv", "conv", NODES, "com.microsoft", "Relu")],
+                         [("Conv", "conv", NODES, "com.microsoft.nchwc", "Relu"),
+                          ("ReorderOutput", "data_movement", (), "com.microsoft.nchwc", None)])
+    assert kernels[0].shapes[0] == shapes[0] and kernels[0].flops == analyze(cbr, 4).forward_flops
+
+
+def test_openvino_maps_its_fused_convolution_to_the_three_nodes(cbr: Path) -> None:
+    kernels = _report("openvino", cbr)
+    covering = [k for k in kernels if k.nodes]
+    assert len(covering) == 1
+    conv = covering[0]
+    assert conv.nodes == NODES and conv.op == "conv" and conv.kind  # the plugin's primitive, e.g. brgconv_avx512_f32
+    assert json.loads(conv.attributes)["layer"] == "Convolution"
+    assert conv.shapes[0] == (4, 8, 16, 16) and conv.flops == analyze(cbr, 4).forward_flops
+    assert all(json.loads(k.attributes)["layer"] == "Reorder" and k.op == "data_movement"
+               for k in kernels if k is not conv)
+
+
+@pytest.fixture(scope="module")
+def mnist() -> Path:
+    return export_onnx("mnist_cnn")
+
+
+def test_aten_ops_of_a_zoo_cnn_on_meta_tensors(mnist: Path) -> None:
+    kernels = planned_kernels("pytorch", mnist, 8, {"input": [1, 28, 28]}, "fp32", 1, zoo="mnist_cnn")
+    profile = analyze(mnist, 8, {"input": [1, 28, 28]})
+    convs = [k for k in kernels if k.kind == "aten::convolution"]
+    assert len(convs) == sum(1 for op in profile.ops if op.op_type == "Conv") == 2
+    assert all(k.op == "conv" and k.shapes[0][0] == 8 and not k.nodes for k in convs)
+    onnx_conv = sum(op.flops for op in profile.ops if op.op_type == "Conv")  # with 1 FLOP per output for the bias
+    assert sum(k.flops for k in convs) == pytest.approx(onnx_conv, rel=0.01)
+    matmul = sum(op.flops for op in profile.ops if op.op_class == "matmul")
+    assert sum(k.flops for k in kernels if k.op == "matmul") == pytest.approx(matmul, rel=0.01)
+
+
+def test_flops_add_up_to_the_analysis(mnist: Path) -> None:
+    """Every node the analysis costs is in one kernel, except the constants the runtimes fold (no FLOPs)."""
+    profile = analyze(mnist, 8, {"input": [1, 28, 28]})
+    for runtime in ("onnxruntime", "openvino"):
+        kernels = planned_kernels(runtime, mnist, 8, {"input": [1, 28, 28]}, "fp32", 1)
+        covered = [node for k in kernels for node in k.nodes]
+        assert len(covered) == len(set(covered)), runtime
+        uncovered = [op for op in profile.ops if op.name not in covered]
+        assert all(op.flops == 0 for op in uncovered), (runtime, uncovered)
+        assert sum(k.flops for k in kernels) == profile.forward_flops, runtime
+        assert sum(k.bytes for k in kernels) + sum(op.bytes for op in uncovered) == profile.forward_bytes
+
+
+def test_a_second_report_comes_from_the_cache(cbr: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime
+
+    built = []
+    session = onnxruntime.InferenceSession
+
+    def counted(*args, **kwargs):
+        built.append(args[0])
+        return session(*args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", counted)
+    folder = cache_dir() / "kernels"
+    before = set(folder.iterdir()) if folder.is_dir() else set()
+    first = _report("onnxruntime", cbr, batch=3)
+    assert _report("onnxruntime", cbr, batch=3) == first and len(built) == 1
+    (entry,) = set(folder.iterdir()) - before
+    _report("onnxruntime", cbr, batch=5)  # another batch, another answer
+    assert len(built) == 2
+    entry.write_text("{damaged")
+    assert _report("onnxruntime", cbr, batch=3) == first and len(built) == 3  # a damaged entry is asked again
+
+
+def test_runtimes_without_a_report(cbr: Path) -> None:
+    with pytest.raises(UnreportedGraph, match="tvm does not report"):
+        _report("tvm", cbr)
+    with pytest.raises(UnreportedGraph, match="outside the zoo"):
+        _report("pytorch", cbr)
