@@ -85,6 +85,60 @@ def test_openvino_maps_its_fused_convolution_to_the_three_nodes(cbr: Path) -> No
 
 
 @pytest.fixture(scope="module")
+def residual(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """conv_a+bn_a+relu_a -> conv_b+bn_b, add (the residual relu_a), relu_b -> conv_c, SiLU (sig, mul)."""
+    rng = np.random.default_rng(1)
+    nodes, weights = [], []
+
+    def conv(name: str, x: str, y: str, channels_in: int) -> None:
+        nodes.append(helper.make_node("Conv", [x, f"{name}.w"], [y], name=name, kernel_shape=[3, 3],
+                                      pads=[1, 1, 1, 1]))
+        weights.append(numpy_helper.from_array(rng.standard_normal((16, channels_in, 3, 3)).astype(np.float32),
+                                               f"{name}.w"))
+
+    def batchnorm(name: str, x: str, y: str) -> None:
+        parts = [f"{name}.{p}" for p in ("scale", "shift", "mean", "var")]
+        nodes.append(helper.make_node("BatchNormalization", [x, *parts], [y], name=name))
+        weights.extend(numpy_helper.from_array((rng.random(16) + 0.5).astype(np.float32), p) for p in parts)
+
+    conv("conv_a", "x", "ca", 8)
+    batchnorm("bn_a", "ca", "na")
+    nodes.append(helper.make_node("Relu", ["na"], ["r"], name="relu_a"))
+    conv("conv_b", "r", "cb", 16)
+    batchnorm("bn_b", "cb", "nb")
+    nodes += [helper.make_node("Add", ["nb", "r"], ["s"], name="add"),
+              helper.make_node("Relu", ["s"], ["rb"], name="relu_b")]
+    conv("conv_c", "rb", "cc", 16)
+    nodes += [helper.make_node("Sigmoid", ["cc"], ["g"], name="sig"),
+              helper.make_node("Mul", ["cc", "g"], ["y"], name="mul")]
+    graph = helper.make_graph(nodes, "residual",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], weights)
+    path = tmp_path_factory.mktemp("residual") / "residual.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_onnxruntime_epilogues_and_activations_map_to_their_kernels(residual: Path) -> None:
+    """The residual add and relu fused into conv_b's kernel, SiLU into QuickGelu: the same nodes whether ORT
+    runs NCHWc kernels (renamed tensors, the add and relu fused after the conversion) or FusedConv."""
+    kernels = _report("onnxruntime", residual)
+    assert [k.nodes for k in kernels if k.nodes] == [("conv_a", "bn_a", "relu_a"), ("conv_b", "bn_b", "add", "relu_b"),
+                                                     ("conv_c",), ("sig", "mul")]
+    assert [k.kind for k in kernels if k.nodes][-1] == "QuickGelu"
+
+
+def test_openvino_covers_every_node_once(residual: Path) -> None:
+    kernels = _report("openvino", residual)
+    covered = [node for k in kernels for node in k.nodes]
+    assert sorted(covered) == sorted(op.name for op in analyze(residual, 4).ops)
+    assert len(covered) == len(set(covered))
+    convolutions = {k.nodes[0]: k.nodes for k in kernels if json.loads(k.attributes)["layer"] == "Convolution"}
+    assert set(convolutions) == {"conv_a", "conv_b", "conv_c"}
+    assert convolutions["conv_a"] == ("conv_a", "bn_a", "relu_a")
+
+
+@pytest.fixture(scope="module")
 def mnist() -> Path:
     return export_onnx("mnist_cnn")
 

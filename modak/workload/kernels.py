@@ -43,7 +43,7 @@ from modak.errors import ModakError, short_reason
 from modak.image.kernels import OP_CLASSES, Kernel
 from modak.image.runtimes.base import RunRequest
 from modak.paths import cache_dir, write_atomic
-from modak.workload.analysis import OpStats, analyze, load_model, op_table, tensor_shapes
+from modak.workload.analysis import OpStats, analyze, load_model, tensor_shapes
 
 if TYPE_CHECKING:
     import onnx
@@ -213,14 +213,16 @@ def _cover(graph: _Graph, seeds: Sequence[Iterable[int]], stop: frozenset[str] =
 
 
 def _kernel(kind: str, covered: list[int], graph: _Graph, stats: Sequence[OpStats],
-            shapes: Iterable[tuple[int, ...]], attributes: dict[str, Any]) -> Kernel:
-    """A kernel covering original nodes ``covered``: its op class from the costliest of them (a kernel covering
-    none moves data, unless its kind is an ONNX op type), FLOPs and bytes their sums."""
+            shapes: Iterable[tuple[int, ...]], attributes: dict[str, Any], added: bool = True) -> Kernel:
+    """A kernel covering original nodes ``covered``: its op class from the costliest of them, FLOPs and bytes
+    their sums. A kernel covering none moves data where the runtime ``added`` it (a layout reorder, a
+    conversion); otherwise (a piece of a node the runtime split, named after no original node) its class is
+    unknown."""
     if covered:
         costliest = max(covered, key=lambda i: (stats[i].flops, stats[i].bytes))
         op_class = stats[costliest].op_class
     else:
-        op_class = op_table().get(kind, ("data_movement", 0.0))[0]
+        op_class = "data_movement" if added else "other"
     return Kernel(kind=kind, op=op_class if op_class in OP_CLASSES else "other",
                   nodes=tuple(graph.names[i] for i in covered), shapes=tuple(shapes),
                   attributes=json.dumps(attributes, sort_keys=True),
@@ -290,6 +292,8 @@ def _onnxruntime(request: RunRequest, graph: _Graph, stats: Sequence[OpStats],
             alias[node.output[0]] = _nchwc_output(node, prefix, graph, original)
         if node.op_type == "ReorderInput" and (held := original(node.input[0])):
             alias.setdefault(node.output[0], held)
+        if node.output and original(node.output[0]) is None and (named := _named_after(node.name, graph)) is not None:
+            alias[node.output[0]] = graph.nodes[named].output[0]
     for node in reversed(nodes):
         if node.op_type == "ReorderOutput" and (held := original(node.output[0])):
             alias.setdefault(node.input[0], held)
@@ -307,6 +311,16 @@ def _onnxruntime(request: RunRequest, graph: _Graph, stats: Sequence[OpStats],
         held_shapes = [shapes.get(original(t) or "", weights.get(t, ())) for t in node.input if t]
         kernels.append(_kernel(node.op_type, covered, graph, stats, held_shapes, attributes))
     return tuple(kernels)
+
+
+def _named_after(name: str, graph: _Graph) -> int | None:
+    """The original node a runtime's node is named after: its name, or the name before a ``/``-separated tail that
+    the runtime added (ONNX Runtime names a fusion ``<its last node>/<the fusion>/``)."""
+    while name:
+        if (node := graph.by_name.get(name)) is not None:
+            return node
+        name = name.rstrip("/").rpartition("/")[0]
+    return None
 
 
 def _nchwc_output(node: onnx.NodeProto, tensor: str, graph: _Graph, original: Any) -> str:
@@ -366,7 +380,8 @@ def _openvino(path: Path, graph: _Graph, stats: Sequence[OpStats], shapes: Mappi
         op_shapes = [tuple(op.get_input_partial_shape(i).to_shape()) if op.get_input_partial_shape(i).is_static
                      else () for i in range(op.get_input_size())]
         kind = info.get("primitiveType") or info.get("execType") or info.get("layerType", op.get_type_name())
-        kernels.append(_kernel(kind, covered, graph, stats, op_shapes, attributes))
+        added = not info.get("originalLayersNames")
+        kernels.append(_kernel(kind, covered, graph, stats, op_shapes, attributes, added))
     return tuple(kernels)
 
 
