@@ -155,6 +155,26 @@ def test_aten_ops_of_a_zoo_cnn_on_meta_tensors(mnist: Path) -> None:
     assert sum(k.flops for k in kernels if k.op == "matmul") == pytest.approx(matmul, rel=0.01)
 
 
+def test_aten_ops_of_a_training_step(mnist: Path) -> None:
+    """Forward, the built-in loss, backward and a steady SGD-with-momentum update (each parameter's momentum
+    buffer scaled in place, none created)."""
+    from modak.image.zoo import get_entry
+
+    kernels = planned_kernels("pytorch", mnist, 8, {"input": [1, 28, 28]}, "fp32", 1, zoo="mnist_cnn",
+                              task="training", loss="cross_entropy")
+    kinds = [k.kind for k in kernels]
+    parameters = len(list(get_entry("mnist_cnn").build().parameters()))
+    assert kinds.count("aten::convolution") == kinds.count("aten::convolution_backward") == 2
+    assert "aten::nll_loss_forward" in kinds and "aten::nll_loss_backward" in kinds
+    assert kinds.count("aten::mul_") == parameters and "aten::clone" not in kinds
+    inference = planned_kernels("pytorch", mnist, 8, {"input": [1, 28, 28]}, "fp32", 1, zoo="mnist_cnn")
+    # the backward pass: gradients of the activations (not the input's) and of the weights, about 2x the forward
+    assert sum(k.flops for k in kernels) == pytest.approx(3 * sum(k.flops for k in inference), rel=0.05)
+    with pytest.raises(UnreportedGraph, match="own loss"):
+        planned_kernels("pytorch", mnist, 8, {"input": [1, 28, 28]}, "fp32", 1, zoo="mnist_cnn", task="training",
+                        loss="losses.py:my_loss")
+
+
 def test_flops_add_up_to_the_analysis(mnist: Path) -> None:
     """Every node the analysis costs is in one kernel, except the constants the runtimes fold (no FLOPs)."""
     profile = analyze(mnist, 8, {"input": [1, 28, 28]})

@@ -41,12 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 from modak.errors import ModakError, short_reason
 from modak.image.kernels import OP_CLASSES, Kernel
-from modak.image.runtimes.base import RunRequest
 from modak.paths import cache_dir, write_atomic
 from modak.workload.analysis import OpStats, analyze, load_model, tensor_shapes
 
 if TYPE_CHECKING:
     import onnx
+
+    from modak.image.runtimes.base import RunRequest
 
 # runtime -> the package whose version the answer depends on
 PACKAGES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "pytorch": "torch", "torch-compile": "torch"}
@@ -69,6 +70,7 @@ _ATEN_CLASSES = (
     ("embedding", "data_movement"), ("empty", "data_movement"), ("zeros", "data_movement"),
     ("ones", "data_movement"), ("squeeze", "data_movement"), ("flatten", "data_movement"),
 )
+_ATEN = "aten::"
 _ATEN_TRANSPOSE = "aten::t"  # a 2-D transpose, whose name is in too many others to match as a part
 
 
@@ -79,20 +81,23 @@ class UnreportedGraph(ModakError):
 
 def planned_kernels(runtime: str, onnx_path: Path, batch_size: int, input_shapes: Mapping[str, Sequence[int]],
                     precision: str, threads: int, *, params: Mapping[str, Any] | None = None,
-                    zoo: str | None = None) -> tuple[Kernel, ...]:
-    """The kernels ``runtime`` (on the CPU) would run for one forward step of the graph at ``onnx_path`` at
+                    zoo: str | None = None, task: str = "inference", loss: str | None = None) -> tuple[Kernel, ...]:
+    """The kernels ``runtime`` (on the CPU) would run for one step of ``task`` of the graph at ``onnx_path`` at
     ``batch_size`` (``input_shapes``: per sample, as :func:`modak.workload.analysis.analyze` takes them), at
     ``precision`` and ``threads`` (0: the runtime's default) and the candidate's ``params`` (absent ones: the
-    runtime's defaults), in the order the runtime runs them. The PyTorch runtimes trace zoo model ``zoo``.
-    Cached (see the module docstring); raises :class:`UnreportedGraph` where there is no answer."""
+    runtime's defaults), in the order the runtime runs them. The PyTorch runtimes trace zoo model ``zoo`` (a
+    training step with the job's built-in ``loss``); the ONNX runtimes infer. Cached (see the module docstring);
+    raises :class:`UnreportedGraph` where there is no answer."""
     if runtime not in PACKAGES:
         raise UnreportedGraph(f"{runtime} does not report its kernels at plan time")
+    if task != "inference" and runtime not in TORCH_RUNTIMES:
+        raise UnreportedGraph(f"{runtime} runs no {task} step")
     if runtime in TORCH_RUNTIMES and zoo is None:
         raise UnreportedGraph(f"{runtime}: the aten ops of a model outside the zoo are not traced at plan time")
     path = Path(onnx_path)
     shapes = {name: [int(d) for d in dims] for name, dims in input_shapes.items()}
     chosen = dict(params or {})
-    key = _key(runtime, path, batch_size, shapes, precision, threads, chosen, zoo)
+    key = _key(runtime, path, batch_size, shapes, precision, threads, chosen, zoo, task, loss)
     file = cache_dir() / "kernels" / f"{key}.json"
     cached = _read_cache(file)
     if cached is not None:
@@ -100,7 +105,7 @@ def planned_kernels(runtime: str, onnx_path: Path, batch_size: int, input_shapes
     try:
         if runtime in TORCH_RUNTIMES:
             assert zoo is not None
-            kernels = _aten_kernels(zoo, batch_size, shapes)
+            kernels = _aten_kernels(zoo, batch_size, shapes, chosen, task, loss)
         else:
             kernels = _onnx_kernels(runtime, path, batch_size, shapes, precision, threads, chosen)
     except ModakError:
@@ -112,7 +117,7 @@ def planned_kernels(runtime: str, onnx_path: Path, batch_size: int, input_shapes
 
 
 def _key(runtime: str, path: Path, batch_size: int, shapes: dict[str, list[int]], precision: str, threads: int,
-         params: dict[str, Any], zoo: str | None) -> str:
+         params: dict[str, Any], zoo: str | None, task: str, loss: str | None) -> str:
     try:
         version = importlib.metadata.version(PACKAGES[runtime])
     except importlib.metadata.PackageNotFoundError:
@@ -123,8 +128,23 @@ def _key(runtime: str, path: Path, batch_size: int, shapes: dict[str, list[int]]
         raise UnreportedGraph(f"cannot read {path}: {exc.strerror or exc}") from None
     fields = {"model": model, "runtime": runtime, "version": version, "batch": batch_size, "shapes": shapes,
               "precision": precision, "threads": threads, "params": params, "zoo": zoo,
-              "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+              "task": task, "loss": loss, "code": _code_digest(runtime)}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _code_digest(runtime: str) -> str:
+    """The digest of the code an answer comes from: this module, the runtime's module in the image (its session
+    options, its step) and, for the PyTorch runtimes, the zoo's architectures."""
+    from modak.image import runtimes, zoo
+
+    module = "pytorch" if runtime in TORCH_RUNTIMES else runtime
+    files = [Path(__file__), Path(runtimes.__file__ or "").with_name(f"{module}.py")]
+    if runtime in TORCH_RUNTIMES:  # read, not imported: that would import torch
+        files += [Path(zoo.__file__ or ""), Path(zoo.__file__ or "").with_name("zoo_models.py")]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def _read_cache(file: Path) -> tuple[Kernel, ...] | None:
@@ -254,6 +274,8 @@ def _onnx_kernels(runtime: str, path: Path, batch_size: int, shapes: dict[str, l
     stats = analyze(model, batch_size, shapes).ops
     known = tensor_shapes(model, batch_size, shapes)
     if runtime == "onnxruntime":
+        from modak.image.runtimes.base import RunRequest
+
         request = RunRequest(runtime=runtime, device="cpu", precision=precision, params=params, threads=threads,
                              task="inference", onnx_path=str(path), zoo=None, batch_size=batch_size,
                              input_shapes=shapes, workdir="")
@@ -387,15 +409,23 @@ def _openvino(path: Path, graph: _Graph, stats: Sequence[OpStats], shapes: Mappi
 
 # --- PyTorch ----------------------------------------------------------------------------------------------
 
-def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]]) -> tuple[Kernel, ...]:
-    """The aten ops of zoo model ``zoo``'s forward pass on ``meta`` tensors (modak's own code: in-process)."""
+def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]], params: dict[str, Any], task: str,
+                  loss: str | None) -> tuple[Kernel, ...]:
+    """The aten ops of one step of zoo model ``zoo`` on ``meta`` tensors, as the PyTorch runtime builds the step
+    (:func:`modak.image.runtimes.pytorch.build_session`): the forward pass, or for training the forward pass, the
+    job's built-in loss, the backward pass and the SGD update of a steady step (after the one that makes the
+    momentum buffers). Modak's own code only: in-process."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
 
+    from modak.image.runtimes.base import RunRequest
+    from modak.image.runtimes.pytorch import SGD_MOMENTUM, _loss
     from modak.image.zoo import get_entry, make_inputs
 
+    if loss is not None and ":" in loss:
+        raise UnreportedGraph("pytorch: a training step with the user's own loss function is not traced at plan time")
     kernels: list[Kernel] = []
 
     def nbytes(value: torch.Tensor) -> int:  # at fp32 for floating point, as the analysis counts
@@ -405,25 +435,49 @@ def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]]) -> tu
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            name = func._schema.name
+            if not name.startswith(_ATEN):  # the profiler's record_function markers
+                return out
             count = flop_registry.get(func._overloadpacket)
             tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
             outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-            name = func._schema.name
             op_class = "data_movement" if name == _ATEN_TRANSPOSE else next(
                 (c for key, c in _ATEN_CLASSES if key in name), "elementwise")
-            kernels.append(Kernel(
-                kind=name, op=op_class, shapes=tuple(tuple(t.shape) for t in tensors),
-                attributes=json.dumps({"args": [_plain(a) for a in args],
-                                       **{k: _plain(v) for k, v in sorted(kwargs.items())}}, sort_keys=True),
-                flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
-                bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
+            attributes = {"args": [_plain(a) for a in args], **{k: _plain(v) for k, v in sorted(kwargs.items())}}
+            if tensors and tensors[0].dim() == 4 and not tensors[0].is_contiguous() and tensors[0].is_contiguous(
+                    memory_format=torch.channels_last):
+                attributes["layout"] = "channels_last"
+            kernels.append(Kernel(kind=name, op=op_class, shapes=tuple(tuple(t.shape) for t in tensors),
+                                  attributes=json.dumps(attributes, sort_keys=True),
+                                  flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
+                                  bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
             return out
 
     entry = get_entry(zoo)
     model = entry.build(shapes).to("meta")
-    inputs = {name: tensor.to("meta") for name, tensor in make_inputs(zoo, batch_size, shapes).items()}
-    with torch.no_grad(), Recorder():
-        model(*inputs.values())
+    batch = {name: tensor.to("meta") for name, tensor in make_inputs(zoo, batch_size, shapes).items()}
+    if params.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's hints omit it
+        batch = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+                 for name, t in batch.items()}
+    if task == "inference":
+        with torch.no_grad(), Recorder():
+            model(*batch.values())
+        return tuple(kernels)
+    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params=params, threads=None, task=task,
+                         onnx_path="", zoo=zoo, batch_size=batch_size, input_shapes=shapes, workdir="", loss=loss)
+    loss_of = _loss(request, torch.device("meta"))
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), **SGD_MOMENTUM)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_of(model(*batch.values()), batch).backward()
+        optimizer.step()
+
+    step()
+    with Recorder():
+        step()
     return tuple(kernels)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from modak.image.runtimes.base import FunctionSession, RunRequest, loss_targets
 
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
+SGD_MOMENTUM = {"lr": 1e-3, "momentum": 0.9}  # the training step's optimizer (torch.optim.SGD's arguments)
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
@@ -68,7 +69,7 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         return FunctionSession(infer)
 
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), **SGD_MOMENTUM)
     scaler = torch.amp.GradScaler(device.type, enabled=request.precision == "fp16")
     loss_of = _loss(request, device)
 
