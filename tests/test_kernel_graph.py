@@ -15,6 +15,7 @@ from modak.paths import cache_dir
 from modak.workload.analysis import analyze
 from modak.workload.kernels import UnreportedGraph, planned_kernels
 from modak.workload.zoo import export_onnx
+from tests.support.specs import CPU_TARGET, MIXER_MODULE
 
 NODES = ("conv", "bn", "relu")
 
@@ -170,7 +171,7 @@ def test_aten_ops_of_a_training_step(mnist: Path) -> None:
     inference = planned_kernels("pytorch", mnist, 8, {"input": [1, 28, 28]}, "fp32", 1, zoo="mnist_cnn")
     # the backward pass: gradients of the activations (not the input's) and of the weights, about 2x the forward
     assert sum(k.flops for k in kernels) == pytest.approx(3 * sum(k.flops for k in inference), rel=0.05)
-    with pytest.raises(UnreportedGraph, match="own loss"):
+    with pytest.raises(UnreportedGraph, match="own loss function"):
         planned_kernels("pytorch", mnist, 8, {"input": [1, 28, 28]}, "fp32", 1, zoo="mnist_cnn", task="training",
                         loss="losses.py:my_loss")
 
@@ -210,8 +211,39 @@ def test_a_second_report_comes_from_the_cache(cbr: Path, monkeypatch: pytest.Mon
     assert _report("onnxruntime", cbr, batch=3) == first and len(built) == 3  # a damaged entry is asked again
 
 
+def test_the_users_own_model_is_traced_in_a_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's module runs only in a child process (never imported here), at the job's batch; a second plan
+    reads the cache; a model the trace cannot run is no kernels, not an error of the plan."""
+    import sys
+
+    from modak.spec.loader import load_job
+
+    (tmp_path / "target.yaml").write_text(CPU_TARGET)
+    (tmp_path / "model.py").write_text(MIXER_MODULE)
+    (tmp_path / "job.yaml").write_text(
+        "apiVersion: modak/v1\nkind: Job\nname: own\ntarget: target.yaml\ntask: training\nmodel:\n"
+        "  pytorch: {module: model.py, factory: build_model, kwargs: {width: 8}}\n  input_shape: [3, 16, 16]\n"
+        "  batch_size: 4\n")
+    loaded = load_job(tmp_path / "job.yaml")
+    kernels = planned_kernels("pytorch", None, 6, {"input": [3, 16, 16]}, "fp32", 1, user=loaded, task="training")
+    assert "model" not in sys.modules
+    kinds = [k.kind for k in kernels]
+    assert kinds.count("aten::convolution") == kinds.count("aten::convolution_backward") == 1
+    conv = kernels[kinds.index("aten::convolution")]
+    assert conv.shapes[:2] == ((6, 3, 16, 16), (8, 3, 3, 3)) and conv.flops == 2 * 6 * 8 * 16 * 16 * 3 * 3 * 3
+    monkeypatch.setattr("modak.workload.kernels._CHILD", "no.such.module")  # a second plan starts no child
+    assert planned_kernels("pytorch", None, 6, {"input": [3, 16, 16]}, "fp32", 1, user=loaded,
+                           task="training") == kernels
+    (tmp_path / "model.py").write_text(MIXER_MODULE.replace("return Mixer(width)", "raise ValueError('no')"))
+    monkeypatch.undo()
+    with pytest.raises(UnreportedGraph, match="could not trace"):
+        planned_kernels("pytorch", None, 6, {"input": [3, 16, 16]}, "fp32", 1, user=load_job(tmp_path / "job.yaml"))
+
+
 def test_runtimes_without_a_report(cbr: Path) -> None:
     with pytest.raises(UnreportedGraph, match="tvm does not report"):
         _report("tvm", cbr)
-    with pytest.raises(UnreportedGraph, match="outside the zoo"):
+    with pytest.raises(UnreportedGraph, match="not an ONNX file"):
         _report("pytorch", cbr)
+    with pytest.raises(UnreportedGraph, match="has none"):
+        planned_kernels("openvino", None, 1, {}, "fp32", 1)

@@ -48,10 +48,13 @@ if TYPE_CHECKING:
     import onnx
 
     from modak.image.runtimes.base import RunRequest
+    from modak.spec.loader import LoadedJob
 
 # runtime -> the package whose version the answer depends on
 PACKAGES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "pytorch": "torch", "torch-compile": "torch"}
 TORCH_RUNTIMES = ("pytorch", "torch-compile")
+TRACE = "trace"  # the key of the user model child's request that asks for a trace: batch, params, task, loss
+_CHILD = "modak.workload.kernels_child"
 # ONNX Runtime's NCHWc transformer names a node after the original tensor it computed when converted + this; the
 # add (a "Sum" input after the bias) and "activation" it fuses afterwards come after that tensor
 _NCHWC = "_nchwc"
@@ -79,51 +82,69 @@ class UnreportedGraph(ModakError):
     or the runtime failed to build it): predict without kernels."""
 
 
-def planned_kernels(runtime: str, onnx_path: Path, batch_size: int, input_shapes: Mapping[str, Sequence[int]],
+def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input_shapes: Mapping[str, Sequence[int]],
                     precision: str, threads: int, *, params: Mapping[str, Any] | None = None,
-                    zoo: str | None = None, task: str = "inference", loss: str | None = None) -> tuple[Kernel, ...]:
+                    zoo: str | None = None, user: LoadedJob | None = None, task: str = "inference",
+                    loss: str | None = None) -> tuple[Kernel, ...]:
     """The kernels ``runtime`` (on the CPU) would run for one step of ``task`` of the graph at ``onnx_path`` at
     ``batch_size`` (``input_shapes``: per sample, as :func:`modak.workload.analysis.analyze` takes them), at
     ``precision`` and ``threads`` (0: the runtime's default) and the candidate's ``params`` (absent ones: the
-    runtime's defaults), in the order the runtime runs them. The PyTorch runtimes trace zoo model ``zoo`` (a
-    training step with the job's built-in ``loss``); the ONNX runtimes infer. Cached (see the module docstring);
-    raises :class:`UnreportedGraph` where there is no answer."""
+    runtime's defaults), in the order the runtime runs them. The PyTorch runtimes trace zoo model ``zoo``, or the
+    user's own model of job ``user`` in a child process (:mod:`modak.workload.kernels_child`; ``onnx_path`` is
+    then unused, None where no exporter could export it), a training step with the job's built-in ``loss``; the
+    ONNX runtimes infer. Cached (see the module docstring); raises :class:`UnreportedGraph` where there is no
+    answer."""
     if runtime not in PACKAGES:
         raise UnreportedGraph(f"{runtime} does not report its kernels at plan time")
     if task != "inference" and runtime not in TORCH_RUNTIMES:
         raise UnreportedGraph(f"{runtime} runs no {task} step")
-    if runtime in TORCH_RUNTIMES and zoo is None:
-        raise UnreportedGraph(f"{runtime}: the aten ops of a model outside the zoo are not traced at plan time")
-    path = Path(onnx_path)
+    if runtime in TORCH_RUNTIMES and zoo is None and user is None:
+        raise UnreportedGraph(f"{runtime} traces a zoo model or the user's own, not an ONNX file")
+    if loss is not None and ":" in loss:
+        raise UnreportedGraph(f"{runtime}: a training step with the user's own loss function is not traced at plan "
+                              "time")
+    if runtime not in TORCH_RUNTIMES and onnx_path is None:
+        raise UnreportedGraph(f"{runtime} runs an ONNX graph; the model has none")
     shapes = {name: [int(d) for d in dims] for name, dims in input_shapes.items()}
     chosen = dict(params or {})
-    key = _key(runtime, path, batch_size, shapes, precision, threads, chosen, zoo, task, loss)
+    traced = runtime in TORCH_RUNTIMES and zoo is None
+    key = _key(runtime, None if traced else onnx_path, user if traced else None, batch_size, shapes, precision,
+               threads, chosen, zoo, task, loss)
     file = cache_dir() / "kernels" / f"{key}.json"
     cached = _read_cache(file)
     if cached is not None:
         return cached
     try:
-        if runtime in TORCH_RUNTIMES:
+        if traced:
+            assert user is not None
+            kernels = _user_kernels(user, batch_size, chosen, task, loss)
+        elif runtime in TORCH_RUNTIMES:
             assert zoo is not None
             kernels = _aten_kernels(zoo, batch_size, shapes, chosen, task, loss)
         else:
-            kernels = _onnx_kernels(runtime, path, batch_size, shapes, precision, threads, chosen)
+            assert onnx_path is not None
+            kernels = _onnx_kernels(runtime, Path(onnx_path), batch_size, shapes, precision, threads, chosen)
     except ModakError:
         raise
     except Exception as exc:  # the runtime's own errors: an op it lacks, a graph it refuses
-        raise UnreportedGraph(f"{runtime} could not report its kernels for {path.name}: {short_reason(exc)}") from None
+        raise UnreportedGraph(f"{runtime} could not report its kernels: {short_reason(exc)}") from None
     write_atomic(file, json.dumps({"kernels": [asdict(k) for k in kernels]}, sort_keys=True))
     return kernels
 
 
-def _key(runtime: str, path: Path, batch_size: int, shapes: dict[str, list[int]], precision: str, threads: int,
-         params: dict[str, Any], zoo: str | None, task: str, loss: str | None) -> str:
+def _key(runtime: str, path: Path | None, user: LoadedJob | None, batch_size: int, shapes: dict[str, list[int]],
+         precision: str, threads: int, params: dict[str, Any], zoo: str | None, task: str, loss: str | None) -> str:
+    """The cache key: the model (the ONNX graph's digest, or the digests of the user's files and arguments) and
+    everything else the answer depends on."""
+    from modak.workload.usercode import model_digests
+
     try:
         version = importlib.metadata.version(PACKAGES[runtime])
     except importlib.metadata.PackageNotFoundError:
         raise UnreportedGraph(f"{runtime} is not installed here ({PACKAGES[runtime]})") from None
     try:
-        model = hashlib.sha256(path.read_bytes()).hexdigest()
+        model: Any = model_digests(user) if user is not None else hashlib.sha256(Path(path or "").read_bytes()
+                                                                                 ).hexdigest()
     except OSError as exc:
         raise UnreportedGraph(f"cannot read {path}: {exc.strerror or exc}") from None
     fields = {"model": model, "runtime": runtime, "version": version, "batch": batch_size, "shapes": shapes,
@@ -150,13 +171,15 @@ def _code_digest(runtime: str) -> str:
 def _read_cache(file: Path) -> tuple[Kernel, ...] | None:
     """The cached kernels in ``file``, or None (absent or unreadable: asked again)."""
     try:
-        data = json.loads(file.read_text())
-        return tuple(Kernel(kind=str(k["kind"]), op=str(k["op"]), nodes=tuple(str(n) for n in k["nodes"]),
-                            shapes=tuple(tuple(int(d) for d in s) for s in k["shapes"]),
-                            attributes=str(k["attributes"]), flops=float(k["flops"]), bytes=float(k["bytes"]))
-                     for k in data["kernels"])
+        return tuple(_decode(k) for k in json.loads(file.read_text())["kernels"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _decode(data: dict[str, Any]) -> Kernel:
+    return Kernel(kind=str(data["kind"]), op=str(data["op"]), nodes=tuple(str(n) for n in data["nodes"]),
+                  shapes=tuple(tuple(int(d) for d in s) for s in data["shapes"]), attributes=str(data["attributes"]),
+                  flops=float(data["flops"]), bytes=float(data["bytes"]))
 
 
 # --- the original graph -----------------------------------------------------------------------------------
@@ -411,10 +434,34 @@ def _openvino(path: Path, graph: _Graph, stats: Sequence[OpStats], shapes: Mappi
 
 def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]], params: dict[str, Any], task: str,
                   loss: str | None) -> tuple[Kernel, ...]:
-    """The aten ops of one step of zoo model ``zoo`` on ``meta`` tensors, as the PyTorch runtime builds the step
-    (:func:`modak.image.runtimes.pytorch.build_session`): the forward pass, or for training the forward pass, the
-    job's built-in loss, the backward pass and the SGD update of a steady step (after the one that makes the
-    momentum buffers). Modak's own code only: in-process."""
+    """The aten ops of one step of zoo model ``zoo`` (modak's own code: traced in-process)."""
+    from modak.image.zoo import get_entry, make_inputs
+
+    model = get_entry(zoo).build(shapes)
+    return trace_step(model, make_inputs(zoo, batch_size, shapes), params, task, loss)
+
+
+def _user_kernels(user: LoadedJob, batch_size: int, params: dict[str, Any], task: str,
+                  loss: str | None) -> tuple[Kernel, ...]:
+    """The aten ops of one step of the user's own model, traced in a child process (the user's code never runs
+    in the planner's)."""
+    from modak.errors import InputError
+    from modak.workload.usercode import run_child
+
+    work = {"batch": batch_size, "params": params, "task": task, "loss": loss}
+    try:
+        result = run_child(user, _CHILD, {TRACE: work})
+    except InputError as exc:
+        raise UnreportedGraph(f"pytorch could not trace the model on meta tensors: {exc.message}") from None
+    return tuple(_decode(k) for k in result["kernels"])
+
+
+def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], task: str,
+               loss: str | None) -> tuple[Kernel, ...]:
+    """The aten ops of one step of ``model`` on ``batch`` (input name -> tensor, in call order), both moved to
+    ``meta`` tensors, as the PyTorch runtime builds the step (:func:`modak.image.runtimes.pytorch.build_session`):
+    the forward pass, or for training the forward pass, the built-in ``loss``, the backward pass and the SGD update
+    of a steady step (after the one that makes the momentum buffers)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -422,10 +469,7 @@ def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]], param
 
     from modak.image.runtimes.base import RunRequest
     from modak.image.runtimes.pytorch import SGD_MOMENTUM, _loss
-    from modak.image.zoo import get_entry, make_inputs
 
-    if loss is not None and ":" in loss:
-        raise UnreportedGraph("pytorch: a training step with the user's own loss function is not traced at plan time")
     kernels: list[Kernel] = []
 
     def nbytes(value: torch.Tensor) -> int:  # at fp32 for floating point, as the analysis counts
@@ -453,26 +497,26 @@ def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]], param
                                   bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
             return out
 
-    entry = get_entry(zoo)
-    model = entry.build(shapes).to("meta")
-    batch = {name: tensor.to("meta") for name, tensor in make_inputs(zoo, batch_size, shapes).items()}
+    model = model.to("meta")
+    feeds = {name: tensor.to("meta") for name, tensor in batch.items()}
     if params.get("channels_last"):
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's hints omit it
-        batch = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
-                 for name, t in batch.items()}
+        model = model.to(memory_format=torch.channels_last)
+        feeds = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+                 for name, t in feeds.items()}
     if task == "inference":
+        model.eval()
         with torch.no_grad(), Recorder():
-            model(*batch.values())
+            model(*feeds.values())
         return tuple(kernels)
-    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params=params, threads=None, task=task,
-                         onnx_path="", zoo=zoo, batch_size=batch_size, input_shapes=shapes, workdir="", loss=loss)
+    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params=dict(params), threads=None,
+                         task=task, onnx_path="", zoo=None, batch_size=0, input_shapes={}, workdir="", loss=loss)
     loss_of = _loss(request, torch.device("meta"))
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), **SGD_MOMENTUM)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss_of(model(*batch.values()), batch).backward()
+        loss_of(model(*feeds.values()), feeds).backward()
         optimizer.step()
 
     step()
