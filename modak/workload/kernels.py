@@ -468,7 +468,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     from torch.utils.flop_counter import flop_registry
 
     from modak.image.runtimes.base import RunRequest
-    from modak.image.runtimes.pytorch import SGD_MOMENTUM, _loss
+    from modak.image.runtimes.pytorch import _loss, training_optimizer
 
     kernels: list[Kernel] = []
 
@@ -512,7 +512,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
                          task=task, onnx_path="", zoo=None, batch_size=0, input_shapes={}, workdir="", loss=loss)
     loss_of = _loss(request, torch.device("meta"))
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), **SGD_MOMENTUM)
+    optimizer = training_optimizer(model.parameters())
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

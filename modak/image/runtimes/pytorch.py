@@ -15,7 +15,6 @@ import numpy as np
 from modak.image.runtimes.base import FunctionSession, RunRequest, loss_targets
 
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
-SGD_MOMENTUM = {"lr": 1e-3, "momentum": 0.9}  # the training step's optimizer (torch.optim.SGD's arguments)
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
@@ -69,7 +68,7 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         return FunctionSession(infer)
 
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), **SGD_MOMENTUM)
+    optimizer = training_optimizer(model.parameters())
     scaler = torch.amp.GradScaler(device.type, enabled=request.precision == "fp16")
     loss_of = _loss(request, device)
 
@@ -84,6 +83,13 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
         sync()
         return [loss.detach().float().cpu().numpy()]
     return FunctionSession(train_step)
+
+
+def training_optimizer(parameters: Any) -> Any:
+    """The training step's optimizer over ``parameters``: SGD with momentum."""
+    import torch
+
+    return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)
 
 
 def user_module(request: RunRequest) -> Any:
