@@ -9,8 +9,10 @@ Nothing runs the model; modak writes no fusion rule of its own:
 * ``openvino``: the CPU plugin compiles the graph at the job's batch with the candidate's precision hint and
   threads; one kernel per node of its runtime model (``kind``: its ``primitiveType``, ``execType`` in older
   releases), less parameters, results and constants (nodes that only compute constants).
-* ``pytorch``, ``torch-compile`` (its eager ops): the aten ops of a zoo model run on ``meta`` tensors, with
-  ``torch.utils.flop_counter``'s FLOPs where it knows the op and the bytes of their tensors; no ONNX nodes.
+* ``pytorch``, ``torch-compile`` (its eager ops): the aten ops of one step (inference, or training: forward,
+  loss, backward, optimizer update) run on ``meta`` tensors, with ``torch.utils.flop_counter``'s FLOPs where it
+  knows the op and the bytes of their tensors; no ONNX nodes. A zoo model is traced here; the user's own model
+  only in a child process (:mod:`modak.workload.kernels_child`).
 
 The ONNX nodes of a kernel (of the original graph, named as :mod:`modak.workload.analysis` names them): the runtime
 names some (ONNX Runtime: the producers of the original tensors a node writes, seen through its NCHWc renames and
@@ -22,9 +24,10 @@ only compute constants are folded by the runtimes and covered by none. A kernel'
 its nodes' :class:`~modak.workload.analysis.OpStats`, its shapes the original graph's inferred shapes at the job's
 batch.
 
-Answers are cached as JSON under ``modak.paths.cache_dir() / "kernels"``, keyed by the ONNX graph's digest (its
-weights do not change what runs), the runtime and its version, the batch, input shapes, precision, threads, the
-candidate's parameters and this module's code.
+Answers are cached as JSON under ``modak.paths.cache_dir() / "kernels"``, keyed by the model (the ONNX graph's
+digest, whose weights do not change what runs; the zoo name; the digests of the user's files), the runtime and its
+version, the batch, input shapes, precision, threads, the candidate's parameters, the task and loss, and the code
+the answer comes from.
 """
 
 from __future__ import annotations
@@ -107,15 +110,15 @@ def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input
         raise UnreportedGraph(f"{runtime} runs an ONNX graph; the model has none")
     shapes = {name: [int(d) for d in dims] for name, dims in input_shapes.items()}
     chosen = dict(params or {})
-    traced = runtime in TORCH_RUNTIMES and zoo is None
-    key = _key(runtime, None if traced else onnx_path, user if traced else None, batch_size, shapes, precision,
-               threads, chosen, zoo, task, loss)
+    own = runtime in TORCH_RUNTIMES and zoo is None  # the user's own PyTorch model
+    key = _key(runtime, _model_identity(runtime, onnx_path, zoo, user), batch_size, shapes, precision, threads,
+               chosen, task, loss)
     file = cache_dir() / "kernels" / f"{key}.json"
     cached = _read_cache(file)
     if cached is not None:
         return cached
     try:
-        if traced:
+        if own:
             assert user is not None
             kernels = _user_kernels(user, batch_size, chosen, task, loss)
         elif runtime in TORCH_RUNTIMES:
@@ -132,36 +135,43 @@ def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input
     return kernels
 
 
-def _key(runtime: str, path: Path | None, user: LoadedJob | None, batch_size: int, shapes: dict[str, list[int]],
-         precision: str, threads: int, params: dict[str, Any], zoo: str | None, task: str, loss: str | None) -> str:
-    """The cache key: the model (the ONNX graph's digest, or the digests of the user's files and arguments) and
-    everything else the answer depends on."""
+def _model_identity(runtime: str, path: Path | None, zoo: str | None, user: LoadedJob | None) -> Any:
+    """What the model is, for the cache: the zoo name (the PyTorch runtimes' zoo models; the code digest covers
+    the architectures), the digests of the user's files and arguments, or the ONNX graph's digest."""
     from modak.workload.usercode import model_digests
 
+    if runtime in TORCH_RUNTIMES:
+        return {"zoo": zoo} if zoo is not None else model_digests(user) if user is not None else None
+    try:
+        return hashlib.sha256(Path(path or "").read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UnreportedGraph(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _key(runtime: str, model: Any, batch_size: int, shapes: dict[str, list[int]], precision: str, threads: int,
+         params: dict[str, Any], task: str, loss: str | None) -> str:
+    """The cache key: the model's identity and everything else the answer depends on."""
     try:
         version = importlib.metadata.version(PACKAGES[runtime])
     except importlib.metadata.PackageNotFoundError:
         raise UnreportedGraph(f"{runtime} is not installed here ({PACKAGES[runtime]})") from None
-    try:
-        model: Any = model_digests(user) if user is not None else hashlib.sha256(Path(path or "").read_bytes()
-                                                                                 ).hexdigest()
-    except OSError as exc:
-        raise UnreportedGraph(f"cannot read {path}: {exc.strerror or exc}") from None
     fields = {"model": model, "runtime": runtime, "version": version, "batch": batch_size, "shapes": shapes,
-              "precision": precision, "threads": threads, "params": params, "zoo": zoo,
-              "task": task, "loss": loss, "code": _code_digest(runtime)}
+              "precision": precision, "threads": threads, "params": params, "task": task, "loss": loss,
+              "code": _code_digest(runtime)}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def _code_digest(runtime: str) -> str:
     """The digest of the code an answer comes from: this module, the runtime's module in the image (its session
-    options, its step) and, for the PyTorch runtimes, the zoo's architectures."""
+    options, its step) and, for the PyTorch runtimes, the zoo's architectures and the user model's children."""
     from modak.image import runtimes, zoo
 
     module = "pytorch" if runtime in TORCH_RUNTIMES else runtime
     files = [Path(__file__), Path(runtimes.__file__ or "").with_name(f"{module}.py")]
-    if runtime in TORCH_RUNTIMES:  # read, not imported: that would import torch
-        files += [Path(zoo.__file__ or ""), Path(zoo.__file__ or "").with_name("zoo_models.py")]
+    if runtime in TORCH_RUNTIMES:  # files read, not imported (zoo_models would import torch)
+        here = Path(__file__)
+        files += [Path(zoo.__file__ or ""), Path(zoo.__file__ or "").with_name("zoo_models.py"),
+                  here.with_name("kernels_child.py"), here.with_name("usercode_child.py")]
     digest = hashlib.sha256()
     for file in files:
         digest.update(file.read_bytes())
