@@ -205,6 +205,7 @@ class _Graph:
     data_inputs: tuple[tuple[str, ...], ...]  # each node's inputs that are not constants
     constant: frozenset[int]  # nodes that only compute constants
     tensors: frozenset[str]  # every tensor name of the graph
+    outputs: frozenset[str]  # the graph's outputs
     by_name: Mapping[str, int]
 
     @classmethod
@@ -227,7 +228,8 @@ class _Graph:
         tensors = {vi.name for vi in graph.input} | set(producer) | set(consumers)
         names = tuple(node.name or f"{node.op_type}_{i}" for i, node in enumerate(graph.node))
         return cls(tuple(graph.node), names, producer, consumers, tuple(data_inputs), frozenset(constant),
-                   frozenset(tensors), {name: i for i, name in enumerate(names)})
+                   frozenset(tensors), frozenset(vi.name for vi in graph.output),
+                   {name: i for i, name in enumerate(names)})
 
     def resolve(self, name: str) -> int | None:
         """The node a runtime means by ``name``: a node of that name, or the producer of a tensor of that name."""
@@ -237,7 +239,7 @@ class _Graph:
 def _cover(graph: _Graph, seeds: Sequence[Iterable[int]], stop: frozenset[str] = frozenset()) -> list[list[int]]:
     """The original nodes each kernel covers, from the nodes the runtime names for it (``seeds``, one entry per
     kernel in the order the runtime runs them; see the module docstring). ``stop``: tensors the runtime keeps
-    (never inside a fused kernel)."""
+    (never inside a fused kernel, as the graph's outputs)."""
     owner: dict[int, int] = {}
     for kernel, seed in enumerate(seeds):
         for node in seed:
@@ -249,7 +251,7 @@ def _cover(graph: _Graph, seeds: Sequence[Iterable[int]], stop: frozenset[str] =
         for tensor in graph.data_inputs[node]:
             producer = graph.producer.get(tensor)
             if (producer is None or producer in owner or producer in graph.constant or tensor in stop
-                    or len(graph.consumers[tensor]) != 1):
+                    or tensor in graph.outputs or len(graph.consumers[tensor]) != 1):
                 continue
             owner[producer] = kernel
             frontier.append((producer, kernel))
