@@ -181,6 +181,16 @@ def step_profile(name: str, task: Task | str, batch_size: int, input_shapes: Map
                            forward_flops, forward_bytes, flops, nbytes)
 
 
+def tensor_shapes(model: onnx.ModelProto, batch_size: int,
+                  input_shapes: Mapping[str, list[int] | tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
+    """The shape at ``batch_size`` of every tensor of ``model`` (its local functions inlined) that ONNX shape
+    inference fixes, initializers included: the shapes :func:`analyze` costs the nodes at."""
+    skeleton, _ = _skeleton(model, batch_size, input_shapes or {})
+    shapes = {name: dims for name, (_, dims) in _infer_types(skeleton).items() if dims is not None}
+    shapes.update({t.name: tuple(t.dims) for t in model.graph.initializer})
+    return shapes
+
+
 def load_model(path: Path) -> onnx.ModelProto:
     """The ONNX file at ``path`` without its external weight data, within :data:`MAX_ONNX_BYTES` and
     :data:`MAX_ONNX_NODES`; a missing, oversized or undecodable file is an :class:`InputError` naming ``path``."""

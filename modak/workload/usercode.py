@@ -189,15 +189,38 @@ def _limit(variable: str, default: float) -> float:
     return value
 
 
-def _run_child(folder: Path, seconds: float, memory_gb: float, loaded: LoadedJob) -> None:
-    """Run the child on ``folder`` within ``seconds`` (then kill its whole process group), in the job file's
-    folder (the user's relative paths are relative to it); its output goes to ``folder/log``. A child that did
-    not write its result is an error at the field of the phase it was in."""
+def run_child(loaded: LoadedJob, child: str, work: dict[str, Any]) -> dict[str, Any]:
+    """The result of child module ``child`` (``python -m child FOLDER``, a :func:`usercode_child.main` with its own
+    work) on the user's model of ``loaded``, its request extended with ``work``, under the export's limits, in a
+    folder of its own that is removed after; a failure is an :class:`InputError` at the job's field."""
+    seconds, memory_gb = _limit(SECONDS_VARIABLE, DEFAULT_SECONDS), _limit(MEMORY_VARIABLE, DEFAULT_MEMORY_GB)
+    request, _ = _request(loaded)
+    with tempfile.TemporaryDirectory(prefix="modak-usercode-") as name:
+        folder = Path(name)
+        (folder / "request.json").write_text(json.dumps({**request, **work, "seconds": seconds,
+                                                         "memory_bytes": int(memory_gb * 2**30)}))
+        _run_child(folder, seconds, memory_gb, loaded, child)
+        result: dict[str, Any] = json.loads((folder / usercode_child.RESULT_FILE).read_text())
+    if not result["ok"]:
+        raise loaded.job_doc.error(result["field"], _message(result, memory_gb))
+    return result
+
+
+def model_digests(loaded: LoadedJob) -> dict[str, str]:
+    """The sha256 digests of the user's model files and arguments (module, weights, kwargs, program)."""
+    return _request(loaded)[1]
+
+
+def _run_child(folder: Path, seconds: float, memory_gb: float, loaded: LoadedJob, child_module: str = _CHILD
+               ) -> None:
+    """Run the child (``child_module``) on ``folder`` within ``seconds`` (then kill its whole process group), in
+    the job file's folder (the user's relative paths are relative to it); its output goes to ``folder/log``. A
+    child that did not write its result is an error at the field of the phase it was in."""
     package_parent = str(Path(usercode_child.__file__).resolve().parents[2])  # modak itself, for ``-m``
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",  # nothing written into the user's folders
            "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
     with (folder / "log").open("wb") as log:
-        child = subprocess.Popen([sys.executable, "-m", _CHILD, str(folder)], stdin=subprocess.DEVNULL,
+        child = subprocess.Popen([sys.executable, "-m", child_module, str(folder)], stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, cwd=loaded.job_doc.path.parent, env=env,
                                  start_new_session=True)
         try:

@@ -19,6 +19,7 @@ import resource
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +48,16 @@ class UserCodeError(Exception):
         self.file, self.line = _user_frame(exc, root) if exc is not None else (None, None)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], work: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None) -> int:
+    """Do ``work`` (default: :func:`run`) on the request in folder ``argv[1]`` under its limits; write its
+    result."""
     folder = Path(argv[1])
     request = json.loads((folder / "request.json").read_text())
     resource.setrlimit(resource.RLIMIT_AS, (request["memory_bytes"], request["memory_bytes"]))
     stack = open(folder / STACK_FILE, "w")  # noqa: SIM115 (open until the process ends)
     faulthandler.dump_traceback_later(max(request["seconds"] - 1.0, 0.5), file=stack)
     try:
-        result = run(request, folder)
+        result = (work or run)(request, folder)
     except UserCodeError as exc:
         result = {"ok": False, "field": exc.field, "file": exc.file, "line": exc.line, "message": exc.message}
     except Exception as exc:  # e.g. MemoryError outside the user's calls: reported at the phase it stopped in
@@ -66,18 +69,10 @@ def main(argv: list[str]) -> int:
 
 def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Load the model, run it, export or count it; what was made (paths relative to ``folder``)."""
-    root = _root(request)
-    _set_phase(folder, "model.exported" if request["exported"] else "model.pytorch.module")
     import torch
 
-    from modak.image.zoo import SEED
-
-    torch.manual_seed(SEED)  # as the PyTorch runtimes do: weights the factory initializes are the same there
-    if request["exported"]:
-        model, shapes = _load_program(request)
-    else:
-        model = _build(request, folder, root).eval()
-        shapes = request["input_shapes"]
+    root = _root(request)
+    model, shapes = load(request, folder)
     field = "model.exported" if request["exported"] else "model.input_shape"
     _set_phase(folder, field)
     inputs = example_inputs(request, shapes)
@@ -113,7 +108,21 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
             "parameter_bytes": sum(p.numel() * p.element_size() for p in parameters)}
 
 
-def example_inputs(request: dict[str, Any], shapes: dict[str, list[int]]) -> dict[str, Any]:
+def load(request: dict[str, Any], folder: Path) -> tuple[Any, dict[str, list[int]]]:
+    """The user's model (in eval mode) and its per-sample input shapes."""
+    _set_phase(folder, "model.exported" if request["exported"] else "model.pytorch.module")
+    import torch
+
+    from modak.image.zoo import SEED
+
+    torch.manual_seed(SEED)  # as the PyTorch runtimes do: weights the factory initializes are the same there
+    if request["exported"]:
+        return _load_program(request)
+    return _build(request, folder, _root(request)).eval(), request["input_shapes"]
+
+
+def example_inputs(request: dict[str, Any], shapes: dict[str, list[int]], batch: int = EXPORT_BATCH
+                   ) -> dict[str, Any]:
     """The inputs the model is run, exported and counted on (batch :data:`EXPORT_BATCH`): standard normal float32,
     or int64 ids below their bound (``model.input_dtype``, ``model.input_high``)."""
     import torch
@@ -121,8 +130,8 @@ def example_inputs(request: dict[str, Any], shapes: dict[str, list[int]]) -> dic
     from modak.spec.models import input_types
 
     types = input_types(request.get("input_dtype"), request.get("input_high"), list(shapes))
-    return {name: torch.randint(0, high or 1, (EXPORT_BATCH, *shape)) if dtype == "int64"
-            else torch.randn(EXPORT_BATCH, *shape) for name, shape in shapes.items()
+    return {name: torch.randint(0, high or 1, (batch, *shape)) if dtype == "int64"
+            else torch.randn(batch, *shape) for name, shape in shapes.items()
             for dtype, high in [types[name]]}
 
 

@@ -82,7 +82,7 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None) -> tuple[Func
         return FunctionSession(infer), model
 
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = training_optimizer(model.parameters())
     scaler = torch.amp.GradScaler(device.type, enabled=request.precision == "fp16")
     loss_of = _loss(request, device)
 
@@ -97,6 +97,13 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None) -> tuple[Func
         sync()
         return [loss.detach().float().cpu().numpy()]
     return FunctionSession(train_step), model
+
+
+def training_optimizer(parameters: Any) -> Any:
+    """The training step's optimizer over ``parameters``: SGD with momentum."""
+    import torch
+
+    return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)
 
 
 def user_module(request: RunRequest) -> Any:
