@@ -9,11 +9,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 
-from modak.errors import InputError
 from modak.api import load as load_job
+from modak.errors import InputError
+from modak.image.kernels import OP_CLASSES
 from modak.spec.models import Task
 from modak.workload import zoo
-from modak.workload.analysis import OP_CLASSES, OpStats, analyze, format_table
+from modak.workload.analysis import OpStats, analyze, format_table
 from modak.workload.source import load_analysis, resolve_model
 
 pytest.importorskip("torch")  # the zoo exports need it

@@ -140,9 +140,17 @@ def test_inductor_kernel_names_split_into_their_source_ops():
     ("aten::convolution_backward", "conv"), ("fused_conv2d_add_relu", "conv"), ("aten::addmm", "matmul"),
     ("cpp_fused_max_pool2d_with_indices_relu", "pooling"), ("aten::native_batch_norm", "normalization"),
     ("aten::threshold_backward", "elementwise"), ("aten::t", "data_movement"), ("aten::lift_fresh", "other"),
+    ("aten::_softmax", "softmax"), ("cpp_fused__softmax_add", "softmax"), ("aten::sum", "reduction"),
+    ("aten::embedding", "embedding"), ("cpp_fused_add_native_batch_norm", "normalization"),
 ])
 def test_op_class_of_kernel_names(name, expected):
     assert op_class(name) == expected
+
+
+def test_the_name_priority_orders_every_op_class():
+    from modak.image.runtimes.profiling import PRIORITY
+
+    assert sorted(PRIORITY) == sorted(set(OP_CLASSES) - {"other"}) and len(PRIORITY) == len(set(PRIORITY))
 
 
 def test_median_step_is_the_lower_median():

@@ -15,8 +15,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The op classes of :mod:`modak.workload.analysis` (its op table's classes), which a kernel's ``op`` is one of.
-OP_CLASSES = ("conv", "matmul", "recurrent", "normalization", "pooling", "elementwise", "data_movement", "other")
+# The op classes: of an ONNX node (the analysis's op table, recipes/hardware/op_classes.yaml) and of a kernel
+# (the class of the costliest node it covers; ``other`` where it covers none and its name says no class).
+OP_CLASSES = ("conv", "matmul", "recurrent", "elementwise", "normalization", "pooling", "softmax", "reduction",
+              "embedding", "data_movement", "other")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
-from functools import cache
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -93,15 +92,6 @@ _TEXTS = {"machine", "runtime", "device", "precision", "model", "task", "kind"} 
 def column_type(column: str) -> str:
     """The SQLite type of a kernel or reconciliation column."""
     return "INTEGER" if column in _INTEGERS else "REAL" if column in _TIMES | _STEPS | _AMOUNTS else "TEXT"
-
-
-@cache
-def op_classes() -> frozenset[str]:
-    """The op classes a kernel's ``op`` may name: :data:`~modak.image.kernels.OP_CLASSES` and the classes of the
-    analysis's op table (which the host fills a kernel's ``op`` from)."""
-    from modak.workload.analysis import op_table
-
-    return frozenset(OP_CLASSES) | {op_class for op_class, _ in op_table().values()}
 
 
 def kernel_record(row: KernelRow) -> dict[str, Any]:
@@ -267,8 +257,8 @@ def _value(column: str, text: str | None, path: Path, line: int) -> Any:
         return value
     if column in _TEXTS and not text:
         raise bad("expected a value")
-    if column == "op" and text not in op_classes():
-        raise InputError(f"unknown op class {text[:40]!r}{did_you_mean(text, op_classes())}", path, line, column)
+    if column == "op" and text not in OP_CLASSES:
+        raise InputError(f"unknown op class {text[:40]!r}{did_you_mean(text, OP_CLASSES)}", path, line, column)
     if column in _JSON_CHECKS:
         try:
             decoded = json.loads(text)

@@ -9,8 +9,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from modak.image.kernels import Kernel, Profile
-from modak.measurements.kernels import KernelRow, Reconciliation, op_classes
+from modak.image.kernels import OP_CLASSES, Kernel, Profile
+from modak.image.runtimes.profiling import op_class
+from modak.measurements.kernels import KernelRow, Reconciliation
 from modak.measurements.store import Measurement
 from modak.workload.analysis import OpStats, WorkloadProfile
 
@@ -48,15 +49,16 @@ def _check(profile: Profile) -> None:
         raise ValueError(f"the profiled step took {profile.step_seconds} s")
     if not all(math.isfinite(t) and t >= 0 for t in times) or any(k.calls < 1 for k in profile.kernels):
         raise ValueError("the profile has a negative or infinite time, or a kernel called less than once")
-    unknown = sorted({k.kernel.op for k in profile.kernels} - op_classes())
+    unknown = sorted({k.kernel.op for k in profile.kernels if k.kernel.op} - set(OP_CLASSES))
     if unknown:
         raise ValueError(f"the profile names unknown op classes: {', '.join(unknown)}")
 
 
 def _analysed(kernel: Kernel, calls: int, ops: dict[str, OpStats], model: str) -> Kernel:
-    """``kernel`` with its covered nodes' FLOPs and bytes per call and the op class of the costliest node."""
+    """``kernel`` with its covered nodes' FLOPs and bytes per call and the op class of the costliest node (one that
+    covers none: the class the image gave it, else the one its name says)."""
     if not kernel.nodes:
-        return kernel
+        return kernel if kernel.op else replace(kernel, op=op_class(kernel.kind))
     unknown = [n for n in kernel.nodes if n not in ops]
     if unknown:
         raise ValueError(f"kernel {kernel.kind} covers {len(unknown)} node(s) the analysis of {model} does not "

@@ -7,8 +7,8 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from modak.image.kernels import OP_CLASSES
 from modak.report.data import OpPoint, PerfPoint, Roof, TargetPoint, Trajectory
-from modak.workload.analysis import OP_CLASSES
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     import onnx
     from rich.table import Table
 
-OP_CLASSES = ("conv", "matmul", "recurrent", "elementwise", "normalization", "pooling", "softmax", "reduction",
-              "embedding", "data_movement")
 _MAC_CLASSES = ("conv", "matmul", "recurrent")  # classes whose FLOPs follow from multiply-accumulates
 BACKWARD_FLOPS = 2.0
 BACKWARD_BYTES = 2.0

@@ -10,26 +10,29 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from modak.image.kernels import OP_CLASSES
-
 WARMUP_STEPS = 2  # unprofiled steps before the profiled ones (torch.compile compiles in the first)
 
-# Words of a kernel's name (split at anything not a letter or digit, ``_`` included) that give its op class, in
-# the order of :data:`OP_CLASSES` (costliest first): a fused kernel takes the class of its costliest word.
+# Words of a kernel's name (split at anything not a letter or digit, ``_`` included) that give its op class,
+# costliest class first: a fused kernel takes the class of its costliest word.
 # Classes whose words are prefixes (``conv2d``, ``max_pool2d``, ``native_batch_norm``) match by substring.
+PRIORITY = ("conv", "matmul", "recurrent", "normalization", "pooling", "softmax", "reduction", "embedding",
+            "elementwise", "data_movement")  # OP_CLASSES but "other", costliest first
 _SUBSTRINGS = {"conv": ("conv",), "normalization": ("norm",), "pooling": ("pool",)}
 _WORDS = {
     "matmul": {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "mv", "addmv", "linear", "dense", "gemm",
                "einsum"},
     "recurrent": {"lstm", "gru", "rnn"},
+    "softmax": {"softmax"},
+    "reduction": {"mean", "sum", "amax", "amin", "max", "min", "argmax", "argmin", "prod"},
+    "embedding": {"embedding", "embeddingbag"},
     "elementwise": {"add", "sub", "rsub", "mul", "div", "relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log",
-                    "pow", "sqrt", "rsqrt", "clamp", "threshold", "where", "neg", "abs", "softmax", "erf",
-                    "hardtanh", "hardswish", "hardsigmoid", "mean", "sum", "amax", "max", "min", "dropout", "lerp",
+                    "pow", "sqrt", "rsqrt", "clamp", "threshold", "where", "neg", "abs", "erf",
+                    "hardtanh", "hardswish", "hardsigmoid", "dropout", "lerp",
                     "addcmul", "addcdiv", "square", "reciprocal", "bias", "maximum", "minimum", "multiply",
                     "divide", "subtract", "sign"},
     "data_movement": {"view", "reshape", "transpose", "permute", "t", "cat", "concat", "concatenate", "stack",
                       "split", "slice", "select", "expand", "copy", "clone", "contiguous", "to", "gather", "index",
-                      "embedding", "take", "pad", "squeeze", "unsqueeze", "flatten", "detach", "empty", "zeros",
+                      "take", "pad", "squeeze", "unsqueeze", "flatten", "detach", "empty", "zeros",
                       "zero", "ones", "fill", "strided", "alloc", "layout", "broadcast"},
 }
 
@@ -39,7 +42,7 @@ def op_class(name: str) -> str:
     ``cpp_fused_add_relu``, ``fused_conv2d_add_relu``): the costliest class any of its words names, else
     ``other``."""
     words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
-    for cls in OP_CLASSES:
+    for cls in PRIORITY:
         if any(part in w for part in _SUBSTRINGS.get(cls, ()) for w in words) or \
                 any(w in _WORDS.get(cls, ()) for w in words):
             return cls
