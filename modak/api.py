@@ -10,7 +10,7 @@ JSON documents the commands print (``--json``), so that each carries the schema 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from modak.plan import Plan
     from modak.predict.base import Predictor
     from modak.predict.evaluate import Scores
+    from modak.predict.kernels import MachineCeilings
     from modak.predict.learned import TrainingData
     from modak.render.ir import BuildDescription
     from modak.render.sharing import Sharing
@@ -327,11 +328,32 @@ class Probed:
     target: dict
     cached: Path | None
     written: Path | None
+    kernels: KernelProbe | None = None  # modak probe --kernels: what it measured
 
 
-def probe(quick: bool = False, name: str | None = None, output: Path | None = None) -> Probed:
+@dataclass(frozen=True)
+class KernelProbe:
+    """What ``modak probe --kernels`` stored: kernel rows and reconciliations under each machine name in
+    ``machines`` (target ``local``'s, and a written Target file's), the layers measured, the zoo's layers drawn
+    from, and the per-kind error of each adaptive round."""
+
+    store: Path
+    machines: tuple[str, ...]
+    rows: int
+    reconciliations: int
+    layers: int
+    drawn_from: int
+    errors: tuple[dict[tuple[str, str], float], ...]
+    ceilings: Mapping[tuple[str, str], MachineCeilings]  # the rows' machines, until kernel rows carry ceilings
+
+
+def probe(quick: bool = False, name: str | None = None, output: Path | None = None, kernels: bool = False,
+          budget_min: float | None = None, store: Path | None = None,
+          models: Sequence[str] | None = None, runtimes: Sequence[str] | None = None) -> Probed:
     """Measure this machine's ceilings, cache them as target ``local`` and, with ``output``, write a Target file
-    named ``name`` (default: the host name)."""
+    named ``name`` (default: the host name). With ``kernels``, then probe its kernels within ``budget_min`` minutes
+    (:func:`modak.bench.kprobe.probe_kernels`: zoo ``models``, ``runtimes``; default all) into the perf ``store``,
+    as target ``local``'s rows and, with ``output``, the written target's too."""
     import platform
 
     import yaml
@@ -349,7 +371,34 @@ def probe(quick: bool = False, name: str | None = None, output: Path | None = No
     cached = store_probe(result)
     if output:
         write_atomic(output, probe_comment(result) + yaml.safe_dump(target, sort_keys=False))
-    return Probed(result, target, cached, output)
+    probed = (probe_kernels(budget_min, store, (name,) if output else (), models, runtimes) if kernels else None)
+    return Probed(result, target, cached, output, probed)
+
+
+def probe_kernels(budget_min: float | None = None, store: Path | None = None, also: Sequence[str] = (),
+                  models: Sequence[str] | None = None, runtimes: Sequence[str] | None = None) -> KernelProbe:
+    """This machine's kernel rows (:func:`modak.bench.kprobe.probe_kernels`), each layer planned on target
+    ``local`` (the roofline ranks its candidates), stored under ``local`` and each name of ``also``."""
+    from dataclasses import replace
+
+    from modak.bench.kprobe import DEFAULT_BUDGET_MIN, PROBE_RUNTIMES
+    from modak.bench.kprobe import probe_kernels as measure
+    from modak.measurements.store import PerfStore, default_store_path
+    from modak.predict.roofline import RooflinePredictor
+
+    path = store or default_store_path()
+    roofline = RooflinePredictor()
+    with PerfStore(path) as perf:
+        done = measure(lambda job: plan_loaded(load(job, "local"), roofline),
+                       perf, DEFAULT_BUDGET_MIN if budget_min is None else budget_min, models,
+                       PROBE_RUNTIMES if runtimes is None else runtimes)
+        for machine in also:
+            perf.add_kernels([replace(r, machine=machine) for r in done.rows],
+                             [replace(r, machine=machine) for r in done.reconciliations])
+    machines = tuple(dict.fromkeys((*(r.machine for r in done.rows), *also)))
+    return KernelProbe(path, machines, len(done.rows), len(done.reconciliations), len(done.measured),
+                       done.drawn_from, tuple(done.errors),
+                       {**done.machines, **{(m, d): c for m in also for (_, d), c in done.machines.items()}})
 
 
 def check(plan: Plan, baseline: Path, threshold: float | None = None, measured: Path | None = None,

@@ -118,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("-o", "--output", type=Path, help="Target YAML to write")
     sub.add_argument("--name", default=None, help="target name (default: the host name)")
     sub.add_argument("--quick", action="store_true", help="smaller problem sizes (seconds, less accurate)")
+    sub.add_argument("--kernels", action="store_true",
+                     help="then measure a sample of the zoo's layers on each installed ONNX runtime as this "
+                          "machine's kernel rows (perf store; `modak kernels export` writes them out)")
+    sub.add_argument("--budget", type=float, default=None, metavar="MIN",
+                     help="--kernels: minutes for the kernel probe, at most (default 15)")
+    sub.add_argument("--store", type=Path, help="--kernels: perf store (default $MODAK_STORE or ~/.local/share/modak)")
 
     sub = command("model", _cmd_model, "fit or evaluate the learned performance model")
     sub.add_argument("action", choices=["fit", "eval"], help="fit: refit and summarize; eval: cross-validate")
@@ -414,7 +420,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from modak import api
     from modak.output import print_probe
 
-    print_probe(api.probe(args.quick, args.name, args.output))
+    if args.budget is not None and (not args.kernels or args.budget <= 0):
+        raise InputError("--budget takes a positive number of minutes, with --kernels")
+    print_probe(api.probe(args.quick, args.name, args.output, args.kernels, args.budget, args.store))
     return 0
 
 

@@ -197,6 +197,12 @@ def print_probe(probed: Probed) -> None:
           "not cached as this machine's probe: it did not run alone (see the warning above)")
     if probed.written:
         print(f"wrote {probed.written}")
+    if probed.kernels:
+        k = probed.kernels
+        print(f"kernel probe: {k.layers} of the zoo's {k.drawn_from} layers measured: {k.rows} kernel rows, "
+              f"{k.reconciliations} reconciliations stored in {k.store} as machine {', '.join(k.machines) or '-'}")
+        for (runtime, kind), error in sorted((k.errors[-1] if k.errors else {}).items()):
+            print(f"  {runtime} {kind}: held-out error {error:.0%}")
 
 
 def print_check(result: CheckResult, as_json: bool) -> None:

@@ -92,7 +92,7 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
     counts = sorted(set(thread_counts or _default_thread_counts(cores)))
     sizes = QUICK_GEMM_SIZES if quick else GEMM_SIZES
     elements = TRIAD_ELEMENTS // 4 if quick else TRIAD_ELEMENTS  # 32 MiB arrays still exceed the caches
-    precisions = ["fp32", *(["bf16"] if _cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"} else []), "int8"]
+    precisions = ["fp32", *(["bf16"] if native_bf16() else []), "int8"]
     kernels: dict[str, dict[str, dict[int, float]]] = {p: {} for p in precisions}
     triad: dict[int, float] = {}
     spread: dict[int, float] = {}
@@ -326,6 +326,11 @@ def _best_time(fn: Callable[[], Any], sync: Callable[[], None] | None = None, mi
         if runs >= 200:
             break
     return best
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has native bf16 instructions (its feature flags)."""
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def _cpu_flags() -> set[str]:

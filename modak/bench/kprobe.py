@@ -1,0 +1,323 @@
+"""``modak probe --kernels``: this machine's kernel rows in minutes (#40 item 4), as nn-Meter's adaptive sampling.
+
+The shapes come from the zoo's real layers: each zoo model's graph, at a few batch sizes, as each ONNX runtime
+plans it (:func:`modak.workload.kernels.planned_kernels`), gives one :class:`Layer` per distinct planned kernel
+(kind, shapes, attributes) that covers ONNX nodes; the layer is the subgraph of those nodes, cut out as a small
+ONNX model with the batch left symbolic. A sampled layer is measured through the real launcher as ``modak bench
+--kernels`` measures a candidate (:func:`measure_layer`: one short timed launch, then one profiled launch), at the
+machine's thread count and fp32 (and bf16 where the CPU has native bf16), and its kernel rows and reconciliation
+go into the perf store under the machine name plans of target ``local`` use. Only the kernel rows: the layer's
+timed row is no whole-model measurement and stays out of the store.
+
+Sampling (:func:`sample`): an initial random draw, then rounds: fit the per-kind models on the rows so far, predict
+a drawn batch before measuring it, and draw the next batch near (same runtime and kind, the nearest FLOPs) the
+layers whose kinds had the largest error, until the budget is spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modak.errors import InputError, ModakError
+from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.store import PerfStore
+from modak.plan import Plan
+from modak.predict.kernels import MachineCeilings
+
+PROBE_RUNTIMES = ("onnxruntime", "openvino")  # the runtimes a cut ONNX graph runs on (PyTorch traces zoo models)
+PROBE_BATCHES = (1, 8, 32)  # the batch sizes each zoo model's layers are taken at
+DEFAULT_BUDGET_MIN = 15.0  # modak probe --kernels: minutes, at most
+ANALYSIS_SHARE = 0.3  # the share of the budget the zoo's analysis may take (exports and plans are cached)
+INITIAL_SHARE = 0.4  # the share of the budget spent on the initial random draw
+ROUND_SIZE = 4  # layers per adaptive round (predicted before they are measured)
+PROBE_STEPS = 5  # profiled steps per layer
+PROBE_MODEL_PREFIX = "probe-"  # the model name of a probed layer's rows (each layer its own configuration)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One distinct layer configuration of the zoo, as ``runtime`` plans it: the planned kernel's ``kind``,
+    ``shapes`` and ``attributes`` at ``batch_size``, the ONNX ``nodes`` it covers in zoo model ``model``."""
+
+    runtime: str
+    kind: str
+    shapes: tuple[tuple[int, ...], ...]
+    attributes: str
+    flops: float
+    bytes: float
+    model: str
+    nodes: tuple[str, ...]
+    batch_size: int
+
+    @property
+    def name(self) -> str:
+        """The model name its rows carry: one configuration per layer in the store."""
+        key = json.dumps([self.runtime, self.kind, self.shapes, self.attributes, self.batch_size])
+        return f"{PROBE_MODEL_PREFIX}{self.runtime}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def zoo_layers(models: Iterable[str], runtimes: Sequence[str] = PROBE_RUNTIMES,
+               batches: Sequence[int] = PROBE_BATCHES, threads: int = 0,
+               more: Callable[[], bool] = lambda: True) -> list[Layer]:
+    """The distinct layers of zoo ``models`` at ``batches`` as each of ``runtimes`` plans them (a model or runtime
+    that cannot be planned is left out), in a stable order; no model is started once ``more()`` is false (the
+    first always is)."""
+    from modak.image.zoo import get_entry
+    from modak.workload.kernels import planned_kernels
+    from modak.workload.zoo import export_onnx
+
+    seen: dict[tuple, Layer] = {}
+    for index, model in enumerate(models):
+        if index and not more():
+            break
+        try:
+            path = export_onnx(model)
+        except ModakError:
+            continue
+        shapes = {name: list(dims) for name, dims in get_entry(model).shapes(None).items()}
+        for runtime in runtimes:
+            for batch in batches:
+                try:
+                    kernels = planned_kernels(runtime, path, batch, shapes, "fp32", threads, zoo=model)
+                except ModakError:
+                    continue
+                for kernel in kernels:
+                    key = (runtime, *kernel.key())
+                    if kernel.nodes and key not in seen:
+                        seen[key] = Layer(runtime, kernel.kind, kernel.shapes, kernel.attributes, kernel.flops,
+                                          kernel.bytes, model, kernel.nodes, batch)
+    return list(seen.values())
+
+
+def cut(onnx_path: Path, nodes: Sequence[str]) -> object:
+    """The subgraph of ``onnx_path``'s ``nodes`` (and the Constant nodes they read) as an ONNX model: its inputs the
+    tensors they read that no covered node writes and no initializer holds, its outputs what they write that
+    the rest of the graph reads or the graph outputs. An ``InputError`` where an input is not a float tensor with
+    the batch as its first dimension (a shape computed from another tensor: no layer to probe alone)."""
+    import onnx
+    from onnx.utils import Extractor
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(onnx_path)))
+    graph = model.graph
+    constants = {out: node for node in graph.node if node.op_type == "Constant" for out in node.output}
+    chosen = [n for n in graph.node if n.name in set(nodes)]
+    chosen_names = {n.name for n in chosen}
+    chosen = [*{constants[i].name: constants[i] for n in chosen for i in n.input if i in constants}.values(), *chosen]
+    chosen_names |= {n.name for n in chosen}
+    written = {o for n in chosen for o in n.output}
+    weights = {i.name for i in graph.initializer}
+    inputs = list(dict.fromkeys(i for n in chosen for i in n.input if i and i not in written and i not in weights))
+    read_outside = {i for n in graph.node if n.name not in chosen_names for i in n.input}
+    outputs = [o for n in chosen for o in n.output if o in read_outside or o in {g.name for g in graph.output}]
+    extractor = Extractor(model)
+    outputs = outputs or [chosen[-1].output[0]]
+    types = {v.name: v.type for v in (*extractor.graph.input, *extractor.graph.value_info)}
+    for name in inputs:
+        tensor = types.get(name)
+        dims = tensor.tensor_type.shape.dim if tensor is not None else []
+        if (tensor is None or tensor.tensor_type.elem_type != onnx.TensorProto.FLOAT or not dims
+                or not dims[0].dim_param):
+            raise InputError(f"layer input {name} is not a float tensor of the batch")
+    return extractor.extract_model(inputs, outputs)
+
+
+def write_layer(layer: Layer, folder: Path) -> Path:
+    """The job file of ``layer``'s cut graph, target ``local``, in ``folder``: fp32, and bf16 where this CPU has
+    native bf16."""
+    import onnx
+    import yaml
+
+    from modak.hardware.probe import native_bf16
+    from modak.workload.zoo import export_onnx
+
+    onnx_file = folder / f"{layer.name}.onnx"
+    onnx.save(cut(export_onnx(layer.model), layer.nodes), str(onnx_file))  # type: ignore[arg-type]
+    job = {"apiVersion": "modak/v1", "kind": "Job", "name": layer.name, "target": "local", "task": "inference",
+           "model": {"onnx": onnx_file.name, "batch_size": layer.batch_size}, "precision": ["fp32", *(["bf16"] if native_bf16() else [])],
+           "frameworks": [layer.runtime], "objective": {"metric": "throughput"}}
+    job_file = folder / f"{layer.name}.yaml"
+    job_file.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
+    return job_file
+
+
+def measure_layer(layer: Layer, plan: Plan, folder: Path,
+                  steps: int = PROBE_STEPS) -> tuple[list[KernelRow], list[Reconciliation]]:
+    """``layer`` measured through the launcher as ``modak bench --kernels`` measures a candidate: ``plan``, the plan
+    of its cut graph (:func:`write_layer`) on target ``local``, each candidate of its runtime on the CPU at the
+    machine's thread count (the plan's) at each precision of its job (:func:`write_layer`) once
+    timed (briefly) and once profiled; the kernel rows and reconciliations (none where a launch failed)."""
+    from modak.bench.harness import BenchSettings, Session, store_profile
+    from modak.candidates.candidate import Precision
+
+    threads = max((r.candidate.threads or 0 for r in plan.ranked), default=0)
+    chosen, seen = [], set()
+    for ranked in plan.ranked:
+        c = ranked.candidate
+        key = (c.precision, c.threads)
+        if (c.runtime == layer.runtime and c.device == "cpu" and c.threads == threads
+                and c.precision in (Precision.fp32, Precision.bf16) and key not in seen):
+            seen.add(key)
+            chosen.append(c)
+    settings = BenchSettings(launches=1, min_seconds=0.2, budget_s=1.0, retries=1, kernel_steps=steps)
+    scratch = PerfStore(folder / "timed.sqlite")  # the layer's timed rows: not whole-model measurements
+    try:
+        with Session(plan, scratch, settings, workdir=folder / "work") as session:
+            rows = session.run_round(chosen)
+            for candidate in chosen:
+                if rows[candidate.name].status in ("ok", "contended"):  # contended: busy after its retry
+                    task = session.task(candidate, profile=True)
+                    report = session.dispatcher.run([task])[0]
+                    store_profile(scratch, plan, candidate, rows[candidate.name], report)
+        return scratch.kernel_rows(), scratch.reconciliations()
+    finally:
+        scratch.close()
+
+
+@dataclass
+class Sampling:
+    """What :func:`sample` did: the layers measured in order, their rows, each adaptive round's error by (runtime,
+    kind); :func:`probe_kernels` adds how many layers it drew from and the machine's ceilings the rows were
+    measured with (by (machine, device), as :func:`modak.predict.kernels.machines_of` gives them)."""
+
+    drawn_from: int = 0
+    machines: dict[tuple[str, str], MachineCeilings] = field(default_factory=dict)
+    measured: list[Layer] = field(default_factory=list)
+    rows: list[KernelRow] = field(default_factory=list)
+    reconciliations: list[Reconciliation] = field(default_factory=list)
+    errors: list[dict[tuple[str, str], float]] = field(default_factory=list)
+
+
+def sample(layers: Sequence[Layer], measure: Callable[[Layer], tuple[list[KernelRow], list[Reconciliation]]],
+           budget_s: float, predict: Callable[[Sequence[KernelRow], KernelRow], float | None] | None = None,
+           clock: Callable[[], float] = time.monotonic, seed: int = 0) -> Sampling:
+    """Measure ``layers`` within ``budget_s`` seconds of ``clock``: a random draw for :data:`INITIAL_SHARE` of the
+    budget, then rounds of :data:`ROUND_SIZE` layers, each layer's fp32 kernel predicted from the rows measured
+    before it (``predict``: seconds per call, None where its kind has no model; held out, since it is fit without
+    the layer's rows), the next round drawn near the kinds with the largest error so far (unseen kinds first). No
+    layer is started once the budget is spent."""
+    rng = random.Random(seed)
+    start = clock()
+    left = list(layers)
+    rng.shuffle(left)
+    done = Sampling()
+    error: dict[tuple[str, str], float] = {}
+
+    def spent() -> float:
+        return clock() - start
+
+    def run(layer: Layer) -> list[KernelRow]:
+        rows, recs = measure(layer)
+        done.measured.append(layer)
+        done.rows.extend(rows)
+        done.reconciliations.extend(recs)
+        return rows
+
+    while left and spent() < budget_s * INITIAL_SHARE:
+        run(left.pop())
+    while left and spent() < budget_s:
+        batch = _draw(left, done.measured, error, rng)
+        round_errors: dict[tuple[str, str], list[float]] = {}
+        for layer in batch:
+            if spent() >= budget_s:
+                break
+            left.remove(layer)
+            before = list(done.rows)
+            for row in run(layer):
+                predicted = predict(before, row) if predict and row.precision == "fp32" else None
+                if predicted:
+                    measured = row.seconds / row.calls
+                    round_errors.setdefault((layer.runtime, layer.kind), []).append(abs(predicted / measured - 1))
+        for key, values in round_errors.items():
+            error[key] = statistics.mean(values)
+        done.errors.append(dict(error))
+    return done
+
+
+def _draw(left: Sequence[Layer], measured: Sequence[Layer], error: Mapping[tuple[str, str], float],
+          rng: random.Random) -> list[Layer]:
+    """The next round: layers of kinds never measured first, then those near (nearest FLOPs) the measured layers
+    of the kinds with the largest error."""
+    seen = {(m.runtime, m.kind) for m in measured}
+    unseen = [layer for layer in left if (layer.runtime, layer.kind) not in seen]
+    if unseen:
+        return rng.sample(unseen, min(ROUND_SIZE, len(unseen)))
+    worst = sorted(error, key=lambda k: -error[k]) or sorted(seen)
+    batch: list[Layer] = []
+    for key in worst:
+        pool = [layer for layer in left if (layer.runtime, layer.kind) == key and layer not in batch]
+        anchors = [math.log1p(m.flops) for m in measured if (m.runtime, m.kind) == key]
+        pool.sort(key=lambda layer: min(abs(math.log1p(layer.flops) - a) for a in anchors))
+        batch.extend(pool[:ROUND_SIZE - len(batch)])
+        if len(batch) >= ROUND_SIZE:
+            break
+    return batch or rng.sample(list(left), min(ROUND_SIZE, len(left)))
+
+
+def kind_predictor(machines: Mapping[tuple[str, str], MachineCeilings]
+                   ) -> Callable[[Sequence[KernelRow], KernelRow], float | None]:
+    """``predict`` for :func:`sample`: the per-kind model of :mod:`modak.predict.kernels` fit on the earlier fp32
+    rows of the row's runtime and kind, the row's kernel's seconds per call; None where there are none."""
+    from modak.predict.kernels import fit_kinds, kernel_seconds, row_candidate
+
+    def predict(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
+        own = [r for r in rows if (r.runtime, r.device, r.kernel.kind, r.precision)
+               == (row.runtime, row.device, row.kernel.kind, "fp32")]
+        if not own:
+            return None
+        kinds = fit_kinds(own, machines)
+        times = kernel_seconds(kinds, row.runtime, row.device, [row.kernel], machines[(row.machine, row.device)],
+                               row_candidate(row))
+        return times[0][0] if times else None
+
+    return predict
+
+
+def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min: float = DEFAULT_BUDGET_MIN,
+                  models: Sequence[str] | None = None, runtimes: Sequence[str] = PROBE_RUNTIMES,
+                  seed: int = 0, clock: Callable[[], float] = time.monotonic) -> Sampling:
+    """Probe this machine's kernels within ``budget_min`` minutes (the zoo's analysis included): sample the layers
+    of zoo ``models`` (default: all) on each of ``runtimes`` installed and add their kernel rows and
+    reconciliations to ``store``."""
+    import importlib.util
+
+    from modak.image.zoo import ZOO
+    from modak.workload.kernels import PACKAGES
+
+    start = clock()
+    installed = [r for r in runtimes if importlib.util.find_spec(PACKAGES[r]) is not None]
+    if not installed:
+        raise InputError(f"none of the runtimes {', '.join(runtimes)} is installed here")
+    order = list(models if models is not None else ZOO)
+    random.Random(seed).shuffle(order)
+    layers = zoo_layers(order, installed, more=lambda: clock() - start < budget_min * 60 * ANALYSIS_SHARE)
+    if not layers:
+        raise InputError("the zoo models gave no layer to probe")
+    machines: dict[tuple[str, str], MachineCeilings] = {}
+    with tempfile.TemporaryDirectory(prefix="modak-kprobe-") as scratch:
+        folder = Path(scratch)
+
+        def measure(layer: Layer) -> tuple[list[KernelRow], list[Reconciliation]]:
+            layer_folder = folder / layer.name
+            layer_folder.mkdir(exist_ok=True)
+            try:
+                plan = plan_of(write_layer(layer, layer_folder))
+                assert isinstance(plan, Plan)
+                machines.setdefault((plan.loaded.target.name, "cpu"), MachineCeilings.of_target(plan.ceilings, "cpu"))
+                rows, recs = measure_layer(layer, plan, layer_folder)
+            except ModakError:  # a layer its runtime cannot run alone, or a cut graph the plan refuses
+                return [], []
+            store.add_kernels(rows, recs)
+            return rows, recs
+
+        done = sample(layers, measure, budget_min * 60 - (clock() - start), kind_predictor(machines), clock, seed)
+    done.drawn_from, done.machines = len(layers), machines
+    return done
