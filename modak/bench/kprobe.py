@@ -139,10 +139,11 @@ def write_layer(layer: Layer, folder: Path) -> Path:
     from modak.hardware.probe import native_bf16
     from modak.workload.zoo import export_onnx
 
+    precisions = ["fp32", *(["bf16"] if native_bf16() else [])]
     onnx_file = folder / f"{layer.name}.onnx"
     onnx.save(cut(export_onnx(layer.model), layer.nodes), str(onnx_file))  # type: ignore[arg-type]
     job = {"apiVersion": "modak/v1", "kind": "Job", "name": layer.name, "target": "local", "task": "inference",
-           "model": {"onnx": onnx_file.name, "batch_size": layer.batch_size}, "precision": ["fp32", *(["bf16"] if native_bf16() else [])],
+           "model": {"onnx": onnx_file.name, "batch_size": layer.batch_size}, "precision": precisions,
            "frameworks": [layer.runtime], "objective": {"metric": "throughput"}}
     job_file = folder / f"{layer.name}.yaml"
     job_file.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
@@ -244,22 +245,23 @@ def sample(layers: Sequence[Layer], measure: Callable[[Layer], tuple[list[Kernel
 
 def _draw(left: Sequence[Layer], measured: Sequence[Layer], error: Mapping[tuple[str, str], float],
           rng: random.Random) -> list[Layer]:
-    """The next round: layers of kinds never measured first, then those near (nearest FLOPs) the measured layers
-    of the kinds with the largest error."""
+    """The next round of :data:`ROUND_SIZE` layers: one of each kind never measured, then one of each kind measured
+    but never predicted, then the rest of the round near (nearest FLOPs to its measured layers) the kinds with the
+    largest error first."""
+    kinds = sorted({(layer.runtime, layer.kind) for layer in left})
     seen = {(m.runtime, m.kind) for m in measured}
-    unseen = [layer for layer in left if (layer.runtime, layer.kind) not in seen]
-    if unseen:
-        return rng.sample(unseen, min(ROUND_SIZE, len(unseen)))
-    worst = sorted(error, key=lambda k: -error[k]) or sorted(seen)
+    rng.shuffle(kinds)
+    order = sorted(kinds, key=lambda k: (k in seen, k in error, -error.get(k, 0.0)))
     batch: list[Layer] = []
-    for key in worst:
-        pool = [layer for layer in left if (layer.runtime, layer.kind) == key and layer not in batch]
+    for key in order:
+        pool = [layer for layer in left if (layer.runtime, layer.kind) == key]
         anchors = [math.log1p(m.flops) for m in measured if (m.runtime, m.kind) == key]
-        pool.sort(key=lambda layer: min(abs(math.log1p(layer.flops) - a) for a in anchors))
-        batch.extend(pool[:ROUND_SIZE - len(batch)])
+        if anchors:
+            pool.sort(key=lambda layer: min(abs(math.log1p(layer.flops) - a) for a in anchors))
+        batch.extend(pool[:ROUND_SIZE - len(batch) if key in error else 1])
         if len(batch) >= ROUND_SIZE:
             break
-    return batch or rng.sample(list(left), min(ROUND_SIZE, len(left)))
+    return batch[:ROUND_SIZE]
 
 
 def kind_predictor(machines: Mapping[tuple[str, str], MachineCeilings]

@@ -1,0 +1,139 @@
+"""modak probe --kernels: the zoo's layers, their cut graphs, the adaptive sampler's budget, and a real tiny probe
+whose kernel rows carry the machine name plans of target local use."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from modak.bench.kprobe import INITIAL_SHARE, ROUND_SIZE, Layer, _draw, cut, sample, zoo_layers
+from modak.measurements.kernels import KernelRow
+
+
+def _dims(value_info) -> list:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def test_layers_are_the_zoo_models_planned_kernels_and_cut_as_they_appear():
+    import onnx
+
+    from modak.workload.kernels import planned_kernels
+    from modak.workload.zoo import export_onnx
+
+    layers = zoo_layers(["mnist_cnn"], runtimes=("onnxruntime",), batches=(1, 8))
+    path = export_onnx("mnist_cnn")
+    planned = {k.key() for b in (1, 8) for k in planned_kernels("onnxruntime", path, b, {"input": [1, 28, 28]},
+                                                               "fp32", 0, zoo="mnist_cnn") if k.nodes}
+    assert {(layer.kind, layer.shapes, layer.attributes) for layer in layers} == planned
+    assert {layer.batch_size for layer in layers} == {1, 8}
+    convs = [layer for layer in layers if layer.kind == "Conv"]
+    assert convs and all(len(layer.nodes) == 2 for layer in convs)  # Conv+Relu, as ONNX Runtime fuses them
+    graph_nodes = {n.name for n in onnx.load(str(path)).graph.node}
+    for layer in layers:
+        if layer.kind == "Flatten":
+            continue
+        model = cut(path, layer.nodes)
+        assert [n.name for n in model.graph.node] == list(layer.nodes)  # type: ignore[attr-defined]
+        assert set(layer.nodes) <= graph_nodes
+        (first,) = model.graph.input  # type: ignore[attr-defined]
+        assert [layer.batch_size, *_dims(first)[1:]] == list(layer.shapes[0])  # the batch left symbolic
+
+
+def _layers(count: int, kinds: int = 3) -> list[Layer]:
+    return [Layer("onnxruntime", f"K{i % kinds}", ((i + 1, 4),), "{}", float(i + 1), 8.0 * (i + 1), "m", (f"n{i}",), 1)
+            for i in range(count)]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_budget_stops_the_sampler_before_a_launch_past_it():
+    clock, launched = _Clock(), []
+
+    def measure(layer: Layer) -> tuple[list[KernelRow], list]:
+        launched.append(layer)
+        clock.now += 10.0  # each layer's launches take 10 s of the fake clock
+        return [], []
+
+    done = sample(_layers(50), measure, budget_s=95.0, clock=clock)
+    assert len(launched) == 10  # started at 0, 10, ..., 90 s; none at 100 s
+    assert done.measured == launched and len(set(id(x) for x in launched)) == 10
+    assert len(done.errors) == 2  # launches at 0-30 s (the initial draw to 38 s), then two rounds: 40-70, 80-90 s
+    clock.now, launched[:] = 0.0, []
+    sample(_layers(3), measure, budget_s=95.0, clock=clock)
+    assert len(launched) == 3  # every layer once, then it stops early
+
+
+def _row(layer: Layer, seconds: float) -> KernelRow:
+    from modak.image.kernels import Kernel
+
+    kernel = Kernel(layer.kind, "conv", layer.nodes, layer.shapes, "{}", layer.flops, layer.bytes)
+    return KernelRow("local", layer.runtime, "cpu", 2, "fp32", "{}", "m", 1, kernel, seconds, 1, "test", "s", "t")
+
+
+def test_rounds_draw_unseen_kinds_then_the_kind_with_the_largest_error():
+    clock, launched = _Clock(), []
+
+    def measure(layer: Layer) -> tuple[list[KernelRow], list]:
+        launched.append(layer)
+        clock.now += 1.0
+        return [_row(layer, 1.0)], []
+
+    def predict(before, row: KernelRow) -> float:  # K2 is mispredicted tenfold, the others by 10%
+        return 10.0 if row.kernel.kind == "K2" else 1.1
+
+    layers = _layers(80, kinds=4)  # 20 of each kind: more than the rounds take
+    budget = 20.0
+    initial = math.ceil(budget * INITIAL_SHARE)
+    done = sample(layers, measure, budget_s=budget, predict=predict, clock=clock)
+    assert len(launched) == budget and len(done.errors) == (budget - initial) / ROUND_SIZE
+    assert sorted(x.kind for x in launched[initial:initial + ROUND_SIZE]) == ["K0", "K1", "K2", "K3"]  # each once
+    assert [x.kind for x in launched[-ROUND_SIZE:]] == ["K2"] * ROUND_SIZE  # then the worst kind's layers
+    assert max(done.errors[-1], key=done.errors[-1].get) == ("onnxruntime", "K2")
+
+
+def test_a_round_measures_each_kind_not_measured_yet_first():
+    layers = _layers(12, kinds=4)
+    batch = _draw(layers[1:], layers[:1], {}, random.Random(0))  # K0 measured, none predicted
+    assert {x.kind for x in batch[:3]} == {"K1", "K2", "K3"}
+
+
+def test_a_tiny_kernel_probe_stores_rows_under_the_machine_name_plans_use(tmp_path: Path):
+    from modak import api
+    from modak.measurements.store import PerfStore
+
+    store = tmp_path / "perf.sqlite"
+    probed = api.probe_kernels(0.3, store, ("written-target",), ["mnist_cnn"], ["onnxruntime"])
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({"apiVersion": "modak/v1", "kind": "Job", "name": "j", "target": "local", "task": "inference",
+                               "model": {"zoo": "mnist_cnn", "input_shape": [1, 28, 28]}}))
+    local = api.load(job).target.name
+    assert probed.machines == (local, "written-target")
+    assert probed.layers >= 1 and probed.rows >= 1 and set(probed.ceilings) == {(local, "cpu"),
+                                                                                ("written-target", "cpu")}
+    with PerfStore(store) as perf:
+        for machine in probed.machines:
+            rows = perf.kernel_rows(machine=machine)
+            assert len(rows) == probed.rows
+            assert {r.runtime for r in rows} == {"onnxruntime"} and all(r.model.startswith("probe-") for r in rows)
+            assert all(r.seconds > 0 and r.threads >= 1 for r in rows)
+            assert len(perf.reconciliations(machine=machine)) == probed.reconciliations
+        assert perf.rows() == []  # the layers' timed launches are no whole-model measurements
+    files = api.export_kernels(tmp_path / "out", store, local)
+    assert files
+
+
+def test_budget_without_kernels_is_refused(capsys: pytest.CaptureFixture[str]):
+    from modak.cli import main
+
+    assert main(["probe", "--budget", "1"]) == 2
+    assert "--budget" in capsys.readouterr().err
