@@ -137,3 +137,15 @@ def test_budget_without_kernels_is_refused(capsys: pytest.CaptureFixture[str]):
 
     assert main(["probe", "--budget", "1"]) == 2
     assert "--budget" in capsys.readouterr().err
+
+
+def test_new_machine_quick_prints_the_curve_of_probe_minutes(capsys: pytest.CaptureFixture[str]):
+    from benchmarks.models.new_machine import MARKS_MIN, QUICK_MODELS, main
+
+    assert main(["perfmodels/cpu-ci-icelake-2c.csv", "--quick"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("probe: ") and f"of {len(QUICK_MODELS)} models" in lines[0]
+    table = lines[2:]
+    assert len(table) == len(MARKS_MIN)
+    layers = [int(line.split()[1]) for line in table]
+    assert layers == sorted(layers) and layers[-1] >= 1  # later marks fit on more of the probe's layers

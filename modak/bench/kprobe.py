@@ -60,9 +60,10 @@ class Layer:
 
     @property
     def name(self) -> str:
-        """The model name its rows carry: one configuration per layer in the store."""
+        """The model name its rows carry: one configuration per layer in the store, naming the zoo model it was
+        drawn from (a leave-one-model-out split drops the layers of the held-out model)."""
         key = json.dumps([self.runtime, self.kind, self.shapes, self.attributes, self.batch_size])
-        return f"{PROBE_MODEL_PREFIX}{self.runtime}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        return f"{PROBE_MODEL_PREFIX}{self.model}-{self.runtime}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def zoo_layers(models: Iterable[str], runtimes: Sequence[str] = PROBE_RUNTIMES,
@@ -192,6 +193,7 @@ class Sampling:
     drawn_from: int = 0
     machines: dict[tuple[str, str], MachineCeilings] = field(default_factory=dict)
     measured: list[Layer] = field(default_factory=list)
+    finished: list[float] = field(default_factory=list)  # seconds since the start when each measured layer ended
     rows: list[KernelRow] = field(default_factory=list)
     reconciliations: list[Reconciliation] = field(default_factory=list)
     errors: list[dict[tuple[str, str], float]] = field(default_factory=list)
@@ -218,6 +220,7 @@ def sample(layers: Sequence[Layer], measure: Callable[[Layer], tuple[list[Kernel
     def run(layer: Layer) -> list[KernelRow]:
         rows, recs = measure(layer)
         done.measured.append(layer)
+        done.finished.append(spent())
         done.rows.extend(rows)
         done.reconciliations.extend(recs)
         return rows
