@@ -37,9 +37,9 @@ def test_layers_are_the_zoo_models_planned_kernels_and_cut_as_they_appear():
         if layer.kind == "Flatten":
             continue
         model = cut(path, layer.nodes)
-        assert [n.name for n in model.graph.node] == list(layer.nodes)  # type: ignore[attr-defined]
+        assert [n.name for n in model.graph.node] == list(layer.nodes)
         assert set(layer.nodes) <= graph_nodes
-        (first,) = model.graph.input  # type: ignore[attr-defined]
+        (first,) = model.graph.input
         assert [layer.batch_size, *_dims(first)[1:]] == list(layer.shapes[0])  # the batch left symbolic
 
 
@@ -114,8 +114,8 @@ def test_a_tiny_kernel_probe_stores_rows_under_the_machine_name_plans_use(tmp_pa
     store = tmp_path / "perf.sqlite"
     probed = api.probe_kernels(0.3, store, ("written-target",), ["mnist_cnn"], ["onnxruntime"])
     job = tmp_path / "job.yaml"
-    job.write_text(json.dumps({"apiVersion": "modak/v1", "kind": "Job", "name": "j", "target": "local", "task": "inference",
-                               "model": {"zoo": "mnist_cnn", "input_shape": [1, 28, 28]}}))
+    job.write_text(json.dumps({"apiVersion": "modak/v1", "kind": "Job", "name": "j", "target": "local",
+                               "task": "inference", "model": {"zoo": "mnist_cnn", "input_shape": [1, 28, 28]}}))
     local = api.load(job).target.name
     assert probed.machines == (local, "written-target")
     assert probed.layers >= 1 and probed.rows >= 1 and set(probed.ceilings) == {(local, "cpu"),

@@ -26,12 +26,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from modak.errors import InputError, ModakError
 from modak.measurements.kernels import KernelRow, Reconciliation
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
 from modak.predict.kernels import MachineCeilings
+
+if TYPE_CHECKING:
+    import onnx
 
 PROBE_RUNTIMES = ("onnxruntime", "openvino")  # the runtimes a cut ONNX graph runs on (PyTorch traces zoo models)
 PROBE_BATCHES = (1, 8, 32)  # the batch sizes each zoo model's layers are taken at
@@ -99,7 +103,7 @@ def zoo_layers(models: Iterable[str], runtimes: Sequence[str] = PROBE_RUNTIMES,
     return list(seen.values())
 
 
-def cut(onnx_path: Path, nodes: Sequence[str]) -> object:
+def cut(onnx_path: Path, nodes: Sequence[str]) -> onnx.ModelProto:
     """The subgraph of ``onnx_path``'s ``nodes`` (and the Constant nodes they read) as an ONNX model: its inputs the
     tensors they read that no covered node writes and no initializer holds, its outputs what they write that
     the rest of the graph reads or the graph outputs. An ``InputError`` where an input is not a float tensor with
@@ -142,7 +146,7 @@ def write_layer(layer: Layer, folder: Path) -> Path:
 
     precisions = ["fp32", *(["bf16"] if native_bf16() else [])]
     onnx_file = folder / f"{layer.name}.onnx"
-    onnx.save(cut(export_onnx(layer.model), layer.nodes), str(onnx_file))  # type: ignore[arg-type]
+    onnx.save(cut(export_onnx(layer.model), layer.nodes), str(onnx_file))
     job = {"apiVersion": "modak/v1", "kind": "Job", "name": layer.name, "target": "local", "task": "inference",
            "model": {"onnx": onnx_file.name, "batch_size": layer.batch_size}, "precision": precisions,
            "frameworks": [layer.runtime], "objective": {"metric": "throughput"}}
