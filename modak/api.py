@@ -371,25 +371,37 @@ def probe(quick: bool = False, name: str | None = None, output: Path | None = No
     cached = store_probe(result)
     if output:
         write_atomic(output, probe_comment(result) + yaml.safe_dump(target, sort_keys=False))
-    probed = (probe_kernels(budget_min, store, (name,) if output else (), models, runtimes) if kernels else None)
+    probed = (probe_kernels(budget_min, store, (name,) if output else (), models, runtimes, result)
+              if kernels else None)
     return Probed(result, target, cached, output, probed)
 
 
 def probe_kernels(budget_min: float | None = None, store: Path | None = None, also: Sequence[str] = (),
-                  models: Sequence[str] | None = None, runtimes: Sequence[str] | None = None) -> KernelProbe:
+                  models: Sequence[str] | None = None, runtimes: Sequence[str] | None = None,
+                  measured: ProbeResult | None = None) -> KernelProbe:
     """This machine's kernel rows (:func:`modak.bench.kprobe.probe_kernels`), each layer planned on target
-    ``local`` (the roofline ranks its candidates), stored under ``local`` and each name of ``also``."""
+    ``local`` (the roofline ranks its candidates), stored under ``local`` and each name of ``also``. With
+    ``measured``, a probe of this machine just taken, the layers are planned on a target ``local`` of its ceilings
+    (a probe that did not run alone is not cached, and target ``local`` would probe again for each layer)."""
+    import tempfile
     from dataclasses import replace
+
+    import yaml
 
     from modak.bench.kprobe import DEFAULT_BUDGET_MIN, PROBE_RUNTIMES
     from modak.bench.kprobe import probe_kernels as measure
+    from modak.hardware.probe import to_target
     from modak.measurements.store import PerfStore, default_store_path
     from modak.predict.roofline import RooflinePredictor
 
     path = store or default_store_path()
     roofline = RooflinePredictor()
-    with PerfStore(path) as perf:
-        done = measure(lambda job: plan_loaded(load(job, "local"), roofline),
+    with PerfStore(path) as perf, tempfile.TemporaryDirectory(prefix="modak-probe-") as scratch:
+        target: str | Path = "local"
+        if measured is not None:
+            target = Path(scratch) / "local.yaml"
+            target.write_text(yaml.safe_dump(to_target(measured, "local"), sort_keys=False), encoding="utf-8")
+        done = measure(lambda job: plan_loaded(load(job, target), roofline),
                        perf, DEFAULT_BUDGET_MIN if budget_min is None else budget_min, models,
                        PROBE_RUNTIMES if runtimes is None else runtimes)
         for machine in also:
