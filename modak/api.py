@@ -50,8 +50,9 @@ def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:
 
 
 def predictor(name: PredictorName = "default", store: Path | None = None) -> Predictor:
-    """``default``: the learned model (shipped measurements plus the local ``store``) with the roofline where it
-    has no data; ``roofline``: the analytic model alone."""
+    """``default``: the kernel model where the runtime's planned kernels are covered (shipped kernel rows plus the
+    local ``store``'s), then the learned model (shipped measurements plus the local ``store``), then the roofline
+    where neither has data; ``roofline``: the analytic model alone."""
     from modak.predict.default import default_predictor
     from modak.predict.roofline import RooflinePredictor
 

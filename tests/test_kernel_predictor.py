@@ -20,9 +20,11 @@ from modak.candidates.enumerate import Candidate
 from modak.errors import EXIT_BAD_INPUT, InputError
 from modak.hardware.ceilings import Ceilings, TargetCeilings, target_ceilings
 from modak.image.kernels import OP_CLASSES, Kernel
-from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.kernels import KernelRow, Reconciliation, write_kernel_csv, write_reconcile_csv
+from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor, for_model
+from modak.predict.default import default_predictor
 from modak.predict.kernels import (
     PREDICTOR,
     TRANSFER_PREDICTOR,
@@ -33,9 +35,9 @@ from modak.predict.kernels import (
     kernel_seconds,
     roofline_seconds,
 )
-from modak.predict.learned import NEW_MACHINE_SPREAD, Z80, LearnedPredictor
+from modak.predict.learned import NEW_MACHINE_SPREAD, Z80
 from modak.predict.roofline import RooflinePredictor
-from modak.predict.training import training_set
+from modak.predict.training import kernel_set
 from modak.spec.models import Precision
 from modak.workload.source import load_analysis
 
@@ -280,9 +282,15 @@ def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_
         rows += [kernel_row(k, t, model, machine="here", threads=0, ceilings=here) for k, t in zip(kernels, times)]
         recs.append(reconciliation(model, sum(times) * (1.1 + 0.02 * i), sum(times), len(kernels), machine="here",
                                    threads=0, ceilings=here))
-    fitted = KernelModel.fit(rows, recs)
-    learned = LearnedPredictor.cached(training_set(tmp_path / "none.sqlite"))
-    predictor = FallbackPredictor((KernelPredictor(fitted, kernels_of=planned), learned, RooflinePredictor()))
+    store = tmp_path / "perf.sqlite"
+    with PerfStore(store) as perf:  # the local store's kernel rows: the default predictor asks the kernel model first
+        perf.add_kernels(rows, recs)
+    default = default_predictor(store)
+    assert isinstance(default, FallbackPredictor) and isinstance(default.predictors[0], KernelPredictor)
+    assert default.name == f"{PREDICTOR}+learned+roofline"
+    # The runtime's report of the graph is the seam: the CNN's ONNX nodes, one kernel each.
+    predictor = replace(default, predictors=(replace(default.predictors[0], kernels_of=planned),
+                                             *default.predictors[1:]))
     plan = make_plan(loaded, source, workload, predictor=predictor)
     document = plan.to_dict()
     by_runtime: dict[str, set[str]] = {}
@@ -309,9 +317,43 @@ def test_for_model_binds_the_graph_through_the_fallback(fixed: KernelModel) -> N
                                           load_catalog()["onnxruntime"]) is None
 
 
-def test_the_default_predictor_asks_the_kernel_model_first_when_given_kernel_data(tmp_path: Path) -> None:
-    from modak.predict.default import default_predictor
-
-    given = default_predictor(tmp_path / "none.sqlite", KernelData.of(*fixed_table()))
-    assert given.name == f"{PREDICTOR}+learned+roofline"
+def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kernel_rows(tmp_path: Path) -> None:
+    assert kernel_set(tmp_path / "none.sqlite") is None  # no shipped kernel files yet, no store
     assert default_predictor(tmp_path / "none.sqlite").name == "learned+roofline"
+    store = tmp_path / "perf.sqlite"
+    with PerfStore(store) as perf:
+        perf.add_kernels(*fixed_table())
+    data = kernel_set(store)
+    assert data is not None and data.load() == fixed_table()
+    assert data.key == kernel_set(store).key != KernelData.of(*fixed_table()).key  # shipped files in the key too
+    given = default_predictor(store)
+    assert given.name == f"{PREDICTOR}+learned+roofline"
+    assert isinstance(given, FallbackPredictor) and isinstance(given.predictors[0], KernelPredictor)
+    assert given.predictors[0].model.calibration == pytest.approx(KernelModel.fit(*fixed_table()).calibration)
+    rows, recs = fixed_table()
+    with PerfStore(store) as perf:  # a damaged row in the store: the plan's predictor refuses it, located
+        perf.add_kernels([replace(rows[0], seconds=0.0)], [])
+    with pytest.raises(InputError, match=r"^kernel_rows\[\d+\]\.seconds: 0\.0 is not a positive time"):
+        default_predictor(store)
+
+
+def test_a_local_configuration_replaces_its_shipped_kernel_rows(tmp_path: Path, monkeypatch) -> None:
+    import modak.predict.training as training
+
+    rows, recs = fixed_table()
+    shipped = tmp_path / "perfmodels"
+    shipped.mkdir()
+    write_kernel_csv(shipped / "kernels-box.csv", rows)
+    write_reconcile_csv(shipped / "reconcile-box.csv", recs)
+    (shipped / "box.csv").write_text("")  # a file of measurements: not the kernel model's
+    monkeypatch.setattr(training, "data_dir", lambda name: tmp_path / name)
+    assert [p.name for p in training.shipped_kernel_files()] == ["kernels-box.csv", "reconcile-box.csv"]
+    store = tmp_path / "perf.sqlite"
+    data = kernel_set(store)
+    assert data is not None and data.load() == (rows, recs)
+    again = [replace(r, seconds=r.seconds * 2) for r in rows[:2]]  # model m0 profiled again locally
+    with PerfStore(store) as perf:
+        perf.add_kernels(again, [replace(recs[0], step_s=0.01)])
+    local = kernel_set(store)
+    assert local is not None and local.key != data.key
+    assert local.load() == (rows[2:] + again, recs[1:] + [replace(recs[0], step_s=0.01)])
