@@ -132,7 +132,8 @@ def test_ratio_to_stock_above_the_trees_90th_percentile_checks_the_stock_guard()
 def test_seed_spread_is_reported_as_mean_min_max(capsys, monkeypatch) -> None:
     assert seed_spread([0.1, 0.3, 0.2]) == pytest.approx((0.2, 0.1, 0.3))
     assert all(math.isnan(v) for v in seed_spread([math.nan]))
-    base = dict(split="leave-one-model-out", rows=10, uncovered=0, within_10=0.5, within_25=0.9, mape_calibrated=0.1,
+    base = dict(split="leave-one-model-out", rows=10, uncovered=0, answered=(), within_10=0.5, within_25=0.9,
+                mape_calibrated=0.1,
                 kendall_tau_median=0.5,
                 kendall_tau_noise=0.8,
                 interval_coverage=math.nan, stock_ratio_above_p90=math.nan, workloads=2, hit_rate=0.5, undecided=0.0,
