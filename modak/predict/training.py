@@ -104,7 +104,7 @@ def _configuration(row: KernelRow | Reconciliation) -> tuple:
 def _merged_kernels(files: Iterable[Path], kernels: list[KernelRow],
                     reconciled: list[Reconciliation]) -> tuple[list[KernelRow], list[Reconciliation]]:
     read = [read_labels_csv(path) for path in files]
-    local = {_configuration(r) for r in (*kernels, *reconciled)}
+    local = {_configuration(r) for r in kernels} | {_configuration(r) for r in reconciled}
     return ([r for shipped, _ in read for r in shipped if _configuration(r) not in local] + kernels,
             [r for _, shipped in read for r in shipped if _configuration(r) not in local] + reconciled)
 
