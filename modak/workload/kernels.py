@@ -40,7 +40,7 @@ from modak.paths import cache_dir, write_atomic
 from modak.workload.analysis import OpStats, analyze, load_model, tensor_shapes
 
 if TYPE_CHECKING:
-
+    from modak.image.runtimes.pytorch import Argument
     from modak.spec.loader import LoadedJob
 
 # runtime -> the package whose version the answer depends on
@@ -48,20 +48,7 @@ PACKAGES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "pytorch": "to
 TORCH_RUNTIMES = ("pytorch", "torch-compile")
 TRACE = "trace"  # the key of the user model child's request that asks for a trace: batch, params, task, loss
 _CHILD = "modak.workload.kernels_child"
-# aten op name (substring) -> op class, first match wins; other ops are elementwise
-_ATEN_CLASSES = (
-    ("convolution", "conv"), ("mm", "matmul"), ("matmul", "matmul"), ("linear", "matmul"),
-    ("scaled_dot_product", "matmul"), ("lstm", "recurrent"), ("gru", "recurrent"), ("rnn", "recurrent"),
-    ("norm", "normalization"), ("pool", "pooling"), ("view", "data_movement"), ("reshape", "data_movement"),
-    ("transpose", "data_movement"), ("permute", "data_movement"), ("expand", "data_movement"),
-    ("clone", "data_movement"), ("copy", "data_movement"), ("cat", "data_movement"), ("stack", "data_movement"),
-    ("split", "data_movement"), ("unbind", "data_movement"), ("select", "data_movement"),
-    ("slice", "data_movement"), ("index", "data_movement"), ("gather", "data_movement"),
-    ("embedding", "data_movement"), ("empty", "data_movement"), ("zeros", "data_movement"),
-    ("ones", "data_movement"), ("squeeze", "data_movement"), ("flatten", "data_movement"),
-)
 _ATEN = "aten::"
-_ATEN_TRANSPOSE = "aten::t"  # a 2-D transpose, whose name is in too many others to match as a part
 
 
 class UnreportedGraph(ModakError):
@@ -250,7 +237,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     from torch.utils.flop_counter import flop_registry
 
     from modak.image.runtimes.base import RunRequest
-    from modak.image.runtimes.pytorch import _loss, training_optimizer
+    from modak.image.runtimes.pytorch import _loss, aten_kernel, training_optimizer
 
     kernels: list[Kernel] = []
 
@@ -267,16 +254,13 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
             count = flop_registry.get(func._overloadpacket)
             tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
             outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-            op_class = "data_movement" if name == _ATEN_TRANSPOSE else next(
-                (c for key, c in _ATEN_CLASSES if key in name), "elementwise")
-            attributes = {"args": [_plain(a) for a in args], **{k: _plain(v) for k, v in sorted(kwargs.items())}}
-            if tensors and tensors[0].dim() == 4 and not tensors[0].is_contiguous() and tensors[0].is_contiguous(
-                    memory_format=torch.channels_last):
-                attributes["layout"] = "channels_last"
-            kernels.append(Kernel(kind=name, op=op_class, shapes=tuple(tuple(t.shape) for t in tensors),
-                                  attributes=json.dumps(attributes, sort_keys=True),
-                                  flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
-                                  bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
+            arguments = []
+            for index, schema in enumerate(func._schema.arguments):
+                value = args[index] if index < len(args) else kwargs.get(schema.name, schema.default_value)
+                arguments.append(_argument(schema.name, value))
+            kernel = aten_kernel(name, arguments)
+            kernels.append(replace(kernel, flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
+                                   bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
             return out
 
     model = model.to("meta")
@@ -305,6 +289,20 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     with Recorder():
         step()
     return tuple(kernels)
+
+
+def _argument(name: str, value: Any) -> Argument:
+    """An aten op's argument as :func:`modak.image.runtimes.pytorch.aten_kernel` takes it (the profiler's form)."""
+    import torch
+
+    from modak.image.runtimes.pytorch import Argument, channels_last
+
+    if isinstance(value, torch.Tensor):
+        shape = tuple(int(d) for d in value.shape)
+        return Argument(name, (shape,), None, channels_last(shape, list(value.stride())))
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return Argument(name, tuple(tuple(int(d) for d in v.shape) for v in value))
+    return Argument(name, None, _plain(value))
 
 
 def _plain(value: Any) -> Any:
