@@ -20,9 +20,11 @@ BATCH = 2
 MODELS = {"mnist_cnn": {"input": [1, 28, 28]}, "resnet18": {"input": [3, 32, 32]}}  # resnet18 at a small input
 
 
-def _profiled(runtime: str, zoo: str, path: Path, shapes: dict[str, list[int]], tmp_path: Path) -> list[Kernel]:
-    request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params={}, threads=1, task="inference",
-                         onnx_path=str(path), zoo=zoo, batch_size=BATCH, input_shapes=shapes, workdir=str(tmp_path))
+def _profiled(runtime: str, zoo: str, path: Path, shapes: dict[str, list[int]], tmp_path: Path,
+              task: str = "inference", loss: str | None = None) -> list[Kernel]:
+    request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params={}, threads=1, task=task,
+                         onnx_path=str(path), zoo=zoo, batch_size=BATCH, input_shapes=shapes, workdir=str(tmp_path),
+                         loss=loss)
     profiler = load_profiler(runtime)
     assert profiler is not None
     return [k.kernel for k in profiler(request, make_inputs(request), 1).kernels for _ in range(k.calls)]
@@ -42,3 +44,14 @@ def test_profiled_kernels_are_the_planned_ones(runtime: str, zoo: str, tmp_path:
     assert profiled and _keys(profiled) == _keys(list(planned))
     if runtime != "pytorch":  # the ONNX runtimes: the same ONNX nodes too, each in one kernel
         assert Counter(k.nodes for k in profiled) == Counter(k.nodes for k in planned)
+
+
+def test_a_training_step_profiles_the_planned_aten_ops(tmp_path: Path) -> None:
+    """Forward, loss, backward and the optimizer's update: the same aten ops, shapes and attributes."""
+    shapes = MODELS["mnist_cnn"]
+    path = export_onnx("mnist_cnn", shapes)
+    planned = planned_kernels("pytorch", path, BATCH, shapes, "fp32", 1, zoo="mnist_cnn", task="training",
+                              loss="cross_entropy")
+    profiled = _profiled("pytorch", "mnist_cnn", path, shapes, tmp_path, "training", "cross_entropy")
+    assert any(k.kind == "aten::convolution_backward" for k in profiled)
+    assert _keys(profiled) == _keys(list(planned))

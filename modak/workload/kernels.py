@@ -237,7 +237,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     from torch.utils.flop_counter import flop_registry
 
     from modak.image.runtimes.base import RunRequest
-    from modak.image.runtimes.pytorch import _loss, aten_kernel, training_optimizer
+    from modak.image.runtimes.pytorch import NO_KERNEL, _loss, aten_kernel, training_optimizer
 
     kernels: list[Kernel] = []
 
@@ -249,7 +249,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             name = func._schema.name
-            if not name.startswith(_ATEN):  # the profiler's record_function markers
+            if not name.startswith(_ATEN) or name in NO_KERNEL:  # the profiler's record_function markers; aliases
                 return out
             count = flop_registry.get(func._overloadpacket)
             tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
@@ -257,7 +257,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
             arguments = []
             for index, schema in enumerate(func._schema.arguments):
                 value = args[index] if index < len(args) else kwargs.get(schema.name, schema.default_value)
-                arguments.append(_argument(schema.name, value))
+                arguments.append(_argument(schema.name, value, str(schema.type)))
             kernel = aten_kernel(name, arguments)
             kernels.append(replace(kernel, flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
                                    bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
@@ -291,8 +291,9 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     return tuple(kernels)
 
 
-def _argument(name: str, value: Any) -> Argument:
-    """An aten op's argument as :func:`modak.image.runtimes.pytorch.aten_kernel` takes it (the profiler's form)."""
+def _argument(name: str, value: Any, schema_type: str) -> Argument:
+    """An aten op's argument of type ``schema_type`` as :func:`modak.image.runtimes.pytorch.aten_kernel` takes it,
+    in the profiler's form (a number passed for a tensor, as to ``mul_``, is the 0-d tensor it is wrapped in)."""
     import torch
 
     from modak.image.runtimes.pytorch import Argument, channels_last
@@ -302,6 +303,8 @@ def _argument(name: str, value: Any) -> Argument:
         return Argument(name, (shape,), None, channels_last(shape, list(value.stride())))
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
         return Argument(name, tuple(tuple(int(d) for d in v.shape) for v in value))
+    if isinstance(value, (bool, int, float)) and "Tensor" in schema_type:
+        return Argument(name, ((),))
     return Argument(name, None, _plain(value))
 
 

@@ -197,7 +197,10 @@ IO_RANGE = "modak.io"  # the range around a profiled session's conversions of it
 # Arguments of an aten op that say where and in which type its result goes, not what it costs at the step's
 # precision (a kernel's attributes leave them out)
 _PLACEMENT = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format", "non_blocking", "copy",
-                        "out_dtype", "generator"})
+                        "out_dtype", "input_dtype", "generator"})
+# Operators that run no kernel, only make an alias (a meta-tensor trace sees autograd's detach of the outputs it
+# saves, the profiler does not record it): neither a profile nor a plan lists them
+NO_KERNEL = frozenset({"aten::detach"})
 # aten op -> the ONNX op types the TorchScript exporter writes for it, for the ops it exports as one node; a kernel
 # maps to a node where its module holds as many such ops as nodes of those types (see _onnx_nodes). A linear
 # layer on 3-D inputs is a MatMul and an Add: its addmm covers the MatMul.
@@ -319,9 +322,11 @@ def _module_ranges(model: Any) -> list[Any]:
 
 
 def _walk(event: Any, scope: str | None, backward_of: int, calls: list[_Call]) -> float:
-    """Append the kernel calls under ``event`` to ``calls``; the CPU time (µs) spent outside them."""
+    """Append the kernel calls under ``event`` to ``calls``; the CPU time (µs) spent outside them (a
+    ``CompositeImplicitAutograd`` op that called no other, as a no-op ``aten::to``, ran no kernel: a meta-tensor
+    trace never sees it)."""
     kind = _kernel_kind(event.name)
-    if kind is not None and not (_composite(event.name) and event.cpu_children):
+    if kind is not None and kind not in NO_KERNEL and not _composite(event.name):
         calls.append(_Call(event, kind, scope, backward_of))
         return 0.0
     if event.name == IO_RANGE:  # the session's conversions: no kernel of the step
@@ -419,7 +424,8 @@ def _call_kernel(call: _Call) -> Kernel:
 @functools.cache
 def _argument_names(kind: str, tensor: tuple[bool, ...]) -> tuple[str, ...]:
     """The argument names of the overload of operator ``kind`` with as many arguments as ``tensor`` and tensors
-    where it says (the first such overload; empty where none is)."""
+    where it says (an absent optional tensor is recorded as no tensor; the first such overload; empty where none
+    is)."""
     import torch
 
     try:
@@ -429,7 +435,8 @@ def _argument_names(kind: str, tensor: tuple[bool, ...]) -> tuple[str, ...]:
     for schema in schemas:
         arguments = schema.arguments
         if len(arguments) == len(tensor) and all(
-                ("Tensor" in str(a.type)) == is_tensor for a, is_tensor in zip(arguments, tensor)):
+                "Tensor" in str(a.type) if is_tensor else str(a.type) not in ("Tensor", "List[Tensor]")
+                for a, is_tensor in zip(arguments, tensor)):
             return tuple(a.name for a in arguments)
     return ()
 
