@@ -1,6 +1,7 @@
 """ONNX Runtime: intra/inter-op threads and their wait policy, graph optimization level, execution mode; CPU or CUDA
-provider. Its ``profile`` reads the profiler's trace and maps the optimized graph's nodes to the ONNX nodes they cover
-(:func:`graph_kernels`, which a plan can use on the optimized graph alone)."""
+provider. Its ``profile`` reads the profiler's trace for the kernels' times only; the kernels themselves (kind,
+covered ONNX nodes, shapes, attributes) come from the optimized graph (:func:`graph_kernels`), as a plan's do
+(:func:`planned_kernels`)."""
 
 from __future__ import annotations
 

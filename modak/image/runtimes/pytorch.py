@@ -250,8 +250,8 @@ def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int
     ``aten::t`` and ``aten::addmm``; ``aten::convolution`` stays whole), or an Inductor kernel. Its time is the
     op's whole CPU time, the ops it calls included (on a GPU: the device time of the kernels it launched), so no
     time counts twice; what the step spent outside any kernel (Python, the autograd engine, composite wrappers) is
-    ``unmapped_seconds``. ``shapes``: its inputs' shapes as recorded (a scalar argument is ``()``);
-    ``attributes``: its non-tensor arguments (``args``, tensors as null), input dtypes and strides.
+    ``unmapped_seconds``, as is the session's conversion of its feeds and outputs (:data:`IO_RANGE`). An
+    operator's kind, shapes and attributes are :func:`aten_kernel`'s, as a plan's meta-tensor trace makes them.
 
     ``nodes`` (eager, with an ONNX graph): a forward op maps to the node of its ONNX op type (:data:`ATEN_ONNX`) in
     the scope of the modules that ran it (their forward hooks mark it), where they ran as many such ops as the
