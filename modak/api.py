@@ -51,8 +51,9 @@ def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:
 
 
 def predictor(name: PredictorName = "default", store: Path | None = None) -> Predictor:
-    """``default``: the learned model (shipped measurements plus the local ``store``) with the roofline where it
-    has no data; ``roofline``: the analytic model alone."""
+    """``default``: the kernel model where the runtime's planned kernels are covered (shipped kernel rows plus the
+    local ``store``'s), then the learned model (shipped measurements plus the local ``store``), then the roofline
+    where neither has data; ``roofline``: the analytic model alone."""
     from modak.predict.default import default_predictor
     from modak.predict.roofline import RooflinePredictor
 
@@ -303,20 +304,24 @@ def fit_model(store: Path | None = None) -> ModelFit:
 
 
 def evaluate_model(store: Path | None = None, seeds: int = 3, machine: str | None = None) -> ModelEvaluation:
-    """Cross-validate the forest fit with seeds ``0 .. seeds - 1`` and the baseline
+    """Cross-validate the forest fit with seeds ``0 .. seeds - 1``, the kernel model with the forest as its fallback
+    at the same seeds (where there are kernel rows, shipped or in ``store``) and the baseline
     (:func:`modak.predict.evaluate.default_predictors`); ``machine``: hold out and score only that target's rows."""
     from modak.errors import InputError
     from modak.predict.evaluate import default_predictors, evaluate
+    from modak.predict.training import kernel_set
 
     if seeds < 1:
         raise InputError(f"--seeds {seeds}: give a positive number of seeds")
     _, _, _, usable = _measured_rows(store)
+    kernel_data = kernel_set(store)
+    kernels = None if kernel_data is None else kernel_data.load()
     machines = tuple(sorted({r.machine for r in usable}))
     if machine is not None and machine not in machines:
         raise InputError(f"--machine {machine}: no measured rows of that target (there are: {', '.join(machines)})")
     return ModelEvaluation(len(usable), len({r.model for r in usable}), machines,
                            sum(machine in (None, r.machine) for r in usable), machine,
-                           tuple(evaluate(usable, default_predictors(seeds), machine)))
+                           tuple(evaluate(usable, default_predictors(seeds, kernels=kernels), machine)))
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,8 @@ def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
         first = runs[0]
         entries.append({"split": split, "predictor": predictor,
                         "seeds": [s.seed for s in runs if s.seed is not None],
-                        "rows": first.rows, "uncovered": first.uncovered, "workloads": first.workloads,
+                        "rows": first.rows, "uncovered": first.uncovered, "answered": dict(first.answered),
+                        "workloads": first.workloads,
                         "no_stock": first.no_stock,
                         **{field: value(mean) for field, (mean, _, _) in spreads.items()},
                         "spread": {field: [value(low), value(high)] for field, (_, low, high) in spreads.items()
@@ -170,6 +171,9 @@ def print_scores(scores: Iterable[Scores]) -> None:
             table.add_column(predictor, justify="right")
         for field, label in counts:
             table.add_row(label, *(str(getattr(runs[0], field)) for runs in columns.values()))
+        for answerer in dict.fromkeys(name for runs in columns.values() for name, _ in runs[0].answered):
+            table.add_row(f"  answered by {answerer}",
+                          *(str(dict(runs[0].answered).get(answerer, "-")) for runs in columns.values()))
         for field, label, fmt in METRICS:
             table.add_row(label, *(cell([getattr(s, field) for s in runs], fmt) for runs in columns.values()))
         out.print(table)

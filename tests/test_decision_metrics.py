@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -132,7 +133,8 @@ def test_ratio_to_stock_above_the_trees_90th_percentile_checks_the_stock_guard()
 def test_seed_spread_is_reported_as_mean_min_max(capsys, monkeypatch) -> None:
     assert seed_spread([0.1, 0.3, 0.2]) == pytest.approx((0.2, 0.1, 0.3))
     assert all(math.isnan(v) for v in seed_spread([math.nan]))
-    base = dict(split="leave-one-model-out", rows=10, uncovered=0, within_10=0.5, within_25=0.9, mape_calibrated=0.1,
+    base: dict[str, Any] = dict(split="leave-one-model-out", rows=10, uncovered=0, answered=(), within_10=0.5,
+                                within_25=0.9, mape_calibrated=0.1,
                 kendall_tau_median=0.5,
                 kendall_tau_noise=0.8,
                 interval_coverage=math.nan, stock_ratio_above_p90=math.nan, workloads=2, hit_rate=0.5, undecided=0.0,
@@ -156,7 +158,7 @@ def test_calibrated_mape_and_the_launches_own_tau() -> None:
     stock = row(4e-3, [4e-3, 4e-3, 1e-3], "s", runtime="pytorch", params=STOCK)
     others = [row(2e-3, [2e-3, 2e-3, 2e-3], "s"), row(1e-3, [1e-3, 1e-3, 4e-3], "s", params={"threads": "half"})]
     rows = [stock, *others]
-    result = score("s", "learned", rows, {i: 2 * r.step_median_s for i, r in enumerate(rows)}, 0, {})
+    result = score("s", "learned", rows, {i: 2 * r.step_s for i, r in enumerate(rows)}, 0, {})
     assert result.mape == pytest.approx(1.0) and result.mape_calibrated == pytest.approx(0.0)
     assert evaluation.launch_tau(rows) == pytest.approx(-1 / 3)
     assert result.kendall_tau_noise == pytest.approx(-1 / 3)

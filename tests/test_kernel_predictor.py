@@ -20,9 +20,11 @@ from modak.candidates.enumerate import Candidate
 from modak.errors import EXIT_BAD_INPUT, InputError
 from modak.hardware.ceilings import Ceilings, TargetCeilings, target_ceilings
 from modak.image.kernels import OP_CLASSES, Kernel
-from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.kernels import KernelRow, Reconciliation, write_kernel_csv, write_reconcile_csv
+from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor, for_model
+from modak.predict.default import default_predictor
 from modak.predict.kernels import (
     PREDICTOR,
     TRANSFER_PREDICTOR,
@@ -33,9 +35,9 @@ from modak.predict.kernels import (
     kernel_seconds,
     roofline_seconds,
 )
-from modak.predict.learned import Z80, NEW_MACHINE_SPREAD, LearnedPredictor
+from modak.predict.learned import NEW_MACHINE_SPREAD, Z80
 from modak.predict.roofline import RooflinePredictor
-from modak.predict.training import training_set
+from modak.predict.training import kernel_set
 from modak.spec.models import Precision
 from modak.workload.source import load_analysis
 
@@ -52,19 +54,26 @@ RELU = Kernel("Relu", "elementwise", ("relu",), ((1, 8, 16, 16),), "{}", flops=1
 STEPS_MS = (4.7, 4.9, 5.1, 5.3, 5.5)  # five models' unprofiled steps: dispatch (step - 4.5 ms) / 2 = 0.1 ... 0.5 ms
 
 
+def ceilings_of(machine: MachineCeilings) -> dict:
+    """The ceiling columns of a row measured on ``machine``."""
+    return dict(microarchitecture=machine.name or "unknown", cores=machine.cores,
+                peak_fp32_gflops=machine.fp32_gflops, peak_bf16_gflops=machine.bf16_gflops,
+                bandwidth_gbs=machine.bandwidth_gbs, gpu=None)
+
+
 def kernel_row(kernel: Kernel, seconds: float, model: str, machine: str = "box", runtime: str = "onnxruntime",
-               calls: int = 1, threads: int = 4) -> KernelRow:
+               calls: int = 1, threads: int = 4, ceilings: MachineCeilings = BOX) -> KernelRow:
     return KernelRow(machine=machine, runtime=runtime, device="cpu", threads=threads, precision="fp32", params="{}",
                      model=model, batch_size=1, kernel=kernel, seconds=seconds, calls=calls, source="test",
-                     session=f"s-{model}", measured_at="2026-11-26T00:00:00Z")
+                     session=f"s-{model}", measured_at="2026-11-26T00:00:00Z", **ceilings_of(ceilings))
 
 
 def reconciliation(model: str, step_s: float, kernel_s: float, kernels: int, machine: str = "box",
-                   runtime: str = "onnxruntime", threads: int = 4) -> Reconciliation:
+                   runtime: str = "onnxruntime", threads: int = 4, ceilings: MachineCeilings = BOX) -> Reconciliation:
     return Reconciliation(machine=machine, runtime=runtime, device="cpu", threads=threads, precision="fp32",
                           params="{}", model=model, batch_size=1, step_s=step_s, profiled_step_s=step_s * 1.2,
                           kernel_s=kernel_s, unmapped_s=0.0, kernels=kernels, source="test", session=f"s-{model}",
-                          measured_at="2026-11-26T00:00:00Z")
+                          measured_at="2026-11-26T00:00:00Z", **ceilings_of(ceilings))
 
 
 def fixed_table() -> tuple[list[KernelRow], list[Reconciliation]]:
@@ -90,7 +99,7 @@ def cnn():
 
 @pytest.fixture(scope="module")
 def fixed() -> KernelModel:
-    return KernelModel.fit(*fixed_table(), {("box", "cpu"): BOX})
+    return KernelModel.fit(*fixed_table())
 
 
 def predict_fixed(model: KernelModel, ceilings: TargetCeilings, kernels: tuple[Kernel, ...]):
@@ -137,7 +146,7 @@ def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fi
     assert predict_fixed(fixed, target("box", 1.0), (CONV, pool)) is None  # coverage: every kernel's kind
     assert predict_fixed(fixed, target("box", 1.0), ()) is None
     rows, recs = fixed_table()
-    one = KernelModel.fit(rows[:2], recs[:1], {("box", "cpu"): BOX})  # one model: nothing out of fold
+    one = KernelModel.fit(rows[:2], recs[:1])  # one model: nothing out of fold
     assert one.calibration == {} and predict_fixed(one, target("box", 1.0), (CONV,)) is None
     loaded, source, workload = cnn()
     candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
@@ -162,8 +171,7 @@ def noisy_launch(draw: random.Random, model: str) -> tuple[list[KernelRow], Reco
 def test_the_interval_holds_80_percent_of_new_steps() -> None:
     draw = random.Random(1)
     launches = [noisy_launch(draw, f"m{i}") for i in range(100)]
-    model = KernelModel.fit([r for rows, _, _ in launches for r in rows], [rec for _, rec, _ in launches],
-                            {("box", "cpu"): BOX})
+    model = KernelModel.fit([r for rows, _, _ in launches for r in rows], [rec for _, rec, _ in launches])
     inside = []
     for i in range(300):
         _, rec, kernels = noisy_launch(draw, f"new{i}")
@@ -178,7 +186,9 @@ def test_the_interval_holds_80_percent_of_new_steps() -> None:
     (0, lambda r: replace(r, kernel=replace(r.kernel, op="convolution")), "kernel_rows[1].kernel.op"),
     (0, lambda r: replace(r, kernel=replace(r.kernel, kind=" ")), "kernel_rows[1].kernel.kind"),
     (0, lambda r: replace(r, kernel=replace(r.kernel, flops=float("nan"))), "kernel_rows[1].kernel.flops"),
-    (3, lambda r: replace(r, machine="elsewhere"), "kernel_rows[4].machine"),
+    (3, lambda r: replace(r, cores=0), "kernel_rows[4].cores"),
+    (3, lambda r: replace(r, bandwidth_gbs=float("inf")), "kernel_rows[4].bandwidth_gbs"),
+    (2, lambda r: replace(r, peak_bf16_gflops=0.0), "kernel_rows[3].peak_bf16_gflops"),
     (2, lambda r: replace(r, kernel=replace(r.kernel, attributes="{kernel_shape")), "kernel_rows[3].kernel.attributes"),
     (1, lambda r: replace(r, params="[]"), "kernel_rows[2].params"),
     (1, lambda r: replace(r, precision="fp64"), "kernel_rows[2].precision"),
@@ -187,7 +197,7 @@ def test_a_damaged_kernel_row_is_refused_with_its_location(index, change, field)
     rows, recs = fixed_table()
     rows[index] = change(rows[index])
     with pytest.raises(InputError) as error:
-        KernelModel.fit(rows, recs, {("box", "cpu"): BOX})
+        KernelModel.fit(rows, recs)
     assert error.value.field == field and error.value.exit_code == EXIT_BAD_INPUT
     assert str(error.value).startswith(f"{field}: ")
 
@@ -196,10 +206,10 @@ def test_a_damaged_reconciliation_is_refused_with_its_location() -> None:
     rows, recs = fixed_table()
     recs[4] = replace(recs[4], step_s=0.0)
     with pytest.raises(InputError, match=r"^reconciliations\[5\]\.step_s: 0\.0 is not a positive time"):
-        KernelModel.fit(rows, recs, {("box", "cpu"): BOX})
+        KernelModel.fit(rows, recs)
     recs[4] = replace(recs[4], step_s=0.005, kernels=0)
     with pytest.raises(InputError, match=r"^reconciliations\[5\]\.kernels: "):
-        KernelModel.fit(rows, recs, {("box", "cpu"): BOX})
+        KernelModel.fit(rows, recs)
 
 
 def efficiency(flops: float) -> float:
@@ -226,8 +236,8 @@ def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings()
         candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), threads)
         bound = max(roofline_seconds(kernel, machine, candidate))
         rows.append(kernel_row(kernel, bound / efficiency(kernel.flops), f"m{i % 12}", machine=name,
-                               threads=threads))
-    model = KernelModel.fit(rows, [], machines)
+                               threads=threads, ceilings=machine))
+    model = KernelModel.fit(rows, [])
     assert model.calibration == {} and model.dispatch == {}
     # New shapes on a machine of other ceilings, at threads it was never profiled with.
     unseen = MachineCeilings("cpu", "c", 6, 250.0, None, 20.0)
@@ -243,7 +253,7 @@ def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings()
 
 
 def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed: KernelModel) -> None:
-    data = KernelData.of(*fixed_table(), {("box", "cpu"): BOX})
+    data = KernelData.of(*fixed_table())
     first = KernelModel.cached(data, tmp_path)
     assert len(list(tmp_path.glob("*.forest"))) == 1
     again = KernelModel.cached(data, tmp_path)  # loaded, not fit: the same arrays
@@ -269,12 +279,18 @@ def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_
         kernels = [replace(k, flops=k.flops * scale, bytes=k.bytes * scale) for k in planned(workload, None, 0)]
         times = [max(roofline_seconds(k, here, Candidate("onnxruntime", "cpu", Precision.fp32, (), None))) / 0.4
                  for k in kernels]
-        rows += [kernel_row(k, t, model, machine="here", threads=0) for k, t in zip(kernels, times)]
+        rows += [kernel_row(k, t, model, machine="here", threads=0, ceilings=here) for k, t in zip(kernels, times)]
         recs.append(reconciliation(model, sum(times) * (1.1 + 0.02 * i), sum(times), len(kernels), machine="here",
-                                   threads=0))
-    fitted = KernelModel.fit(rows, recs, {("here", "cpu"): here})
-    learned = LearnedPredictor.cached(training_set(tmp_path / "none.sqlite"))
-    predictor = FallbackPredictor((KernelPredictor(fitted, kernels_of=planned), learned, RooflinePredictor()))
+                                   threads=0, ceilings=here))
+    store = tmp_path / "perf.sqlite"
+    with PerfStore(store) as perf:  # the local store's kernel rows: the default predictor asks the kernel model first
+        perf.add_kernels(rows, recs)
+    default = default_predictor(store)
+    assert isinstance(default, FallbackPredictor) and isinstance(default.predictors[0], KernelPredictor)
+    assert default.name == f"{PREDICTOR}+learned+roofline"
+    # The runtime's report of the graph is the seam: the CNN's ONNX nodes, one kernel each.
+    predictor = replace(default, predictors=(replace(default.predictors[0], kernels_of=planned),
+                                             *default.predictors[1:]))
     plan = make_plan(loaded, source, workload, predictor=predictor)
     document = plan.to_dict()
     by_runtime: dict[str, set[str]] = {}
@@ -301,9 +317,44 @@ def test_for_model_binds_the_graph_through_the_fallback(fixed: KernelModel) -> N
                                           load_catalog()["onnxruntime"]) is None
 
 
-def test_the_default_predictor_asks_the_kernel_model_first_when_given_kernel_data(tmp_path: Path) -> None:
-    from modak.predict.default import default_predictor
-
-    given = default_predictor(tmp_path / "none.sqlite", KernelData.of(*fixed_table(), {("box", "cpu"): BOX}))
-    assert given.name == f"{PREDICTOR}+learned+roofline"
+def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kernel_rows(tmp_path: Path) -> None:
+    assert kernel_set(tmp_path / "none.sqlite") is None  # no shipped kernel files yet, no store
     assert default_predictor(tmp_path / "none.sqlite").name == "learned+roofline"
+    store = tmp_path / "perf.sqlite"
+    with PerfStore(store) as perf:
+        perf.add_kernels(*fixed_table())
+    data = kernel_set(store)
+    assert data is not None and data.load() == fixed_table()
+    again = kernel_set(store)
+    assert again is not None and data.key == again.key != KernelData.of(*fixed_table()).key  # shipped files too
+    given = default_predictor(store)
+    assert given.name == f"{PREDICTOR}+learned+roofline"
+    assert isinstance(given, FallbackPredictor) and isinstance(given.predictors[0], KernelPredictor)
+    assert given.predictors[0].model.calibration == pytest.approx(KernelModel.fit(*fixed_table()).calibration)
+    rows, recs = fixed_table()
+    with PerfStore(store) as perf:  # a damaged row in the store: the plan's predictor refuses it, located
+        perf.add_kernels([replace(rows[0], seconds=0.0)], [])
+    with pytest.raises(InputError, match=r"^kernel_rows\[\d+\]\.seconds: 0\.0 is not a positive time"):
+        default_predictor(store)
+
+
+def test_a_local_configuration_replaces_its_shipped_kernel_rows(tmp_path: Path, monkeypatch) -> None:
+    import modak.predict.training as training
+
+    rows, recs = fixed_table()
+    shipped = tmp_path / "perfmodels"
+    shipped.mkdir()
+    write_kernel_csv(shipped / "kernels-box.csv", rows)
+    write_reconcile_csv(shipped / "reconcile-box.csv", recs)
+    (shipped / "box.csv").write_text("")  # a file of measurements: not the kernel model's
+    monkeypatch.setattr(training, "data_dir", lambda name: tmp_path / name)
+    assert [p.name for p in training.shipped_kernel_files()] == ["kernels-box.csv", "reconcile-box.csv"]
+    store = tmp_path / "perf.sqlite"
+    data = kernel_set(store)
+    assert data is not None and data.load() == (rows, recs)
+    again = [replace(r, seconds=r.seconds * 2) for r in rows[:2]]  # model m0 profiled again locally
+    with PerfStore(store) as perf:
+        perf.add_kernels(again, [replace(recs[0], step_s=0.01)])
+    local = kernel_set(store)
+    assert local is not None and local.key != data.key
+    assert local.load() == (rows[2:] + again, recs[1:] + [replace(recs[0], step_s=0.01)])

@@ -58,8 +58,8 @@ def test_pytorch_inference_ops_map_to_the_onnx_nodes_of_their_modules(tmp_path):
     assert (conv.kind, conv.op) == ("aten::convolution", "conv")
     assert conv.shapes[:3] == ((2, 32, 14, 14), (64, 32, 3, 3), (64,))
     attributes = json.loads(conv.attributes)
-    assert attributes["args"][3:6] == [[1, 1], [1, 1], [1, 1]]  # stride, padding, dilation
-    assert attributes["strides"][0] == [32 * 14 * 14, 1, 32 * 14, 32]  # channels_last, as the candidate asked
+    assert attributes == {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "transposed": False,
+                          "output_padding": [0, 0], "groups": 1, "channels_last": True}  # as the candidate asked
     assert by_node[("/fc1/Gemm",)].kind == "aten::addmm"
     assert by_node[("/Relu_1",)].kind == "aten::relu" and by_node[("/MaxPool_1",)].op == "pooling"
     # aten::linear is a decomposition: its ops are the kernels, never it

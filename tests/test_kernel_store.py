@@ -25,9 +25,12 @@ from modak.cli import main
 from modak.errors import EXIT_BAD_INPUT, InputError
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.measurements.kernels import (
+    CEILINGS,
     KERNEL_COLUMNS,
+    OPTIONAL,
     KernelRow,
     Reconciliation,
+    column_type,
     is_label_csv,
     kernel_record,
     read_kernel_csv,
@@ -122,6 +125,18 @@ def test_kernel_rows_take_flops_bytes_and_op_class_from_the_analysis(analysis: W
         assert row.params == '{"graph_optimization":"all"}' and row.measured_at == "2026-01-02T00:00:00+00:00"
 
 
+def test_kernel_rows_and_the_reconciliation_carry_the_measurements_machine_ceilings(
+        analysis: WorkloadProfile) -> None:
+    ceilings = dict(microarchitecture="sapphirerapids", cores=16, peak_fp32_gflops=51390.0,
+                    peak_bf16_gflops=780670.0, bandwidth_gbs=3017.0, gpu="H100-SXM")
+    rows, reconciliation = _labels(analysis, device="gpu", **ceilings)
+    for row in (*rows, reconciliation):
+        assert {c: getattr(row, c) for c in CEILINGS} == ceilings
+    rows, reconciliation = _labels(analysis)  # a CPU row: no bf16 peak, no GPU
+    assert {c: getattr(reconciliation, c) for c in CEILINGS} == dict(
+        microarchitecture="x86_64", cores=2, peak_fp32_gflops=1.0, peak_bf16_gflops=None, bandwidth_gbs=1.0, gpu=None)
+
+
 def test_the_reconciliation_sets_the_profiled_step_against_the_unprofiled_one(analysis: WorkloadProfile) -> None:
     rows, reconciliation = _labels(analysis)
     assert reconciliation.step_s == 0.004  # the Measurement's median, not the profiled launch's step
@@ -184,7 +199,35 @@ def test_a_store_without_the_kernel_tables_gains_them(tmp_path: Path, analysis: 
         store.add_kernels(rows, [reconciliation])
         assert store.kernel_rows() == list(rows) and store.reconciliations() == [reconciliation]
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+
+
+def test_a_store_of_schema_3_gains_the_ceilings_from_its_whole_model_rows(tmp_path: Path,
+                                                                         analysis: WorkloadProfile) -> None:
+    """Its kernel rows of a machine with a whole-model row take that machine's latest ceilings; a row of a machine
+    without one is refused when read, naming its table, row and column."""
+    path = tmp_path / "old.sqlite"
+    rows, reconciliation = _labels(analysis)
+    with PerfStore(path) as store:
+        store.add([_measurement(cores=1, peak_fp32_gflops=0.5), _measurement(threads=1)])  # the later: m1's ceilings
+        store.add_kernels(rows, [reconciliation])
+    with sqlite3.connect(path) as db:  # as a store of schema 3 is: no ceilings in the label tables
+        for table in ("kernels", "reconciliations"):
+            for column in CEILINGS:
+                db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    with PerfStore(path) as store:
+        assert store.kernel_rows() == list(rows) and store.reconciliations() == [reconciliation]
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+        for table in ("kernels", "reconciliations"):
+            for column in CEILINGS:
+                db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.execute("UPDATE kernels SET machine = 'm9' WHERE rowid = 2")
+    with PerfStore(path) as store, pytest.raises(InputError) as caught:
+        store.kernel_rows()
+    assert (caught.value.file, caught.value.field) == (str(path), "kernels[rowid 2].microarchitecture")
+    assert caught.value.exit_code == EXIT_BAD_INPUT and "`modak bench --kernels`" in caught.value.message
 
 
 # --- CSV -----------------------------------------------------------------------------------------------------
@@ -195,7 +238,7 @@ def test_csv_files_round_trip(tmp_path: Path, analysis: WorkloadProfile) -> None
     assert write_reconcile_csv(tmp_path / "reconcile-m1.csv", [reconciliation]) == 1
     with open(tmp_path / "kernels-m1.csv", newline="") as handle:
         header = next(csv.reader(handle))
-    assert tuple(header) == KERNEL_COLUMNS and header[8:15] == ["kind", "op", "nodes", "shapes", "attributes",
+    assert tuple(header) == KERNEL_COLUMNS and header[14:21] == ["kind", "op", "nodes", "shapes", "attributes",
                                                                 "flops", "bytes"]
     assert read_kernel_csv(tmp_path / "kernels-m1.csv") == list(rows)
     assert read_reconcile_csv(tmp_path / "reconcile-m1.csv") == [reconciliation]
@@ -235,6 +278,10 @@ DAMAGE = [  # file, line, column, value, what the error says
     ("reconcile", 2, "kernel_s", "-1e-3", "a time cannot be negative"),
     ("reconcile", 2, "step_s", "0", "expected a positive number of seconds"),
     ("reconcile", 2, "params", "[1]", "expected JSON of an object"),
+    ("kernels", 3, "cores", "0", "expected at least 1, got '0'"),
+    ("kernels", 2, "microarchitecture", "", "expected a value"),
+    ("reconcile", 2, "bandwidth_gbs", "0", "expected a positive ceiling, got '0'"),
+    ("reconcile", 2, "peak_bf16_gflops", "-5", "expected a positive ceiling"),
 ]
 
 
@@ -277,7 +324,7 @@ def test_a_file_that_is_no_kernel_table_is_refused_with_its_location(tmp_path: P
         read_kernel_csv(path)
     path.write_text("")
     with pytest.raises(InputError, match=f"^{path}:1: machine: not a CSV file of kernel rows: missing columns "
-                                         "machine, runtime, "):
+                                         "machine, microarchitecture, cores, "):
         read_labels_csv(path)
     with pytest.raises(InputError, match=f"^{tmp_path / 'none.csv'}: file not found$"):
         read_labels_csv(tmp_path / "none.csv")
@@ -304,8 +351,10 @@ def test_any_field_reads_or_is_refused_at_its_location(tmp_path_factory: pytest.
         read = kernel_record(row)[column]
         if column in ("nodes", "shapes"):
             assert json.loads(read) == json.loads(text)
+        elif read is None:
+            assert column in OPTIONAL and text == ""
         else:
-            assert read == type(kernel_record(rows[0])[column])(text)
+            assert read == {"INTEGER": int, "REAL": float, "TEXT": str}[column_type(column)](text)
 
 
 def test_the_modak_command_imports_and_exports_kernel_files(tmp_path: Path, analysis: WorkloadProfile) -> None:

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 from modak import cli
+from modak.candidates.catalog import load_catalog
+from modak.image.kernels import Kernel
 from modak.image.zoo import zoo_names
+from modak.measurements.kernels import CEILINGS, KernelRow, Reconciliation, write_kernel_csv, write_reconcile_csv
 from modak.measurements.store import Measurement, write_csv
+from modak.predict import evaluate as evaluation
 from modak.predict import training
 from modak.predict.evaluate import (
     FAMILIES,
@@ -23,6 +27,7 @@ from modak.predict.evaluate import (
     PredictorEntry,
     evaluate,
     family,
+    kernels_and_forest,
     score,
 )
 from modak.predict.training import ok_rows, shipped_rows
@@ -151,3 +156,87 @@ def test_an_unknown_option_exits_2() -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main(["model", "eval", "--split", "family"])
     assert exited.value.code == 2
+
+
+# --- the operator-level model beside the forest ----------------------------------------------------------------
+
+def planned(row: Measurement) -> tuple[Kernel, ...]:
+    """A row's planned kernels (the seam for the runtime's report of its graph): one matrix product of its FLOPs
+    and bytes and one elementwise kernel."""
+    return (Kernel("MatMul", "matmul", flops=row.flops, bytes=row.bytes),
+            Kernel("Relu", "elementwise", flops=row.flops / 1e3, bytes=row.bytes / 4))
+
+
+def labels(rows: list[Measurement]) -> tuple[list[KernelRow], list[Reconciliation]]:
+    """A profiled launch of each row: its planned kernels taking 60% and 30% of its step, on the row's ceilings."""
+    kernels, reconciled = [], []
+    for i, r in enumerate(rows):
+        common = dict(machine=r.machine, runtime=r.runtime, device=r.device, threads=r.threads or 0,
+                      precision=r.precision, params=r.params, model=r.model, batch_size=r.batch_size,
+                      source="test", session=f"s{i}", measured_at=r.measured_at, task=r.task,
+                      **{c: getattr(r, c) for c in CEILINGS})
+        kernels += [KernelRow(kernel=k, seconds=share * r.step_s, calls=1, **common)
+                    for k, share in zip(planned(r), (0.6, 0.3))]
+        reconciled.append(Reconciliation(step_s=r.step_s, profiled_step_s=r.step_s * 1.1, kernel_s=0.9 * r.step_s,
+                                         unmapped_s=0.0, kernels=2, **common))
+    return kernels, reconciled
+
+
+def test_the_kernel_entry_fits_on_the_training_folds_kernel_rows_and_falls_back_to_the_forest(
+        few_shipped_rows: Path) -> None:
+    rows = ok_rows(training.training_data(few_shipped_rows)[0])
+    kernels, reconciled = labels(rows)
+    kernels += labels([replace(rows[0], machine="elsewhere")])[0]  # a machine of no measured row: never held out
+    entry = kernels_and_forest(0, load_catalog(), kernels, reconciled, planned)
+    assert entry.name == "kernels+forest" and entry.seed == 0
+    train = [r for r in rows if r.model != "mlp"]
+    model, _ = entry.fit(train)
+    pairs = {(r.machine, r.model) for r in train}
+    assert model.kinds[("onnxruntime", "cpu", "MatMul")].rows == sum((k.machine, k.model) in pairs
+                                                                    for k in kernels[::2])
+    assert all(k.model != "mlp" for k in kernels[::2] if (k.machine, k.model) in pairs)
+    held = [r for r in rows if r.model == "mlp"]
+    answers = entry.predict((model, entry.fit(train)[1]), held)
+    assert answers and all(a is not None and a.by == "kernels" and a.interval is not None for a in answers)
+    # An uncalibrated kernel model (one model to fit on): the forest answers every row.
+    one = [r for r in rows if r.model == "ncf"]
+    fitted = entry.fit(one)
+    assert fitted[0].calibration == {}
+    assert all(a is not None and a.by == "forest" for a in entry.predict(fitted, held))
+
+
+def test_model_eval_shows_the_kernel_model_beside_the_forest_on_the_same_rows(few_shipped_rows: Path, capsys,
+                                                                             monkeypatch, tmp_path: Path) -> None:
+    rows = ok_rows(training.training_data(few_shipped_rows)[0])
+    kernels, reconciled = labels(rows)
+    shipped = [tmp_path / "kernels-few.csv", tmp_path / "reconcile-few.csv"]
+    write_kernel_csv(shipped[0], kernels)
+    write_reconcile_csv(shipped[1], reconciled)
+    monkeypatch.setattr(training, "shipped_kernel_files", lambda: shipped)
+    monkeypatch.setattr(evaluation, "planned_for_row", planned)  # the runtime's report of a row's graph
+    assert cli.main(["model", "eval", "--json", "--seeds", "1", "--store", str(few_shipped_rows)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert_valid("model-eval.schema.json", document)
+    entries = {(e["split"], e["predictor"]): e for e in document["entries"]}
+    assert [p for s, p in entries if s == LEAVE_ONE_MODEL_OUT] == ["forest", "kernels+forest",
+                                                                  "roofline/median-utilization"]
+    for split in (LEAVE_ONE_MODEL_OUT, FAMILY_HELD_OUT, LEAVE_ONE_TARGET_OUT):
+        forest, both = entries[(split, "forest")], entries[(split, "kernels+forest")]
+        assert (both["rows"], both["uncovered"]) == (forest["rows"], forest["uncovered"])  # like for like
+        assert sum(both["answered"].values()) == both["rows"] and forest["answered"] == {}
+    assert entries[(LEAVE_ONE_MODEL_OUT, "kernels+forest")]["answered"]["kernels"] > 0
+    # Holding out the family of mlp and ncf leaves one model's kernel rows: too few to calibrate, the forest answers.
+    assert entries[(FAMILY_HELD_OUT, "kernels+forest")]["answered"].get("kernels", 0) < \
+        entries[(LEAVE_ONE_MODEL_OUT, "kernels+forest")]["answered"]["kernels"]
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert cli.main(["model", "eval", "--seeds", "1", "--store", str(few_shipped_rows)]) == 0
+    out = capsys.readouterr().out
+    assert "answered by kernels" in out and "answered by forest" in out
+
+
+def test_a_rows_planned_kernels_come_from_its_zoo_models_graph() -> None:
+    pytest.importorskip("modak.workload.kernels", reason="modak.workload.kernels.planned_kernels (kgraph)")
+    row = next(r for r in ok_rows(shipped_rows()) if r.model == "mnist_cnn" and r.runtime == "onnxruntime")
+    kernels = evaluation.planned_for_row(row)
+    assert kernels and sum(k.flops for k in kernels) > 0
+    assert evaluation.planned_for_row(replace(row, model="my_own_net")) == ()  # not in the zoo: no graph

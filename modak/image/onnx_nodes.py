@@ -133,3 +133,29 @@ def names_of(graph: onnx.GraphProto) -> dict[str, str]:
     by_name.update({node.name: ids[i] for i, node in enumerate(graph.node) if node.name})
     return by_name
 
+
+
+def fed_shapes(model: onnx.ModelProto, inputs: Mapping[str, Collection[int]]) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of ``model`` that ONNX shape inference fixes when its graph inputs have the shapes
+    ``inputs`` (the batch included), initializers included: the shapes a runtime's kernels read, as both a profile
+    and a plan give them (``model`` loaded without its external weights: inference reads only the small
+    initializers that hold shapes)."""
+    import onnx
+
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    for value in skeleton.graph.input:
+        if value.name in inputs:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for size in inputs[value.name]:
+                dims.add().dim_value = int(size)
+    del skeleton.graph.value_info[:]
+    inferred = onnx.shape_inference.infer_shapes(skeleton).graph
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    for value in (*inferred.input, *inferred.value_info, *inferred.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape") and all(
+                d.HasField("dim_value") for d in dims):
+            shapes.setdefault(value.name, tuple(int(d.dim_value) for d in dims))
+    return shapes

@@ -3,12 +3,14 @@ reconciliation of each profiled launch with its candidate's unprofiled step time
 
 A profiled launch runs beside the timed launches of a candidate, never mixed with them (profiling inflates
 times); its :class:`modak.image.kernels.Profile` becomes one :class:`KernelRow` per kernel and one
-:class:`Reconciliation` (:func:`modak.measurements.profiles.kernel_rows`). Both carry the machine, runtime, threads
+:class:`Reconciliation` (:func:`modak.measurements.profiles.kernel_rows`). Both carry the machine with its ceilings
+(:data:`CEILINGS`, as its Measurement has them: the kernel model needs no whole-model row of it), runtime, threads
 and precision they were measured at.
 
 Both are rows of the perf store (:meth:`modak.measurements.store.PerfStore.add_kernels`) and of CSV files
 (``perfmodels/kernels-<machine>.csv``, ``perfmodels/reconcile-<machine>.csv``), one format each: a column per
-field, the kernel's as ``kind, op, nodes, shapes, attributes, flops, bytes`` (``nodes`` and ``shapes`` as JSON).
+field, the kernel's as ``kind, op, nodes, shapes, attributes, flops, bytes`` (``nodes`` and ``shapes`` as JSON), an
+absent bf16 peak or GPU as an empty field.
 A damaged file is an :class:`~modak.errors.InputError` naming its file, line and column.
 """
 
@@ -33,6 +35,14 @@ class KernelRow:
     """The time one step of a candidate spent in one kernel, on one machine."""
 
     machine: str  # the perf store's machine name (as Measurement.machine)
+    # the machine's ceilings, as its Measurement has them (the kernel model's roofline terms; a machine measured by
+    # kernel probes alone has no whole-model row to take them from)
+    microarchitecture: str
+    cores: int
+    peak_fp32_gflops: float
+    peak_bf16_gflops: float | None
+    bandwidth_gbs: float
+    gpu: str | None
     runtime: str
     device: str  # "cpu" or "gpu"
     threads: int  # 0: the candidate sets none (Measurement.threads None)
@@ -55,6 +65,12 @@ class Reconciliation:
     runtime reported outside any kernel, and the step time profiling did not see."""
 
     machine: str
+    microarchitecture: str  # the machine's ceilings (as KernelRow)
+    cores: int
+    peak_fp32_gflops: float
+    peak_bf16_gflops: float | None
+    bandwidth_gbs: float
+    gpu: str | None
     runtime: str
     device: str
     threads: int
@@ -82,16 +98,21 @@ CONFIGURATION = ("machine", "runtime", "device", "threads", "precision", "params
 KERNEL_CSV = "kernels-{machine}.csv"  # the CSV files of one machine's rows (perfmodels/)
 RECONCILE_CSV = "reconcile-{machine}.csv"
 
-_INTEGERS = {"threads": 0, "batch_size": 1, "calls": 1, "kernels": 0}  # column -> its least value (threads 0: unset)
+CEILINGS = ("microarchitecture", "cores", "peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs", "gpu")
+"""The machine columns a kernel row and a reconciliation carry, named and typed as a Measurement's."""
+OPTIONAL = frozenset({"peak_bf16_gflops", "gpu"})  # columns that may be empty (None): no bf16 peak, no GPU
+
+_INTEGERS = {"threads": 0, "batch_size": 1, "calls": 1, "kernels": 0, "cores": 1}  # column -> its least value
 _TIMES = {"seconds", "kernel_s", "unmapped_s"}  # seconds, not negative
 _STEPS = {"step_s", "profiled_step_s"}  # seconds, positive
 _AMOUNTS = {"flops", "bytes"}  # not negative
-_TEXTS = {"machine", "runtime", "device", "precision", "model", "task", "kind"}  # not empty
+_RATES = {"peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs"}  # ceilings, positive
+_TEXTS = {"machine", "runtime", "device", "precision", "model", "task", "kind", "microarchitecture"}  # not empty
 
 
 def column_type(column: str) -> str:
     """The SQLite type of a kernel or reconciliation column."""
-    return "INTEGER" if column in _INTEGERS else "REAL" if column in _TIMES | _STEPS | _AMOUNTS else "TEXT"
+    return "INTEGER" if column in _INTEGERS else "REAL" if column in _TIMES | _STEPS | _AMOUNTS | _RATES else "TEXT"
 
 
 def kernel_record(row: KernelRow) -> dict[str, Any]:
@@ -231,6 +252,8 @@ def _value(column: str, text: str | None, path: Path, line: int) -> Any:
     """One field's value; a value its column cannot hold is an error at ``line`` naming ``column``."""
     if text is None:
         raise InputError("fewer fields than columns", path, line, column)
+    if column in OPTIONAL and text == "":
+        return None
 
     def bad(message: str) -> InputError:
         return InputError(f"{message}, got {text[:40]!r}", path, line, column)
@@ -243,7 +266,7 @@ def _value(column: str, text: str | None, path: Path, line: int) -> Any:
         if number < _INTEGERS[column]:
             raise bad(f"expected at least {_INTEGERS[column]}")
         return number
-    if column in _TIMES | _STEPS | _AMOUNTS:
+    if column in _TIMES | _STEPS | _AMOUNTS | _RATES:
         try:
             value = float(text)
         except ValueError:
@@ -252,6 +275,8 @@ def _value(column: str, text: str | None, path: Path, line: int) -> Any:
             raise bad("expected a finite number")
         if column in _STEPS and value <= 0:
             raise bad("expected a positive number of seconds")
+        if column in _RATES and value <= 0:
+            raise bad("expected a positive ceiling")
         if value < 0:
             raise bad("a time cannot be negative" if column in _TIMES else "expected a number not negative")
         return value

@@ -11,7 +11,7 @@ from typing import Any
 
 from modak.image.kernels import OP_CLASSES, Kernel, Profile
 from modak.image.runtimes.profiling import op_class
-from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.kernels import CEILINGS, KernelRow, Reconciliation
 from modak.measurements.store import Measurement
 from modak.workload.analysis import OpStats, WorkloadProfile
 
@@ -19,7 +19,8 @@ from modak.workload.analysis import OpStats, WorkloadProfile
 def kernel_rows(profile: Profile, measurement: Measurement, analysis: WorkloadProfile,
                 measured_at: str | None = None) -> tuple[tuple[KernelRow, ...], Reconciliation]:
     """The kernel rows and the reconciliation of ``profile``, a profiled launch of ``measurement``'s candidate
-    (whose unprofiled step time it is reconciled with) that ran the ONNX graph ``analysis`` analysed.
+    (whose unprofiled step time it is reconciled with, and whose machine ceilings they carry) that ran the ONNX
+    graph ``analysis`` analysed.
 
     A kernel that names the nodes it covers gets their FLOPs and bytes per call (their sum over the step divided
     by its calls) and the op class of the costliest of them; one that names none keeps what the image reported.
@@ -33,7 +34,8 @@ def kernel_rows(profile: Profile, measurement: Measurement, analysis: WorkloadPr
     common: dict[str, Any] = dict(machine=measurement.machine, runtime=measurement.runtime, device=measurement.device,
                   threads=measurement.threads or 0, precision=measurement.precision, params=measurement.params,
                   model=measurement.model, batch_size=measurement.batch_size, source=profile.source,
-                  session=measurement.session or "", measured_at=stamp, task=measurement.task)
+                  session=measurement.session or "", measured_at=stamp, task=measurement.task,
+                  **{column: getattr(measurement, column) for column in CEILINGS})
     rows = tuple(KernelRow(kernel=_analysed(timed.kernel, timed.calls, ops, measurement.model),
                            seconds=timed.seconds, calls=timed.calls, **common)
                  for timed in profile.kernels)

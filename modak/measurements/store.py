@@ -28,8 +28,10 @@ from typing import Any
 from modak.errors import InputError
 from modak.limits import MAX_CSV_BYTES, check_size
 from modak.measurements.kernels import (
+    CEILINGS,
     CONFIGURATION,
     KERNEL_COLUMNS,
+    OPTIONAL,
     RECONCILE_COLUMNS,
     KernelRow,
     Reconciliation,
@@ -40,7 +42,8 @@ from modak.measurements.kernels import (
     reconcile_record,
 )
 
-SCHEMA_VERSION = 3  # 2: the measurement protocol's columns (launches, interval, spread, contention); 3: kernels
+SCHEMA_VERSION = 4  # 2: the measurement protocol's columns (launches, interval, spread, contention); 3: kernels;
+# 4: the kernel rows' and reconciliations' machine ceilings
 
 
 @dataclass(frozen=True)
@@ -223,12 +226,27 @@ class PerfStore:
                 self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} ({typed})")
                 self._db.execute(f"CREATE INDEX IF NOT EXISTS {table}_configuration ON {table} "
                                  f"({', '.join(CONFIGURATION)})")
+                self._add_ceilings(table, table_columns)
             present = {row[1] for row in self._db.execute("PRAGMA table_info(measurements)")}
             for column in (c for c in COLUMNS if c not in present):  # a store written by an older modak
                 default = _DEFAULTS[column]
                 self._db.execute(f"ALTER TABLE measurements ADD COLUMN {column} {_sql_type(column)}"
                                  + ("" if default is None else f" DEFAULT {int(default)}"))
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def _add_ceilings(self, table: str, columns: tuple[str, ...]) -> None:
+        """Add the machine ceilings' columns to a label table of a store of schema 3, filled from the latest
+        whole-model row of each row's machine and device (a row of a machine without one keeps none: reading it is
+        an error that says so)."""
+        present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+        added = [c for c in columns if c not in present]
+        for column in added:
+            self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {column_type(column)}")
+        filled = [c for c in added if c in CEILINGS]
+        if filled:
+            self._db.execute(f"UPDATE {table} SET " + ", ".join(
+                f"{c} = (SELECT m.{c} FROM measurements m WHERE m.machine = {table}.machine "
+                f"AND m.device = {table}.device ORDER BY m.rowid DESC LIMIT 1)" for c in filled))
 
     @contextmanager
     def _write(self) -> Iterator[None]:
@@ -297,13 +315,24 @@ class PerfStore:
         return [reconcile_from_record(r) for r in self._select("reconciliations", where)]
 
     def _select(self, table: str, where: dict[str, object]) -> list[dict[str, Any]]:
+        """The matching rows of a label table as records; a row without a value it needs (the ceilings of a row
+        migrated from schema 3 whose machine had no whole-model row) is an :class:`InputError` naming it."""
         columns = _LABEL_TABLES[table]
         unknown = set(where) - set(columns)
         if unknown:
             raise ValueError(f"unknown columns: {sorted(unknown)}")
         clause = " AND ".join(f"{c} = ?" for c in where)
-        query = f"SELECT {', '.join(columns)} FROM {table}" + (f" WHERE {clause}" if clause else "")
-        return [dict(zip(columns, row)) for row in self._db.execute(query + " ORDER BY rowid", tuple(where.values()))]
+        query = f"SELECT rowid, {', '.join(columns)} FROM {table}" + (f" WHERE {clause}" if clause else "")
+        records = []
+        for rowid, *values in self._db.execute(query + " ORDER BY rowid", tuple(where.values())):
+            record = dict(zip(columns, values))
+            empty = next((c for c in columns if record[c] is None and c not in OPTIONAL), None)
+            if empty is not None:
+                raise InputError("no value: a row stored before kernel rows carried their machine's ceilings, of "
+                                 "a machine without a whole-model row to take them from (profile it again: "
+                                 "`modak bench --kernels`)", file=self.path, field=f"{table}[rowid {rowid}].{empty}")
+            records.append(record)
+        return records
 
     def record_tuned(self, choice: TunedChoice) -> None:
         """Store ``choice``, replacing an earlier winner for the same workload and target."""

@@ -5,23 +5,21 @@ interval) elsewhere. Each prediction's ``predictor`` names the one that answered
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from modak.predict.base import FallbackPredictor, Predictor
 from modak.predict.roofline import RooflinePredictor
 
-if TYPE_CHECKING:
-    from modak.predict.kernels import KernelData
 
-
-def default_predictor(store: Path | None = None, kernels: KernelData | None = None) -> Predictor:
-    """The kernel model fit on ``kernels`` (when given; bound to a job's graph by
-    :func:`modak.predict.base.for_model`), then the learned model fit on ``perfmodels/*.csv`` and the local store
-    (cached by that data), then the roofline."""
+def default_predictor(store: Path | None = None) -> Predictor:
+    """The kernel model fit on the shipped ``perfmodels/kernels-*.csv`` and ``reconcile-*.csv`` and the local
+    store's kernel rows, where there are any (bound to a job's graph by :func:`modak.predict.base.for_model`), then
+    the learned model fit on ``perfmodels/*.csv`` and the local store, then the roofline; each fit cached by its
+    data."""
     from modak.predict.kernels import KernelModel, KernelPredictor
     from modak.predict.learned import LearnedPredictor, NoTrainingRows
-    from modak.predict.training import training_set
+    from modak.predict.training import kernel_set, training_set
 
+    kernels = kernel_set(store)
     first: tuple[Predictor, ...] = () if kernels is None else (KernelPredictor(KernelModel.cached(kernels)),)
     try:
         learned = LearnedPredictor.cached(training_set(store))

@@ -2,7 +2,8 @@
 predictor on the rest, then score the held-out rows.
 
 Predictors are a sequence of :class:`PredictorEntry` (a name, "fit on rows" and "predict rows"), so each one is
-scored on the same splits and shown side by side: the whole-model forest (one entry per seed) and a physics-only
+scored on the same splits and shown side by side: the whole-model forest (one entry per seed), the operator-level
+model with the forest as its fallback (:func:`kernels_and_forest`, where there are kernel rows) and a physics-only
 baseline (roofline bound / median utilization of the runtime in the training fold).
 
 Accuracy on the held-out rows: MAPE of the step time and the shares within +-10% and +-25% of it, the Kendall tau
@@ -24,16 +25,22 @@ import itertools
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 
 from modak.candidates.catalog import Recipe, load_catalog
+from modak.errors import InputError
+from modak.image.kernels import Kernel
+from modak.measurements.kernels import KernelRow, Reconciliation
 from modak.measurements.stats import EQUIVALENCE_MARGIN, Ratio, ratio
 from modak.measurements.store import Measurement
 from modak.predict.base import paired_ratio_p90
+from modak.predict.kernels import PREDICTOR as KERNELS
+from modak.predict.kernels import KernelModel, MachineCeilings
 from modak.predict.learned import LearnedPredictor, candidate_from_row, example_from_row
 from modak.predict.training import ok_rows
 
@@ -67,6 +74,7 @@ class Scores:
     seed: int | None
     rows: int
     uncovered: int
+    answered: tuple[tuple[str, int], ...]  # of an entry of several models: the rows each answered (else empty)
     mape: float
     within_10: float  # share of rows predicted within +-10% of the measured step
     within_25: float
@@ -94,12 +102,14 @@ class Scores:
 
 @dataclass(frozen=True)
 class Prediction:
-    """One held-out row's predicted step seconds, its 80% interval (None: the predictor gives none) and its trees'
-    step seconds (member i of every row from one tree; empty: no ensemble)."""
+    """One held-out row's predicted step seconds, its 80% interval (None: the predictor gives none), its trees'
+    step seconds (member i of every row from one tree; empty: no ensemble) and, for an entry of several models, the
+    one that answered."""
 
     step_s: float
     interval: tuple[float, float] | None = None
     trees: tuple[float, ...] = ()
+    by: str | None = None
 
 
 Predictions = tuple[Prediction | None, ...]  # one per row asked for; None: the fit does not cover the row
@@ -187,6 +197,60 @@ def forest(seed: int, catalog: Mapping[str, Recipe]) -> PredictorEntry:
                           seed)
 
 
+KernelsOfRow = Callable[[Measurement], Sequence[Kernel]]
+"""The kernels a measured row's runtime plans for its step (the seam tests fill by hand)."""
+
+
+def planned_for_row(row: Measurement) -> Sequence[Kernel]:
+    """The kernels the row's runtime plans for its zoo model at its input shapes, batch, precision and threads (the
+    model's cached ONNX export, :func:`modak.workload.kernels.planned_kernels`); none for a model not in the zoo."""
+    from modak.workload.kernels import planned_kernels  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    from modak.workload.zoo import export_onnx
+
+    shapes = {name: tuple(shape) for name, shape in json.loads(row.input_shapes).items()}
+    try:
+        graph = export_onnx(row.model, shapes)
+    except InputError:  # a user's own model: no graph to ask the runtime about
+        return ()
+    return cast(Sequence[Kernel], planned_kernels(row.runtime, graph, row.batch_size, shapes, row.precision,
+                                                  row.threads or row.cores))
+
+
+def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Sequence[KernelRow],
+                       reconciliations: Sequence[Reconciliation],
+                       kernels_of: KernelsOfRow | None = None) -> PredictorEntry:
+    """The operator-level model (:class:`modak.predict.kernels.KernelModel`) with the forest (fit with ``seed``) as
+    its fallback, as the plan asks them: it scores the rows the forest covers, the kernel model answering the
+    inference rows whose planned kernels it covers (:attr:`Prediction.by` says which answered). Each fold's kernel
+    model is fit on the kernel rows and reconciliations of the training fold's (machine, model) pairs only.
+    ``kernels_of``: default :func:`planned_for_row`."""
+    whole = forest(seed, catalog)
+    plan_of = kernels_of or planned_for_row
+    planned: dict[tuple, Sequence[Kernel]] = {}  # each row's planned kernels, asked once over the folds
+
+    def fit(rows: list[Measurement]) -> tuple[KernelModel, Any]:
+        pairs = {(r.machine, r.model) for r in rows}
+        model = KernelModel.fit([r for r in kernel_rows if (r.machine, r.model) in pairs],
+                                [r for r in reconciliations if (r.machine, r.model) in pairs], seed)
+        return model, whole.fit(rows)
+
+    def composed(model: KernelModel, row: Measurement) -> Prediction | None:
+        if row.task != "inference" or (row.runtime, row.device) not in model.calibration:
+            return None
+        key = (row.model, row.input_shapes, row.batch_size, row.runtime, row.precision, row.threads, row.cores)
+        if key not in planned:
+            planned[key] = tuple(plan_of(row))
+        c = model.compose(planned[key], MachineCeilings.of_row(row), candidate_from_row(row))
+        return None if c is None else Prediction(c.step_s, (c.low_s, c.high_s), by=KERNELS)
+
+    def predict(fitted: tuple[KernelModel, Any], rows: list[Measurement]) -> Predictions:
+        model, trees = fitted
+        return tuple(None if fallback is None else composed(model, row) or replace(fallback, by=whole.name)
+                     for row, fallback in zip(rows, whole.predict(trees, rows)))
+
+    return PredictorEntry(f"{KERNELS}+{whole.name}", fit, predict, seed)
+
+
 def baseline(catalog: Mapping[str, Recipe]) -> PredictorEntry:
     """Physics only: the roofline bound over the median utilization of the row's (runtime, device) in the training
     rows; it covers the (runtime, device) pairs they have."""
@@ -204,12 +268,17 @@ def baseline(catalog: Mapping[str, Recipe]) -> PredictorEntry:
     return PredictorEntry("roofline/median-utilization", fit, predict)
 
 
-def default_predictors(seeds: int = 1, catalog: Mapping[str, Recipe] | None = None) -> tuple[PredictorEntry, ...]:
-    """The forest fit with seeds ``0 .. seeds - 1``, then the baseline."""
+def default_predictors(seeds: int = 1, catalog: Mapping[str, Recipe] | None = None,
+                       kernels: tuple[Sequence[KernelRow], Sequence[Reconciliation]] | None = None,
+                       kernels_of: KernelsOfRow | None = None) -> tuple[PredictorEntry, ...]:
+    """The forest fit with seeds ``0 .. seeds - 1``, then with ``kernels`` (kernel rows and reconciliations) the
+    kernel model with the forest as its fallback at the same seeds, then the baseline."""
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
     catalog = catalog if catalog is not None else load_catalog()
-    return (*(forest(seed, catalog) for seed in range(seeds)), baseline(catalog))
+    operator_level = () if kernels is None else tuple(kernels_and_forest(seed, catalog, *kernels, kernels_of)
+                                                      for seed in range(seeds))
+    return (*(forest(seed, catalog) for seed in range(seeds)), *operator_level, baseline(catalog))
 
 
 def splits(rows: Sequence[Measurement]) -> list[tuple[str, Callable[[Measurement], str]]]:
@@ -246,15 +315,18 @@ def evaluate(rows: list[Measurement], predictors: Sequence[PredictorEntry] | Non
             results.append(score(split, entry.name, rows, {i: p.step_s for i, p in into.items()},
                                  scored - len(into),
                                  {i: p.interval for i, p in into.items() if p.interval is not None}, entry.seed,
-                                 catalog, {i: p.trees for i, p in into.items()}))
+                                 catalog, {i: p.trees for i, p in into.items()},
+                                 Counter(p.by for p in into.values() if p.by is not None)))
     return results
 
 
 def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
           intervals: dict[int, tuple[float, float]], seed: int | None = None,
-          catalog: Mapping[str, Recipe] | None = None, trees: Mapping[int, tuple[float, ...]] | None = None) -> Scores:
+          catalog: Mapping[str, Recipe] | None = None, trees: Mapping[int, tuple[float, ...]] | None = None,
+          answered: Mapping[str, int] | None = None) -> Scores:
     """Metrics of ``predicted`` (row index -> step seconds) against the rows' measurements; ``trees``: each
-    row's step seconds by tree of the ensemble (member i of every row from one tree)."""
+    row's step seconds by tree of the ensemble (member i of every row from one tree); ``answered``: of an entry of
+    several models, the rows each answered."""
     from scipy.stats import kendalltau
 
     catalog = catalog if catalog is not None else load_catalog()
@@ -296,7 +368,7 @@ def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, f
                 taus.append(tau)
     verdicts = [d.verdict for d in decisions]
     within_10, within_25 = (statistics.mean(e <= within for e in errors) if errors else math.nan for within in WITHIN)
-    return Scores(split, name, seed, len(predicted), uncovered,
+    return Scores(split, name, seed, len(predicted), uncovered, tuple(sorted((answered or {}).items())),
                   statistics.mean(errors) if errors else math.nan, within_10, within_25,
                   statistics.mean(calibrated) if calibrated else math.nan,
                   statistics.median(taus) if taus else math.nan,

@@ -92,7 +92,8 @@ class MachineCeilings:
         return machine_kind(self.device, self.name, self.cores, bool(self.bf16_gflops))
 
     @classmethod
-    def of_measurement(cls, row: Measurement) -> MachineCeilings:
+    def of_row(cls, row: Measurement | KernelRow | Reconciliation) -> MachineCeilings:
+        """The ceilings a whole-model row, a kernel row or a reconciliation carries (the same columns)."""
         return cls(row.device, row.gpu if row.device == "gpu" else row.microarchitecture, row.cores,
                    row.peak_fp32_gflops, row.peak_bf16_gflops, row.bandwidth_gbs)
 
@@ -102,11 +103,6 @@ class MachineCeilings:
         own = ceilings.gpu if device == "gpu" and ceilings.gpu else ceilings.cpu
         return cls(device, own.name if own.measured else None, ceilings.cores, own.peak_gflops[Precision.fp32],
                    own.peak_gflops.get(Precision.bf16), own.bandwidth_gbs)
-
-
-def machines_of(rows: Iterable[Measurement]) -> dict[tuple[str, str], MachineCeilings]:
-    """Each (machine, device)'s ceilings, from the whole-model rows (a kernel row names its machine only)."""
-    return {(row.machine, row.device): MachineCeilings.of_measurement(row) for row in rows}
 
 
 def row_candidate(row: KernelRow | Reconciliation) -> Candidate:
@@ -167,8 +163,7 @@ def _launch(row: KernelRow | Reconciliation) -> tuple:
             row.session)
 
 
-def check_rows(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
-               machines: Mapping[tuple[str, str], MachineCeilings]) -> None:
+def check_rows(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation]) -> None:
     """Refuse a damaged kernel table: an :class:`InputError` naming the row (``kernel_rows[i]`` or
     ``reconciliations[i]``, counted from 1) and its field."""
     tables: tuple[tuple[str, Sequence[KernelRow | Reconciliation]], ...] = (
@@ -176,7 +171,7 @@ def check_rows(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliati
     for table, items in tables:
         for i, row in enumerate(items, 1):
             problem = (_kernel_row_problem(row) if isinstance(row, KernelRow) else _reconciliation_problem(row)) \
-                or _launch_problem(row, machines)
+                or _launch_problem(row)
             if problem is not None:
                 field, what = problem
                 raise InputError(f"{what} ({row.machine}, {row.runtime}, {row.model})", field=f"{table}[{i}].{field}")
@@ -212,14 +207,17 @@ def _reconciliation_problem(rec: Reconciliation) -> tuple[str, str] | None:
     return None
 
 
-def _launch_problem(row: KernelRow | Reconciliation,
-                    machines: Mapping[tuple[str, str], MachineCeilings]) -> tuple[str, str] | None:
+def _launch_problem(row: KernelRow | Reconciliation) -> tuple[str, str] | None:
     if row.precision not in {p.value for p in Precision}:
         return "precision", f"unknown precision '{row.precision}'"
     if row.threads < 0:
         return "threads", f"{row.threads} threads"
-    if (row.machine, row.device) not in machines:
-        return "machine", f"no measured ceilings of machine '{row.machine}' ({row.device}): no whole-model row of it"
+    if row.cores < 1:
+        return "cores", f"{row.cores} cores"
+    for field, value in (("peak_fp32_gflops", row.peak_fp32_gflops), ("peak_bf16_gflops", row.peak_bf16_gflops),
+                         ("bandwidth_gbs", row.bandwidth_gbs)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            return field, f"{value!r} is not a positive ceiling"
     try:
         params = json.loads(row.params)
     except json.JSONDecodeError as exc:
@@ -227,8 +225,7 @@ def _launch_problem(row: KernelRow | Reconciliation,
     return None if isinstance(params, dict) else ("params", "not a JSON object of parameters")
 
 
-def fit_kinds(rows: Sequence[KernelRow], machines: Mapping[tuple[str, str], MachineCeilings],
-              seed: int = 0) -> dict[KindKey, KindModel]:
+def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindModel]:
     """One efficiency forest per (runtime, device, kernel kind) of ``rows``: log(roofline / measured per call)."""
     import numpy as np
     from sklearn.ensemble import RandomForestRegressor
@@ -241,7 +238,7 @@ def fit_kinds(rows: Sequence[KernelRow], machines: Mapping[tuple[str, str], Mach
         keys = tuple(sorted({k for r in group for k in attribute_values(r.kernel.attributes)}))
         X, y = [], []
         for row in group:
-            columns, bound_s, _ = features(row.kernel, machines[(row.machine, row.device)], row_candidate(row), keys)
+            columns, bound_s, _ = features(row.kernel, MachineCeilings.of_row(row), row_candidate(row), keys)
             X.append(columns)
             y.append(math.log(bound_s / (row.seconds / row.calls)))
         fitted = RandomForestRegressor(n_estimators=KERNEL_TREES, min_samples_leaf=2, random_state=seed)
@@ -278,8 +275,7 @@ def dispatch_seconds(reconciliations: Iterable[Reconciliation]) -> dict[RuntimeK
 
 
 def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
-              machines: Mapping[tuple[str, str], MachineCeilings], dispatch: Mapping[RuntimeKey, float],
-              seed: int = 0) -> dict[RuntimeKey, tuple[float, float, float]]:
+              dispatch: Mapping[RuntimeKey, float], seed: int = 0) -> dict[RuntimeKey, tuple[float, float, float]]:
     """Per (runtime, device) with at least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of
     log(measured step / composed step) over the reconciled steps, each composed from kernel models fit without its
     model's rows (models in :data:`FOLDS` folds; a step whose kinds the other folds do not cover is left out)."""
@@ -293,13 +289,13 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
     residuals: dict[RuntimeKey, list[float]] = {}
     for fold in range(folds):
         held = set(models[fold::folds])
-        kinds = fit_kinds([r for r in rows if r.model not in held], machines, seed)
+        kinds = fit_kinds([r for r in rows if r.model not in held], seed)
         for rec in reconciliations:
             own = by_launch.get(_launch(rec), [])
             if rec.model not in held or not own:
                 continue
             times = kernel_seconds(kinds, rec.runtime, rec.device, [r.kernel for r in own],
-                                   machines[(rec.machine, rec.device)], row_candidate(rec))
+                                   MachineCeilings.of_row(rec), row_candidate(rec))
             if times is None:
                 continue
             composed = (sum(t * r.calls for (t, _), r in zip(times, own))
@@ -315,21 +311,20 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
 
 @dataclass(frozen=True)
 class KernelData:
-    """Kernel rows, reconciliations and the machines' ceilings to fit on, named by a ``key`` that changes whenever
-    they do (as :class:`modak.predict.learned.TrainingData`): a cached fit is found by the key alone."""
+    """Kernel rows and reconciliations (each with its machine's ceilings) to fit on, named by a ``key`` that
+    changes whenever they do (as :class:`modak.predict.learned.TrainingData`): a cached fit is found by the key
+    alone."""
 
     key: str
-    load: Callable[[], tuple[Sequence[KernelRow], Sequence[Reconciliation],
-                             Mapping[tuple[str, str], MachineCeilings]]]
+    load: Callable[[], tuple[Sequence[KernelRow], Sequence[Reconciliation]]]
 
     @classmethod
-    def of(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
-           machines: Mapping[tuple[str, str], MachineCeilings]) -> KernelData:
+    def of(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation]) -> KernelData:
         """Data in memory, keyed by their values."""
         digest = hashlib.sha256()
-        for item in (*rows, *reconciliations, *sorted(machines.items())):
+        for item in (*rows, *reconciliations):
             digest.update(repr(item).encode())
-        return cls(digest.hexdigest(), lambda: (rows, reconciliations, machines))
+        return cls(digest.hexdigest(), lambda: (rows, reconciliations))
 
 
 @dataclass(frozen=True, eq=False)
@@ -344,20 +339,20 @@ class KernelModel:
     machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
 
     @classmethod
-    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
-            machines: Mapping[tuple[str, str], MachineCeilings], seed: int = 0) -> KernelModel:
-        """Fit on ``rows`` and ``reconciliations`` measured on ``machines``; a damaged table is an InputError."""
-        check_rows(rows, reconciliations, machines)
+    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0) -> KernelModel:
+        """Fit on ``rows`` and ``reconciliations`` (on the ceilings they carry); a damaged table is an
+        InputError."""
+        check_rows(rows, reconciliations)
         dispatch = dispatch_seconds(reconciliations)
         signatures: dict[RuntimeKey, set[tuple]] = {}
         kinds: dict[RuntimeKey, set[tuple]] = {}
         for row in rows:
-            machine = machines[(row.machine, row.device)]
+            machine = MachineCeilings.of_row(row)
             signatures.setdefault((row.runtime, row.device), set()).add(machine.signature)
             if machine.kind is not None:
                 kinds.setdefault((row.runtime, row.device), set()).add(machine.kind)
-        calibration = calibrate(rows, reconciliations, machines, dispatch, seed)
-        return cls(fit_kinds(rows, machines, seed), dispatch, calibration,
+        calibration = calibrate(rows, reconciliations, dispatch, seed)
+        return cls(fit_kinds(rows, seed), dispatch, calibration,
                    {k: frozenset(v) for k, v in signatures.items()}, {k: frozenset(v) for k, v in kinds.items()})
 
     @classmethod

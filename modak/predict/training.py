@@ -1,4 +1,6 @@
-"""The learned model's training data: the rows shipped in ``perfmodels/*.csv`` and the local perf store's."""
+"""The models' training data: the learned model's measured rows shipped in ``perfmodels/*.csv`` and the local perf
+store's, and the kernel model's kernel rows and reconciliations shipped in ``perfmodels/kernels-*.csv`` and
+``perfmodels/reconcile-*.csv`` and the local perf store's."""
 
 from __future__ import annotations
 
@@ -7,9 +9,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from modak.limits import MAX_CSV_BYTES, check_size
-from modak.measurements.kernels import is_label_csv
+from modak.measurements.kernels import (
+    CONFIGURATION,
+    KERNEL_CSV,
+    RECONCILE_CSV,
+    KernelRow,
+    Reconciliation,
+    is_label_csv,
+    read_labels_csv,
+)
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
 from modak.paths import data_dir
+from modak.predict.kernels import KernelData
 from modak.predict.learned import TrainingData
 
 LOCAL_WEIGHT = 3.0  # rows measured on the user's machines count more than shipped ones
@@ -43,14 +54,59 @@ def training_set(store: Path | None = None) -> TrainingData:
     """:func:`training_data` as the learned model's :class:`TrainingData`, keyed by the shipped files' bytes and
     the local rows, so a cached fit is found without parsing the shipped CSV files."""
     local = local_rows(store)
-    digest = hashlib.sha256(f"{LOCAL_WEIGHT!r}".encode())
-    for path in shipped_files():
+    key = _key(f"{LOCAL_WEIGHT!r}", shipped_files(), TrainingData.of(local, [LOCAL_WEIGHT] * len(local)).key)
+    return TrainingData(key, lambda: _merged(shipped_rows(), local))
+
+
+def shipped_kernel_files() -> list[Path]:
+    """The CSV files of kernel rows and reconciliations shipped in ``perfmodels/``."""
+    folder = data_dir("perfmodels")
+    return sorted(path for pattern in (KERNEL_CSV, RECONCILE_CSV) for path in folder.glob(pattern.format(machine="*")))
+
+
+def local_kernel_rows(store: Path | None = None) -> tuple[list[KernelRow], list[Reconciliation]]:
+    """The kernel rows and reconciliations of the local perf store (``modak bench --kernels``), if it exists."""
+    path = store or default_store_path()
+    if not path.exists():
+        return [], []
+    with PerfStore(path) as perf:
+        return perf.kernel_rows(), perf.reconciliations()
+
+
+def kernel_set(store: Path | None = None) -> KernelData | None:
+    """The kernel model's data: the shipped kernel rows and reconciliations plus the local store's (a configuration
+    profiled locally replaces its shipped rows), keyed by the shipped files' bytes and the local rows, so that a
+    cached fit is found without parsing the shipped files; None where there are none."""
+    files = shipped_kernel_files()
+    local = local_kernel_rows(store)
+    if not files and not any(local):
+        return None
+    return KernelData(_key("kernels", files, KernelData.of(*local).key), lambda: _merged_kernels(files, *local))
+
+
+def _key(salt: str, files: Iterable[Path], local: str) -> str:
+    """The digest of the shipped ``files``' names and bytes (each within the CSV size limit) and the local rows'
+    key."""
+    digest = hashlib.sha256(salt.encode())
+    for path in files:
         check_size(path, MAX_CSV_BYTES, "the CSV file")
         content = path.read_bytes()
         digest.update(f"{path.name}\0{len(content)}\0".encode())
         digest.update(content)
-    digest.update(TrainingData.of(local, [LOCAL_WEIGHT] * len(local)).key.encode())
-    return TrainingData(digest.hexdigest(), lambda: _merged(shipped_rows(), local))
+    digest.update(local.encode())
+    return digest.hexdigest()
+
+
+def _configuration(row: KernelRow | Reconciliation) -> tuple:
+    return tuple(getattr(row, column) for column in CONFIGURATION)
+
+
+def _merged_kernels(files: Iterable[Path], kernels: list[KernelRow],
+                    reconciled: list[Reconciliation]) -> tuple[list[KernelRow], list[Reconciliation]]:
+    read = [read_labels_csv(path) for path in files]
+    local = {_configuration(r) for r in kernels} | {_configuration(r) for r in reconciled}
+    return ([r for shipped, _ in read for r in shipped if _configuration(r) not in local] + kernels,
+            [r for _, shipped in read for r in shipped if _configuration(r) not in local] + reconciled)
 
 
 def _merged(shipped: list[Measurement], local: list[Measurement]) -> tuple[list[Measurement], list[float]]:

@@ -1,6 +1,7 @@
 """ONNX Runtime: intra/inter-op threads and their wait policy, graph optimization level, execution mode; CPU or CUDA
-provider. Its ``profile`` reads the profiler's trace and maps the optimized graph's nodes to the ONNX nodes they cover
-(:func:`graph_kernels`, which a plan can use on the optimized graph alone)."""
+provider. Its ``profile`` reads the profiler's trace for the kernels' times only; the kernels themselves (kind,
+covered ONNX nodes, shapes, attributes) come from the optimized graph (:func:`graph_kernels`), as a plan's do
+(:func:`planned_kernels`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import statistics
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ import numpy as np
 
 from modak.image.deployment import WAIT_VARIABLE
 from modak.image.kernels import Kernel, KernelTime, Profile
-from modak.image.onnx_nodes import Cover, attributes_json, has_unique_names, node_ids
+from modak.image.onnx_nodes import Cover, attributes_json, fed_shapes, has_unique_names, node_ids
 from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, FunctionSession, RunRequest
 
 if TYPE_CHECKING:
@@ -64,7 +66,8 @@ def session_options(request: RunRequest) -> Any:
 
 
 # Node types ONNX Runtime inserts to convert layouts or move tensors between devices (a node of the given graph with
-# the same op type keeps its name, so it is not taken for one): their time maps to no ONNX node.
+# the same op type keeps its name, so it is not taken for one): kernels of class data_movement that cover no ONNX
+# node.
 CONVERSIONS = frozenset({"ReorderInput", "ReorderOutput", "Transpose", "Cast", "MemcpyToHost", "MemcpyFromHost"})
 _EVENT_SUFFIX = "_kernel_time"  # the profiler's event for a node: "<node name>_kernel_time"
 _OWN_DOMAINS = ("", "ai.onnx", "com.microsoft")  # op types named without their domain
@@ -80,17 +83,29 @@ _KEPT_NAME = re.compile(r"(?P<node>.+?)(?:_token_\d+)?")
 class GraphKernel:
     """A node of ONNX Runtime's optimized graph as a kernel: its name there, its kind (op type, with the domain
     where it is neither ONNX's nor ``com.microsoft``: ``nchwc.Conv``), the ONNX nodes of the given graph it covers,
-    its attributes, and whether it is a conversion ONNX Runtime inserted (:data:`CONVERSIONS`; it covers none)."""
+    its input shapes (those of the ONNX tensors they hold, in the ONNX layout, or of its initializers), its
+    attributes, and whether it is a conversion ONNX Runtime inserted (:data:`CONVERSIONS`; it covers none)."""
 
     name: str
     kind: str
     nodes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
     attributes: str
     conversion: bool = False
 
+    def kernel(self, provider: str = "") -> Kernel:
+        """As a :class:`Kernel` (op class: ``data_movement`` for a conversion, else left to whoever knows the
+        nodes' costs), run by ``provider`` (the CPU's: its kind as is; another's: ``<kind>@<provider>``)."""
+        kind = self.kind if provider in ("", "CPUExecutionProvider") else \
+            f"{self.kind}@{provider.removesuffix('ExecutionProvider')}"
+        return Kernel(kind=kind, op="data_movement" if self.conversion else "", nodes=self.nodes, shapes=self.shapes,
+                      attributes=self.attributes)
 
-def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tuple[GraphKernel, ...]:
-    """Each node of ``optimized`` (ONNX Runtime's optimized form of ``original``, in its order) as a kernel.
+
+def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto,
+                  shapes: Mapping[str, tuple[int, ...]]) -> tuple[GraphKernel, ...]:
+    """Each node of ``optimized`` (ONNX Runtime's optimized form of ``original``, in its order) as a kernel;
+    ``shapes``: those of the tensors of ``original`` (:func:`modak.image.onnx_nodes.fed_shapes`).
 
     A node is seeded with the ONNX node whose name it kept and the ONNX producers of the ONNX tensors it outputs,
     directly or through the conversions after it (a NCHWc convolution's ReorderOutput) or as its NCHWc name says,
@@ -147,6 +162,7 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
     seeded = [set() if conversion[i] else seeds(i) for i in range(len(optimized.node))]
     for nodes in seeded:
         cover.claim(nodes)
+    weights = {t.name: tuple(t.dims) for t in optimized.initializer}
     kernels = []
     for index, (node, nodes) in enumerate(zip(optimized.node, seeded)):
         reads = {tensor for tensor in (as_onnx(t) for t in node.input[1:] if t) if tensor} - cover.constants
@@ -155,7 +171,8 @@ def graph_kernels(original: onnx.GraphProto, optimized: onnx.GraphProto) -> tupl
         covered = cover.join(absorbed, reads, activation) if nodes else ()
         if len(covered) > len(absorbed):
             holds[index] = cover.outputs[[n for n in covered if n not in absorbed][-1]][0]
-        kernels.append(GraphKernel(name=node.name, kind=kernel_kind(node), nodes=covered,
+        held = [weights[t] if t in weights else shapes.get(as_onnx(t) or "", ()) for t in node.input if t]
+        kernels.append(GraphKernel(name=node.name, kind=kernel_kind(node), nodes=covered, shapes=tuple(held),
                                    attributes=attributes_json(node), conversion=conversion[index]))
     return tuple(kernels)
 
@@ -168,20 +185,9 @@ def kernel_kind(node: onnx.NodeProto) -> str:
 def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> Profile:
     """Per-kernel times of one step, from ONNX Runtime's profiler: the session :func:`prepare` makes, with profiling
     on and its optimized graph written out; warm-up, then ``steps`` profiled steps (medians over them)."""
-    import onnx
-    import onnxruntime as ort
-
     with tempfile.TemporaryDirectory(prefix="modak-ort-profile-") as folder:
-        model_path = named_model(request.onnx_path, Path(folder))
-        optimized_path = Path(folder) / "optimized.onnx"
-        options = session_options(request)
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(folder) / "trace")
-        options.optimized_model_filepath = str(optimized_path)
-        # Weights beside the optimized graph, so that a model over protobuf's 2 GB writes too (only its nodes are read)
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
-                                         "optimized.weights")
-        session = ort.InferenceSession(model_path, options, providers=providers(request))
+        session, kernels = _optimized_session(request, {name: feed.shape for name, feed in inputs.items()},
+                                              Path(folder), profiled=True)
         for _ in range(PROFILE_WARMUP_STEPS):
             session.run(None, inputs)
         walls = []
@@ -190,8 +196,6 @@ def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> P
             session.run(None, inputs)
             walls.append(time.perf_counter() - start)
         events = json.loads(Path(session.end_profiling()).read_text(encoding="utf-8"))
-        kernels = graph_kernels(onnx.load(model_path, load_external_data=False).graph,
-                                onnx.load(optimized_path, load_external_data=False).graph)
     notes = []
     if request.params.get("execution_mode") == "parallel":
         notes.append("parallel execution mode: kernels overlap, their times may add up to more than the step")
@@ -200,14 +204,46 @@ def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> P
     return parse_trace(events, kernels, steps, statistics.median(walls), tuple(notes))
 
 
+def planned_kernels(request: RunRequest, input_shapes: Mapping[str, tuple[int, ...]]) -> tuple[GraphKernel, ...]:
+    """The kernels the session :func:`prepare` makes would run on inputs of ``input_shapes`` (the batch included):
+    what :func:`profile` reports, without running it."""
+    with tempfile.TemporaryDirectory(prefix="modak-ort-plan-") as folder:
+        return _optimized_session(request, input_shapes, Path(folder), profiled=False)[1]
+
+
+def _optimized_session(request: RunRequest, input_shapes: Mapping[str, tuple[int, ...]], folder: Path,
+                       profiled: bool) -> tuple[Any, tuple[GraphKernel, ...]]:
+    """The candidate's session (profiling into ``folder`` where ``profiled``) and the kernels of the optimized
+    graph it writes to ``folder`` (:func:`graph_kernels`)."""
+    import onnx
+    import onnxruntime as ort
+
+    model_path = named_model(request.onnx_path, folder)
+    optimized_path = folder / "optimized.onnx"
+    options = session_options(request)
+    if profiled:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(folder / "trace")
+    options.optimized_model_filepath = str(optimized_path)
+    options.log_severity_level = 3  # not the warning that an NCHWc graph is for this CPU only
+    # Weights beside the optimized graph, so that a model over protobuf's 2 GB writes too (only its nodes are read)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.weights")
+    session = ort.InferenceSession(model_path, options, providers=providers(request))
+    original = onnx.load(model_path, load_external_data=False)
+    kernels = graph_kernels(original.graph, onnx.load(optimized_path, load_external_data=False).graph,
+                            fed_shapes(original, input_shapes))
+    return session, kernels
+
+
 def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], steps: int, step_seconds: float,
                 notes: tuple[str, ...] = ()) -> Profile:
     """A :class:`Profile` from ONNX Runtime's trace (its JSON events): the last ``steps`` runs (``model_run``
     events), each node event (``cat == "Node"``) matched to its optimized-graph kernel by name (the k-th event of
     a name in a run to the k-th node of that name; a node without a name, which the profiler calls
-    ``<op type>_<its index>``, by op type); per kernel the median over the runs of its time in each.
-    Events of conversions and of nodes the optimized graph does not have (inside a subgraph) are
-    ``unmapped_seconds``."""
+    ``<op type>_<its index>``, by op type); per kernel the median over the runs of its time in each. The trace
+    gives only the time (and the provider): the kernel, its shapes and attributes are the graph's
+    (:class:`GraphKernel`), as a plan gives them. Events of nodes the optimized graph does not have (inside a
+    subgraph) are ``unmapped_seconds``."""
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-steps:]
     if len(runs) < steps:
         raise RuntimeError(f"ONNX Runtime's trace has {len(runs)} runs, {steps} were profiled")
@@ -216,7 +252,6 @@ def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], 
         by_name.setdefault(kernel.name or f"\0{kernel.kind.rpartition('.')[2]}", []).append(index)
     seconds: list[list[float]] = [[0.0] * len(runs) for _ in kernels]
     calls = [[0] * len(runs) for _ in kernels]
-    shapes: dict[int, tuple[tuple[int, ...], ...]] = {}
     provider: dict[int, str] = {}
     seen: list[dict[str, int]] = [{} for _ in runs]
     unmapped = [0.0] * len(runs)
@@ -234,23 +269,15 @@ def parse_trace(events: list[dict[str, Any]], kernels: tuple[GraphKernel, ...], 
         same = by_name.get(name, [])
         occurrence = seen[run][name] = seen[run].get(name, -1) + 1
         duration = float(event["dur"]) * 1e-6
-        if not same or kernels[same[min(occurrence, len(same) - 1)]].conversion:
+        if not same:
             unmapped[run] += duration
             continue
         index = same[min(occurrence, len(same) - 1)]
         seconds[index][run] += duration
         calls[index][run] += 1
-        shapes.setdefault(index, tuple(tuple(int(d) for d in next(iter(t.values())))
-                                       for t in args.get("input_type_shape", [])))
         provider.setdefault(index, str(args.get("provider", "")))
-    times = []
-    for index in sorted(shapes):
-        kernel = kernels[index]
-        kind = kernel.kind if provider[index] in ("", "CPUExecutionProvider") else \
-            f"{kernel.kind}@{provider[index].removesuffix('ExecutionProvider')}"
-        times.append(KernelTime(Kernel(kind=kind, op="", nodes=kernel.nodes, shapes=shapes[index],
-                                       attributes=kernel.attributes),
-                                seconds=statistics.median(seconds[index]), calls=max(calls[index])))
+    times = [KernelTime(kernels[index].kernel(provider[index]), seconds=statistics.median(seconds[index]),
+                        calls=max(calls[index])) for index in sorted(provider)]
     return Profile(source="onnxruntime-profiler", steps=steps, step_seconds=step_seconds, kernels=tuple(times),
                    unmapped_seconds=statistics.median(unmapped), notes=notes)
 

@@ -51,7 +51,7 @@ _HINTS = ("LATENCY", "THROUGHPUT")
 # With one compile in five wrong, eight attempts all wrong is about one start in 400,000.
 COMPILE_ATTEMPTS = 8
 # Layer types of the nodes OpenVINO inserts to convert layouts and precisions (an ONNX Cast it runs as a Convert
-# keeps the Cast's name): their time maps to no ONNX node.
+# keeps the Cast's name): kernels of class data_movement that cover no ONNX node.
 CONVERSIONS = frozenset({"Reorder", "Convert"})
 
 
@@ -95,17 +95,9 @@ def _prepare(request: RunRequest, inputs: dict[str, np.ndarray], extra: dict[str
     """:func:`prepare` with ``extra`` plugin properties besides the candidate's (profiling's ``PERF_COUNT``)."""
     import openvino as ov
 
-    hint = str(request.params.get("performance_hint", "LATENCY")).upper()
-    if hint not in _HINTS:
-        raise ValueError(f"performance_hint must be one of {', '.join(_HINTS)}, got {hint!r}")
     core = ov.Core()
-    model = core.read_model(request.onnx_path)
-    model.reshape({port.get_any_name(): ov.PartialShape(list(inputs[port.get_any_name()].shape))
-                   for port in model.inputs})
-    config: dict[str, Any] = {"PERFORMANCE_HINT": hint,
-                              "INFERENCE_PRECISION_HINT": _PRECISION.get(request.precision, "f32"), **extra}
-    if request.threads:
-        config["INFERENCE_NUM_THREADS"] = int(request.threads)
+    model = read_model(core, request, {name: feed.shape for name, feed in inputs.items()})
+    config = {**compile_config(request), **extra}
     device = "GPU" if request.device == "gpu" else "CPU"
 
     def compile_session(overrides: dict[str, Any]) -> WaveSession:
@@ -129,6 +121,40 @@ def _prepare(request: RunRequest, inputs: dict[str, np.ndarray], extra: dict[str
     raise RuntimeError(f"OpenVINO compiled {request.onnx_path} for {streams} streams {COMPILE_ATTEMPTS} times and "
                        f"each compile's outputs differed from a one-stream compile's (the last by {error:.3g}, "
                        f"relative; tolerated {limit:g}): use performance_hint LATENCY")
+
+
+def read_model(core: Any, request: RunRequest, input_shapes: Mapping[str, tuple[int, ...]]) -> Any:
+    """The request's ONNX graph read by ``core``, reshaped to ``input_shapes`` (the batch included)."""
+    import openvino as ov
+
+    model = core.read_model(request.onnx_path)
+    model.reshape({port.get_any_name(): ov.PartialShape(list(input_shapes[port.get_any_name()]))
+                   for port in model.inputs})
+    return model
+
+
+def compile_config(request: RunRequest) -> dict[str, Any]:
+    """The plugin properties of the candidate (its performance hint, precision and threads)."""
+    hint = str(request.params.get("performance_hint", "LATENCY")).upper()
+    if hint not in _HINTS:
+        raise ValueError(f"performance_hint must be one of {', '.join(_HINTS)}, got {hint!r}")
+    config: dict[str, Any] = {"PERFORMANCE_HINT": hint,
+                              "INFERENCE_PRECISION_HINT": _PRECISION.get(request.precision, "f32")}
+    if request.threads:
+        config["INFERENCE_NUM_THREADS"] = int(request.threads)
+    return config
+
+
+def planned_kernels(request: RunRequest, input_shapes: Mapping[str, tuple[int, ...]]) -> tuple[Kernel, ...]:
+    """The kernels the CPU plugin would run for the request on inputs of ``input_shapes`` (the batch included):
+    those :func:`profile` reports (:func:`execution_kernels`), from a compile alone."""
+    import onnx
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(read_model(core, request, input_shapes), "CPU", compile_config(request))
+    graph = onnx.load(request.onnx_path, load_external_data=False).graph
+    return tuple(kernel for _, kernel in execution_kernels(compiled.get_runtime_model(), graph))
 
 
 def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> Profile:
@@ -158,19 +184,13 @@ def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> P
             per_step[name] = per_step.get(name, 0.0) + grown / len(session.requests) / session.batches_per_step
     graph = onnx.load(request.onnx_path, load_external_data=False).graph
     kernels = execution_kernels(session.compiled.get_runtime_model(), graph)
-    times = tuple(KernelTime(kernel, per_step.get(name, 0.0)) for name, kernel in kernels if not _conversion(kernel))
-    unmapped = sum(per_step.get(name, 0.0) for name, kernel in kernels if _conversion(kernel))
+    times = tuple(KernelTime(kernel, per_step.get(name, 0.0)) for name, kernel in kernels)
     notes: tuple[str, ...] = ("OpenVINO counts whole microseconds: a kernel shorter than one may count as 0",)
     if session.batches_per_step > 1:
         notes += (f"{session.batches_per_step} streams: a kernel's time is its mean over the streams' infer "
                   f"requests, divided by {session.batches_per_step}",)
     return Profile(source="openvino-counters", steps=steps, step_seconds=statistics.median(walls), kernels=times,
-                   unmapped_seconds=unmapped, notes=notes)
-
-
-def _conversion(kernel: Kernel) -> bool:
-    """Whether a kernel is a conversion OpenVINO inserted (no ONNX node of its own)."""
-    return not kernel.nodes and kernel.kind.partition(":")[0] in CONVERSIONS
+                   notes=notes)
 
 
 def _counters(infer_request: Any) -> dict[str, float]:
@@ -180,7 +200,7 @@ def _counters(infer_request: Any) -> dict[str, float]:
 
 def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple[str, Kernel], ...]:
     """The executed nodes of a compiled model's execution graph (``get_runtime_model()``), by their name there, as
-    kernels of ``graph`` (the ONNX graph it was read from): kind ``<layerType>:<execType>`` (``Convolution:
+    kernels of ``graph`` (the ONNX graph it was read from): kind ``<layerType>:<primitiveType>`` (``Convolution:
     brgconv_avx512_f32``), input shapes, output layouts and runtime precision as attributes.
 
     ``originalLayersNames`` names the layers a node fused, as OpenVINO named them: an ONNX node's name, an output
@@ -191,13 +211,19 @@ def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple
     (:class:`modak.image.onnx_nodes.Cover`): the Conv that the fusion renamed, the MatMul left unnamed. A node that is
     not executed (a Reshape done in place, a constant) keeps the ONNX nodes of its own exact names from being
     absorbed. Nodes that name nothing cover no ONNX node: the reorders OpenVINO inserts (:data:`CONVERSIONS`), and
-    some parts of a decomposed node (the MVN of a LayerNormalization, whose scale and shift carry its name)."""
+    some parts of a decomposed node (the MVN of a LayerNormalization, whose scale and shift carry its name).
+    Whether a node is executed comes from the compile alone (:func:`_executed`; nodes that compute constants are
+    not), so that a plan reports the kernels a profile does."""
     by_name = names_of(graph)
     cover = Cover(graph)
     layers = []
+    constant: set[str] = set()  # the nodes that compute constants (once, when compiling)
     for op in runtime_model.get_ordered_ops():
         info = op.get_rt_info()
-        executed = info["execTimeMcs"].astype(str) != "not_executed"
+        sources = [value.get_node().get_friendly_name() for value in op.input_values()]
+        if info["layerType"].astype(str) == "Const" or (sources and all(s in constant for s in sources)):
+            constant.add(op.get_friendly_name())
+        executed = _executed(info) and op.get_friendly_name() not in constant
         names = [n for n in info["originalLayersNames"].astype(str).split(",") if n]
         seeds = {node for node in (resolve(n, by_name) if executed else by_name.get(n) for n in names) if node}
         cover.claim(seeds)
@@ -209,7 +235,18 @@ def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple
                        for port in op.inputs())
         attributes = json.dumps({"output_layouts": info["outputLayouts"].astype(str),
                                  "runtime_precision": info["runtimePrecision"].astype(str)}, sort_keys=True)
-        kind = f"{info['layerType'].astype(str)}:{info['primitiveType'].astype(str)}"
-        kernels.append((op.get_friendly_name(), Kernel(kind=kind, op="", nodes=cover.absorb(seeds) if seeds else (),
-                                                       shapes=shapes, attributes=attributes)))
+        layer = info["layerType"].astype(str)
+        nodes = cover.absorb(seeds) if seeds else ()
+        kernels.append((op.get_friendly_name(), Kernel(
+            kind=f"{layer}:{info['primitiveType'].astype(str)}",
+            op="data_movement" if not nodes and layer in CONVERSIONS else "", nodes=nodes, shapes=shapes,
+            attributes=attributes)))
     return tuple(kernels)
+
+
+def _executed(info: Any) -> bool:
+    """Whether a node of the execution graph runs a kernel in each inference, from what compiling says (its
+    performance counter's ``not_executed`` needs a run): not a graph input or output, and a primitive of its own
+    (an in-place Reshape's is ``unknown``)."""
+    return info["layerType"].astype(str) not in ("Input", "Output") and not info[
+        "primitiveType"].astype(str).startswith("unknown")

@@ -9,12 +9,13 @@ update.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,9 +38,12 @@ def build_session(request: RunRequest, inputs: dict[str, np.ndarray],
     return _build(request, wrap)[0]
 
 
-def _build(request: RunRequest, wrap: Callable[[Any], Any] | None) -> tuple[FunctionSession, Any]:
-    """:func:`build_session`'s session, and the module it runs (before ``wrap``)."""
+def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
+           profiled: bool = False) -> tuple[FunctionSession, Any]:
+    """:func:`build_session`'s session, and the module it runs (before ``wrap``); ``profiled``: the session
+    converts its feeds and outputs inside a profiler range named :data:`IO_RANGE`."""
     import torch
+    from torch.profiler import record_function
 
     if request.zoo is None and request.pytorch is None:
         raise ValueError(f"{request.runtime} runs PyTorch modules (a zoo architecture or the user's own); this "
@@ -62,10 +66,14 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None) -> tuple[Func
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's hints omit it
 
+    def io() -> Any:
+        return record_function(IO_RANGE) if profiled else contextlib.nullcontext()
+
     def tensors(feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        found = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(device) for name in input_names]
-        return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
-                for t in found]
+        with io():
+            found = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(device) for name in input_names]
+            return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
+                    for t in found]
     module = wrap(model) if wrap else model
     dtype = getattr(torch, AUTOCAST[request.precision]) if request.precision in AUTOCAST else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -78,7 +86,8 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None) -> tuple[Func
             with torch.inference_mode(), autocast():
                 outputs = _as_list(module(*tensors(feeds)))
             sync()
-            return [o.float().cpu().numpy() for o in outputs]
+            with io():
+                return [o.float().cpu().numpy() for o in outputs]
         return FunctionSession(infer), model
 
     model.train()
@@ -95,7 +104,8 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None) -> tuple[Func
         scaler.step(optimizer)
         scaler.update()
         sync()
-        return [loss.detach().float().cpu().numpy()]
+        with io():
+            return [loss.detach().float().cpu().numpy()]
     return FunctionSession(train_step), model
 
 
@@ -183,6 +193,14 @@ def _as_list(outputs: Any) -> list[Any]:
 STEP_RANGE = "modak.step "  # + the step's index: the profiler range around each profiled step
 MODULE_RANGE = "modak.module "  # + a module's qualified name: the range around its forward (eager profiles)
 BACKWARD_RANGE = "autograd::engine::evaluate_function: "  # the autograd engine's range around a backward node
+IO_RANGE = "modak.io"  # the range around a profiled session's conversions of its feeds and outputs (not the step's)
+# Arguments of an aten op that say where and in which type its result goes, not what it costs at the step's
+# precision (a kernel's attributes leave them out)
+_PLACEMENT = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format", "non_blocking", "copy",
+                        "out_dtype", "input_dtype", "generator"})
+# Operators that run no kernel, only make an alias (a meta-tensor trace sees autograd's detach of the outputs it
+# saves, the profiler does not record it): neither a profile nor a plan lists them
+NO_KERNEL = frozenset({"aten::detach"})
 # aten op -> the ONNX op types the TorchScript exporter writes for it, for the ops it exports as one node; a kernel
 # maps to a node where its module holds as many such ops as nodes of those types (see _onnx_nodes). A linear
 # layer on 3-D inputs is a MatMul and an Add: its addmm covers the MatMul.
@@ -232,8 +250,8 @@ def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int
     ``aten::t`` and ``aten::addmm``; ``aten::convolution`` stays whole), or an Inductor kernel. Its time is the
     op's whole CPU time, the ops it calls included (on a GPU: the device time of the kernels it launched), so no
     time counts twice; what the step spent outside any kernel (Python, the autograd engine, composite wrappers) is
-    ``unmapped_seconds``. ``shapes``: its inputs' shapes as recorded (a scalar argument is ``()``);
-    ``attributes``: its non-tensor arguments (``args``, tensors as null), input dtypes and strides.
+    ``unmapped_seconds``, as is the session's conversion of its feeds and outputs (:data:`IO_RANGE`). An
+    operator's kind, shapes and attributes are :func:`aten_kernel`'s, as a plan's meta-tensor trace makes them.
 
     ``nodes`` (eager, with an ONNX graph): a forward op maps to the node of its ONNX op type (:data:`ATEN_ONNX`) in
     the scope of the modules that ran it (their forward hooks mark it), where they ran as many such ops as the
@@ -243,7 +261,7 @@ def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
-    session, model = _build(request, wrap)
+    session, model = _build(request, wrap, profiled=True)
     hooks = _module_ranges(model) if wrap is None else []
     gpu = request.device == "gpu"
     walls: list[float] = []
@@ -270,8 +288,7 @@ def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int
     found: dict[Kernel, list[float]] = {}
     for i, call in enumerate(calls):
         covered = nodes.get(i, forward_nodes.get(call.backward_of, ()) if call.backward_of >= 0 else ())
-        kernel = Kernel(kind=call.kind, op=op_class(call.kind), nodes=covered, shapes=_shapes(call.event),
-                        attributes=_attributes(call))
+        kernel = replace(_call_kernel(call), nodes=covered)
         us = call.event.device_time_total if gpu else call.event.cpu_time_total
         found.setdefault(kernel, []).append(us / 1e6)
     notes = [f"{len(walls)} profiled steps; the kernels of the median step; times are "
@@ -305,11 +322,15 @@ def _module_ranges(model: Any) -> list[Any]:
 
 
 def _walk(event: Any, scope: str | None, backward_of: int, calls: list[_Call]) -> float:
-    """Append the kernel calls under ``event`` to ``calls``; the CPU time (µs) spent outside them."""
+    """Append the kernel calls under ``event`` to ``calls``; the CPU time (µs) spent outside them (a
+    ``CompositeImplicitAutograd`` op that called no other, as a no-op ``aten::to``, ran no kernel: a meta-tensor
+    trace never sees it)."""
     kind = _kernel_kind(event.name)
-    if kind is not None and not (_composite(event.name) and event.cpu_children):
+    if kind is not None and kind not in NO_KERNEL and not _composite(event.name):
         calls.append(_Call(event, kind, scope, backward_of))
         return 0.0
+    if event.name == IO_RANGE:  # the session's conversions: no kernel of the step
+        return event.cpu_time_total
     if event.name.startswith(MODULE_RANGE):
         module = event.name[len(MODULE_RANGE):]
         scope = f"{scope or ''}/{_scope_level(module)}" if module else ""
@@ -373,27 +394,85 @@ def _scope_level(qualified_name: str) -> str:
     return ".".join(atoms[last:])
 
 
-def _shapes(event: Any) -> tuple[tuple[int, ...], ...]:
-    """The shapes of an event's inputs, a list of tensors' each in turn (scalars and None are ``()``)."""
-    found: list[tuple[int, ...]] = []
-    for shape in event.input_shapes or ():
-        if shape and all(isinstance(item, list) for item in shape):
-            found += [tuple(int(d) for d in item) for item in shape]
-        else:
-            found.append(tuple(int(d) for d in shape))
-    return tuple(found)
-
-
-def _attributes(call: _Call) -> str:
-    """A kernel's attributes as sorted JSON: an Inductor kernel's source aten ops (``aten``), an operator's
-    non-tensor arguments (``args``), input dtypes (``dtypes``) and strides (``strides``: the layout, e.g.
-    channels_last or a transposed weight)."""
+def _call_kernel(call: _Call) -> Kernel:
+    """The kernel of a profiled call: an operator's as :func:`aten_kernel` makes it from the arguments the profiler
+    recorded (matched to the operator's overload by their count and which are tensors); an Inductor kernel's
+    attributes list its source aten ops (``aten``) and it has no recorded shapes."""
+    event = call.event
     if not _OPERATOR.match(call.kind):
-        return json.dumps({"aten": inductor_sources(call.kind)}, sort_keys=True)
-    args = [value if isinstance(value, (int, float, bool, str, list)) or value is None else str(value)
-            for value in (call.event.concrete_inputs or ())]
-    return json.dumps({"args": args, "dtypes": list(call.event.input_dtypes or ()),
-                       "strides": list(getattr(call.event, "structured_input_strides", None) or ())}, sort_keys=True)
+        return Kernel(kind=call.kind, op=op_class(call.kind),
+                      attributes=json.dumps({"aten": inductor_sources(call.kind)}, sort_keys=True))
+    recorded = list(event.input_shapes or ())
+    dtypes = list(event.input_dtypes or ())
+    values = list(event.concrete_inputs or ())
+    strides = list(getattr(event, "structured_input_strides", None) or ())
+    tensor = [d not in ("", "Scalar", "ScalarList") for d in dtypes]
+    names = _argument_names(call.kind, tuple(tensor))
+    arguments: list[Argument] = []
+    for index, shape in enumerate(recorded):
+        name = names[index] if index < len(names) else str(index)
+        if index < len(tensor) and tensor[index]:
+            listed = bool(shape) and all(isinstance(item, list) for item in shape)
+            shapes = tuple(tuple(int(d) for d in item) for item in (shape if listed else [shape]))
+            layout = strides[index] if index < len(strides) and not listed else None
+            arguments.append(Argument(name, shapes, None, channels_last(shapes[0], layout) if layout else False))
+        else:
+            arguments.append(Argument(name, None, values[index] if index < len(values) else None))
+    return aten_kernel(call.kind, arguments)
+
+
+@functools.cache
+def _argument_names(kind: str, tensor: tuple[bool, ...]) -> tuple[str, ...]:
+    """The argument names of the overload of operator ``kind`` with as many arguments as ``tensor`` and tensors
+    where it says (an absent optional tensor is recorded as no tensor; the first such overload; empty where none
+    is)."""
+    import torch
+
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(kind)
+    except RuntimeError:
+        return ()
+    for schema in schemas:
+        arguments = schema.arguments
+        if len(arguments) == len(tensor) and all(
+                "Tensor" in str(a.type) if is_tensor else str(a.type) not in ("Tensor", "List[Tensor]")
+                for a, is_tensor in zip(arguments, tensor)):
+            return tuple(a.name for a in arguments)
+    return ()
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One argument of an aten op call: its name in the op's schema; a tensor's (or a tensor list's) ``shapes``
+    (None for any other argument: then its ``value``, as JSON); whether a 4-D tensor is ``channels_last``."""
+
+    name: str
+    shapes: tuple[tuple[int, ...], ...] | None
+    value: Any = None
+    channels_last: bool = False
+
+
+def aten_kernel(kind: str, arguments: list[Argument]) -> Kernel:
+    """The kernel of one call of aten op ``kind``, as a profile and a plan's meta-tensor trace both make it: shapes,
+    those of its tensor arguments in order; attributes, its other arguments that change its cost (by name: strides,
+    padding, dilation, groups, transposed flags, ...; not where its result goes nor its type, :data:`_PLACEMENT`,
+    nor absent optional ones) and ``channels_last`` where its first tensor has that layout."""
+    shapes = tuple(shape for argument in arguments if argument.shapes is not None for shape in argument.shapes)
+    attributes: dict[str, Any] = {a.name: a.value for a in arguments
+                                  if a.shapes is None and a.value is not None and a.name not in _PLACEMENT}
+    first = next((a for a in arguments if a.shapes), None)
+    if first is not None and first.channels_last:
+        attributes["channels_last"] = True
+    return Kernel(kind=kind, op=op_class(kind), shapes=shapes, attributes=json.dumps(attributes, sort_keys=True))
+
+
+def channels_last(shape: tuple[int, ...], strides: list[int]) -> bool:
+    """Whether a tensor of ``shape`` and ``strides`` is a 4-D channels-last one that is not also contiguous."""
+    if len(shape) != 4 or len(strides) != 4:
+        return False
+    n, c, h, w = shape
+    del n
+    return list(strides) == [h * w * c, 1, w * c, c] and list(strides) != [c * h * w, h * w, w, 1]
 
 
 def inductor_sources(kind: str) -> list[str]:
