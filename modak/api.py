@@ -10,7 +10,7 @@ JSON documents the commands print (``--json``), so that each carries the schema 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from modak.plan import Plan
     from modak.predict.base import Predictor
     from modak.predict.evaluate import Scores
-    from modak.predict.kernels import MachineCeilings
     from modak.predict.learned import TrainingData
     from modak.render.ir import BuildDescription
     from modak.render.sharing import Sharing
@@ -349,7 +348,6 @@ class KernelProbe:
     layers: int
     drawn_from: int
     errors: tuple[dict[tuple[str, str], float], ...]
-    ceilings: Mapping[tuple[str, str], MachineCeilings]  # the rows' machines, until kernel rows carry ceilings
 
 
 def probe(quick: bool = False, name: str | None = None, output: Path | None = None, kernels: bool = False,
@@ -414,8 +412,7 @@ def probe_kernels(budget_min: float | None = None, store: Path | None = None, al
                              [replace(r, machine=machine) for r in done.reconciliations])
     machines = tuple(dict.fromkeys((*(r.machine for r in done.rows), *also)))
     return KernelProbe(path, machines, len(done.rows), len(done.reconciliations), len(done.measured),
-                       done.drawn_from, tuple(done.errors),
-                       {**done.machines, **{(m, d): c for m in also for (_, d), c in done.machines.items()}})
+                       done.drawn_from, tuple(done.errors))
 
 
 def check(plan: Plan, baseline: Path, threshold: float | None = None, measured: Path | None = None,

@@ -57,7 +57,6 @@ def curve(done: Sampling, rows: Sequence[Measurement], marks: Sequence[float]) -
     from modak.workload.kernels import planned_kernels
     from modak.workload.zoo import export_onnx
 
-    (machine,) = done.machines.values()
     models = sorted({r.model for r in rows})
     planned = {}
     for row in rows:
@@ -73,9 +72,10 @@ def curve(done: Sampling, rows: Sequence[Measurement], marks: Sequence[float]) -
         errors: list[float] = []
         for held in models:
             keep = {name for name, model in names.items() if model != held}
-            fit = _fit(done, keep, machine)
+            fit = _fit(done, keep)
             for row in (r for r in rows if r.model == held):
-                composed = fit.compose(planned[id(row)], machine, row_candidate_of(row)) if fit else None
+                composed = (fit.compose(planned[id(row)], MachineCeilings.of_row(probe_rows[0]), row_candidate_of(row))
+                            if fit else None)
                 if composed is not None and row.step_s:
                     errors.append(abs(composed.step_s / row.step_s - 1))
         points.append(Point(minutes, len(layers), len(probe_rows), len(errors), len(rows),
@@ -83,12 +83,12 @@ def curve(done: Sampling, rows: Sequence[Measurement], marks: Sequence[float]) -
     return points
 
 
-def _fit(done: Sampling, keep: set[str], machine: MachineCeilings) -> KernelModel | None:
+def _fit(done: Sampling, keep: set[str]) -> KernelModel | None:
     rows = [r for r in done.rows if r.model in keep]
     recs = [r for r in done.reconciliations if r.model in keep]
     if not rows:
         return None
-    return KernelModel.fit(rows, recs, {key: machine for key in done.machines})
+    return KernelModel.fit(rows, recs)
 
 
 def row_candidate_of(row: Measurement) -> Candidate:

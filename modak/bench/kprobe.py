@@ -32,7 +32,6 @@ from modak.errors import InputError, ModakError
 from modak.measurements.kernels import KernelRow, Reconciliation
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
-from modak.predict.kernels import MachineCeilings
 
 if TYPE_CHECKING:
     import onnx
@@ -191,11 +190,10 @@ def measure_layer(layer: Layer, plan: Plan, folder: Path,
 @dataclass
 class Sampling:
     """What :func:`sample` did: the layers measured in order, their rows, each adaptive round's error by (runtime,
-    kind); :func:`probe_kernels` adds how many layers it drew from and the machine's ceilings the rows were
-    measured with (by (machine, device), as :func:`modak.predict.kernels.machines_of` gives them)."""
+    kind); :func:`probe_kernels` adds how many layers it drew from. The rows carry the ceilings of the target they
+    were planned on (the probe's), as every kernel row does."""
 
     drawn_from: int = 0
-    machines: dict[tuple[str, str], MachineCeilings] = field(default_factory=dict)
     measured: list[Layer] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)  # seconds since the start when each measured layer ended
     rows: list[KernelRow] = field(default_factory=list)
@@ -271,23 +269,18 @@ def _draw(left: Sequence[Layer], measured: Sequence[Layer], error: Mapping[tuple
     return batch[:ROUND_SIZE]
 
 
-def kind_predictor(machines: Mapping[tuple[str, str], MachineCeilings]
-                   ) -> Callable[[Sequence[KernelRow], KernelRow], float | None]:
-    """``predict`` for :func:`sample`: the per-kind model of :mod:`modak.predict.kernels` fit on the earlier fp32
-    rows of the row's runtime and kind, the row's kernel's seconds per call; None where there are none."""
-    from modak.predict.kernels import fit_kinds, kernel_seconds, row_candidate
+def kind_predictor(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
+    """``predict`` for :func:`sample`: the per-kind model of :mod:`modak.predict.kernels` fit on the fp32 ``rows`` of
+    ``row``'s runtime and kind, ``row``'s kernel's seconds per call; None where there are none."""
+    from modak.predict.kernels import MachineCeilings, fit_kinds, kernel_seconds, row_candidate
 
-    def predict(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
-        own = [r for r in rows if (r.runtime, r.device, r.kernel.kind, r.precision)
-               == (row.runtime, row.device, row.kernel.kind, "fp32")]
-        if not own:
-            return None
-        kinds = fit_kinds(own, machines)
-        times = kernel_seconds(kinds, row.runtime, row.device, [row.kernel], machines[(row.machine, row.device)],
-                               row_candidate(row))
-        return times[0][0] if times else None
-
-    return predict
+    own = [r for r in rows if (r.runtime, r.device, r.kernel.kind, r.precision)
+           == (row.runtime, row.device, row.kernel.kind, "fp32")]
+    if not own:
+        return None
+    times = kernel_seconds(fit_kinds(own), row.runtime, row.device, [row.kernel], MachineCeilings.of_row(row),
+                           row_candidate(row))
+    return times[0][0] if times else None
 
 
 def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min: float = DEFAULT_BUDGET_MIN,
@@ -310,7 +303,6 @@ def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min:
     layers = zoo_layers(order, installed, more=lambda: clock() - start < budget_min * 60 * ANALYSIS_SHARE)
     if not layers:
         raise InputError("the zoo models gave no layer to probe")
-    machines: dict[tuple[str, str], MachineCeilings] = {}
     with tempfile.TemporaryDirectory(prefix="modak-kprobe-") as scratch:
         folder = Path(scratch)
 
@@ -320,13 +312,12 @@ def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min:
             try:
                 plan = plan_of(write_layer(layer, layer_folder))
                 assert isinstance(plan, Plan)
-                machines.setdefault((plan.loaded.target.name, "cpu"), MachineCeilings.of_target(plan.ceilings, "cpu"))
                 rows, recs = measure_layer(layer, plan, layer_folder)
             except ModakError:  # a layer its runtime cannot run alone, or a cut graph the plan refuses
                 return [], []
             store.add_kernels(rows, recs)
             return rows, recs
 
-        done = sample(layers, measure, budget_min * 60 - (clock() - start), kind_predictor(machines), clock, seed)
-    done.drawn_from, done.machines = len(layers), machines
+        done = sample(layers, measure, budget_min * 60 - (clock() - start), kind_predictor, clock, seed)
+    done.drawn_from = len(layers)
     return done
