@@ -248,7 +248,7 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     that ``modak bench`` can measure it again, but is never chosen."""
     job = loaded.job
     catalog = catalog or load_catalog()
-    predictor = for_model(predictor or default_predictor(), source.onnx_path)
+    predictor = for_model(predictor or default_predictor(), source.onnx_path, source.zoo)
     ceilings = target_ceilings(loaded.target, loaded.target_doc)
     if job.device is Device.gpu and ceilings.gpu is None:
         raise loaded.job_doc.error(("device",), f"the job needs a GPU but target '{loaded.target.name}' has none")

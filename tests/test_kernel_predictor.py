@@ -333,8 +333,8 @@ def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kerne
     assert given.predictors[0].model.calibration == pytest.approx(KernelModel.fit(*fixed_table()).calibration)
     rows, recs = fixed_table()
     with PerfStore(store) as perf:  # a damaged row in the store: the plan's predictor refuses it, located
-        perf.add_kernels([replace(rows[0], seconds=0.0)], [])
-    with pytest.raises(InputError, match=r"^kernel_rows\[\d+\]\.seconds: 0\.0 is not a positive time"):
+        perf.add_kernels([replace(rows[0], seconds=-1.0)], [])
+    with pytest.raises(InputError, match=r"^kernel_rows\[\d+\]\.seconds: -1\.0 is not a time"):
         default_predictor(store)
 
 
@@ -358,3 +358,13 @@ def test_a_local_configuration_replaces_its_shipped_kernel_rows(tmp_path: Path, 
     local = kernel_set(store)
     assert local is not None and local.key != data.key
     assert local.load() == (rows[2:] + again, recs[1:] + [replace(recs[0], step_s=0.01)])
+
+
+def test_only_runtimes_whose_plan_is_their_profile_are_fit() -> None:
+    """PyTorch's profiled kernels are stored but not learned from: its plan-time trace is not its profile."""
+    rows, recs = fixed_table()
+    torch_rows = [replace(r, runtime="pytorch") for r in rows]
+    torch_recs = [replace(r, runtime="pytorch") for r in recs]
+    model = KernelModel.fit(rows + torch_rows, recs + torch_recs)
+    assert ("onnxruntime", "cpu") in model.calibration and ("pytorch", "cpu") not in model.calibration
+    assert {key[0] for key in model.kinds} == {"onnxruntime"}

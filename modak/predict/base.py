@@ -62,12 +62,12 @@ class Predictor(Protocol):
                 recipe: Recipe) -> Prediction | None: ...
 
 
-def for_model(predictor: Predictor, onnx_path: Path | None) -> Predictor:
-    """``predictor`` for one model graph: a predictor that reads the graph itself (the kernel predictor asks the
-    runtimes which kernels it becomes) is bound to ``onnx_path`` (None: the job has no ONNX file); others are
-    returned as they are."""
+def for_model(predictor: Predictor, onnx_path: Path | None, zoo: str | None = None) -> Predictor:
+    """``predictor`` for one model: a predictor that reads the model itself (the kernel predictor asks the runtimes
+    which kernels it becomes) is bound to its graph ``onnx_path`` (None: the job has no ONNX file) and its zoo name
+    (None: not a zoo model; the PyTorch runtimes trace zoo models); others are returned as they are."""
     bind = getattr(predictor, "for_model", None)
-    return bind(onnx_path) if bind is not None else predictor
+    return bind(onnx_path, zoo) if bind is not None else predictor
 
 
 def predict_many(predictor: Predictor, workload: WorkloadProfile, ceilings: TargetCeilings,
@@ -89,8 +89,8 @@ class FallbackPredictor:
     def name(self) -> str:
         return "+".join(p.name for p in self.predictors)
 
-    def for_model(self, onnx_path: Path | None) -> FallbackPredictor:
-        return FallbackPredictor(tuple(for_model(p, onnx_path) for p in self.predictors))
+    def for_model(self, onnx_path: Path | None, zoo: str | None = None) -> FallbackPredictor:
+        return FallbackPredictor(tuple(for_model(p, onnx_path, zoo) for p in self.predictors))
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None:

@@ -28,7 +28,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -204,16 +204,16 @@ KernelsOfRow = Callable[[Measurement], Sequence[Kernel]]
 def planned_for_row(row: Measurement) -> Sequence[Kernel]:
     """The kernels the row's runtime plans for its zoo model at its input shapes, batch, precision and threads (the
     model's cached ONNX export, :func:`modak.workload.kernels.planned_kernels`); none for a model not in the zoo."""
-    from modak.workload.kernels import planned_kernels  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    from modak.workload.kernels import UnreportedGraph, planned_kernels
     from modak.workload.zoo import export_onnx
 
     shapes = {name: tuple(shape) for name, shape in json.loads(row.input_shapes).items()}
     try:
         graph = export_onnx(row.model, shapes)
-    except InputError:  # a user's own model: no graph to ask the runtime about
+        return planned_kernels(row.runtime, graph, row.batch_size, shapes, row.precision, row.threads or row.cores,
+                               params=json.loads(row.params), zoo=row.model, task=row.task)
+    except (InputError, UnreportedGraph):  # a user's own model, or a runtime that cannot say: the forest answers
         return ()
-    return cast(Sequence[Kernel], planned_kernels(row.runtime, graph, row.batch_size, shapes, row.precision,
-                                                  row.threads or row.cores))
 
 
 def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Sequence[KernelRow],

@@ -49,9 +49,17 @@ from modak.spec.models import Precision, Task
 from modak.workload.analysis import WorkloadProfile
 
 KERNEL_TREES = 30  # trees per kind's forest
+# A kernel the profiler timed at 0 (ONNX Runtime and OpenVINO report whole microseconds) took under its resolution:
+# it is learned as half of it.
+RESOLUTION_FLOOR_S = 0.5e-6
 FOLDS = 5  # calibration folds, by model
 MIN_CALIBRATION = 5  # out-of-fold steps of a runtime and device before its interval is trusted
 ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor bytes (its efficiency is its time)
+# The runtimes whose kernels at plan time are the kernels their profiles show, by construction (one mapping of
+# the runtime's own graph per runtime: ONNX Runtime's optimized graph, OpenVINO's runtime model). PyTorch's meta
+# trace and its profiler disagree on recurrent, attention and decomposed ops (perfmodels/README.md,
+# "Operator-level model"), so its profiles are stored but not fit, and the forest answers for it.
+PLANNED_AS_PROFILED = frozenset({"onnxruntime", "openvino"})
 PREDICTOR = "kernels"
 TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by its ceilings
 # What each name means, for the plan's reasons.
@@ -183,8 +191,8 @@ def _kernel_row_problem(row: KernelRow) -> tuple[str, str] | None:
         return "kernel.kind", "no kernel kind"
     if kernel.op not in OP_CLASSES:
         return "kernel.op", f"unknown op class '{kernel.op}' of kind '{kernel.kind}' (known: {', '.join(OP_CLASSES)})"
-    if not math.isfinite(row.seconds) or row.seconds <= 0:
-        return "seconds", f"{row.seconds!r} is not a positive time"
+    if not math.isfinite(row.seconds) or row.seconds < 0:
+        return "seconds", f"{row.seconds!r} is not a time"
     if row.calls < 1:
         return "calls", f"{row.calls} calls"
     for field, value in (("kernel.flops", kernel.flops), ("kernel.bytes", kernel.bytes)):
@@ -240,7 +248,7 @@ def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindMod
         for row in group:
             columns, bound_s, _ = features(row.kernel, MachineCeilings.of_row(row), row_candidate(row), keys)
             X.append(columns)
-            y.append(math.log(bound_s / (row.seconds / row.calls)))
+            y.append(math.log(bound_s / max(row.seconds / row.calls, RESOLUTION_FLOOR_S)))
         fitted = RandomForestRegressor(n_estimators=KERNEL_TREES, min_samples_leaf=2, random_state=seed)
         fitted.fit(np.array(X), np.array(y))
         models[key] = KindModel(keys, TreeEnsemble.from_sklearn(fitted), len(group))
@@ -343,6 +351,8 @@ class KernelModel:
         """Fit on ``rows`` and ``reconciliations`` (on the ceilings they carry); a damaged table is an
         InputError."""
         check_rows(rows, reconciliations)
+        rows = [r for r in rows if r.runtime in PLANNED_AS_PROFILED]
+        reconciliations = [r for r in reconciliations if r.runtime in PLANNED_AS_PROFILED]
         dispatch = dispatch_seconds(reconciliations)
         signatures: dict[RuntimeKey, set[tuple]] = {}
         kinds: dict[RuntimeKey, set[tuple]] = {}
@@ -451,23 +461,25 @@ class KernelPredictor:
 
     model: KernelModel
     onnx_path: Path | None = None
-    kernels_of: KernelsOf | None = None  # default: the runtime's report of ``onnx_path``
+    zoo: str | None = None  # the model's zoo name (the PyTorch runtimes trace zoo models)
+    kernels_of: KernelsOf | None = None  # default: the runtime's report of ``onnx_path`` or ``zoo``
     name: str = PREDICTOR
 
-    def for_model(self, onnx_path: Path | None) -> KernelPredictor:
-        """This predictor for the graph at ``onnx_path`` (:func:`modak.predict.base.for_model`)."""
-        return replace(self, onnx_path=onnx_path)
+    def for_model(self, onnx_path: Path | None, zoo: str | None = None) -> KernelPredictor:
+        """This predictor for the model at ``onnx_path`` (zoo model ``zoo``; :func:`modak.predict.base.for_model`)."""
+        return replace(self, onnx_path=onnx_path, zoo=zoo)
 
     def planned(self, workload: WorkloadProfile, candidate: Candidate, threads: int) -> Sequence[Kernel]:
         """The kernels the candidate's runtime plans for one step of ``workload`` (none without a graph)."""
         if self.kernels_of is not None:
             return self.kernels_of(workload, candidate, threads)
-        if self.onnx_path is None:
-            return ()
-        from modak.workload.kernels import planned_kernels  # type: ignore[import-not-found,import-untyped,unused-ignore]
+        from modak.workload.kernels import UnreportedGraph, planned_kernels
 
-        return cast(Sequence[Kernel], planned_kernels(candidate.runtime, self.onnx_path, workload.batch_size,
-                                                      workload.input_shapes, candidate.precision.value, threads))
+        try:
+            return planned_kernels(candidate.runtime, self.onnx_path, workload.batch_size, workload.input_shapes,
+                                   candidate.precision.value, threads, params=dict(candidate.params), zoo=self.zoo)
+        except UnreportedGraph:  # the runtime cannot say (no graph, a user's own module): the next predictor answers
+            return ()
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None:

@@ -231,7 +231,7 @@ def trajectory(plan: Plan, predictor: Predictor, optimizer: str = "sgd_momentum"
 
     start = time.perf_counter()
     chosen, source = plan.choice.candidate, plan.source
-    predictor = for_model(predictor, source.onnx_path)  # as the plan's: for this model's graph
+    predictor = for_model(predictor, source.onnx_path, source.zoo)  # as the plan's: for this model
     recipe = plan.recipe()
     job = plan.loaded.job
     points: list[TrajectoryPoint] = []
