@@ -433,7 +433,10 @@ def test_a_profiled_launch_is_stored_against_its_timed_row(tmp_path: Path) -> No
         assert failed == {"status": "error", "error": "runtime pytorch reports no profile"}
         broken = store_profile(store, plan, candidate, row, {"status": "ok", "profile": {"source": "x"}})
         assert broken["status"] == "error" and "KeyError" in broken["error"]
-        assert len(store.kernel_rows()) == 1
+        empty = dataclasses.replace(profile, kernels=())  # a graph the runtime folded away: nothing to learn from
+        nothing = store_profile(store, plan, candidate, row, {"status": "ok", "profile": dataclasses.asdict(empty)})
+        assert nothing == {"status": "error", "error": "its profile reports no kernel"}
+        assert len(store.kernel_rows()) == 1 and len(store.reconciliations()) == 1
 
 
 def _has_profile_flag() -> bool:

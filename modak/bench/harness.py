@@ -267,6 +267,8 @@ def store_profile(store: PerfStore, plan: Plan, candidate: Candidate, row: Measu
         kernels, reconciliation = kernel_rows(profile, row, candidate_analysis(plan, candidate))
     except (KeyError, TypeError, ValueError, InputError) as exc:  # InputError: an int8 model the analysis refuses
         return {"status": "error", "error": f"its profile cannot be stored: {type(exc).__name__}: {exc}"[:2000]}
+    if not kernels:  # the runtime ran the graph as no kernel (folded it to constants): nothing to learn from
+        return {"status": "error", "error": "its profile reports no kernel"}
     store.add_kernels(kernels, [reconciliation])
     return {"status": "ok", "kernels": len(kernels), "kernel_s": reconciliation.kernel_s,
             "unmapped_s": reconciliation.unmapped_s, "profiled_step_s": reconciliation.profiled_step_s,
