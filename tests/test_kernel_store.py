@@ -4,10 +4,8 @@ files, a damaged one refused with its location (exit 2 through the CLI); and ``m
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
-import io
 import json
 import sqlite3
 import subprocess
@@ -439,20 +437,7 @@ def test_a_profiled_launch_is_stored_against_its_timed_row(tmp_path: Path) -> No
         assert len(store.kernel_rows()) == 1 and len(store.reconciliations()) == 1
 
 
-def _has_profile_flag() -> bool:
-    from modak.runtime.cli import parser
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            parser().parse_args(["measure", "--profile", "1"])
-    except SystemExit:
-        return False
-    return True
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _has_profile_flag(), reason="needs `python -m modak.runtime measure --profile` (contract 2: "
-                    "modak/runtime/measure.py, prof-onnx) and onnxruntime's `profile` (contract 1)")
 def test_bench_kernels_profiles_after_the_timed_rounds(tmp_path: Path) -> None:
     store = tmp_path / "perf.sqlite"
     done = subprocess.run([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "top-1", "--launches",
