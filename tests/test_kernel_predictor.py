@@ -1,4 +1,4 @@
-"""The operator-level predictor (#40 item 3): per-kind efficiency on roofline terms, composition of a step from its
+"""The operator-level predictor (#40 item 3): per-kind roofline priors and their learned corrections, composition of a step from its
 kernels, calibration on reconciled steps, transfer by ceilings, refusal of a damaged table, and its place before
 the forest in the plan."""
 
@@ -250,6 +250,43 @@ def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings()
         truth = max(roofline_seconds(kernel, unseen, candidate)) / efficiency(kernel.flops)
         errors.append(abs(predicted[0][0] / truth - 1))
     assert statistics.median(errors) < 0.05 and max(errors) < 0.15
+
+
+def reorder(elements: int) -> Kernel:
+    return Kernel("Reorder", "data_movement", shapes=((elements,),), flops=0.0, bytes=8.0 * elements)
+
+
+def reorder_seconds(kernel: Kernel) -> float:
+    """The synthetic runtime's data movement: 20 us per call, then half the bandwidth."""
+    candidate = Candidate("openvino", "cpu", Precision.fp32, (), 4)
+    return 20e-6 + roofline_seconds(kernel, BOX, candidate)[1] / 0.5
+
+
+def test_a_fixed_cost_per_call_extrapolates_along_the_roofline_and_a_kernel_past_the_limit_is_not_answered() -> None:
+    # Profiled sizes 1e3 ... 1e5 elements: 20 us fixed, then up to 160 us of memory time per call. A forest of the
+    # roofline's ratio to the time would carry the largest profile's ratio to a larger kernel (4e5 elements:
+    # 680 us / 0.2 = 3.2 ms); the prior goes along the roofline to 20 + 640 us.
+    sizes = [int(10 ** (3 + 2 * i / 39)) for i in range(40)]
+    rows = [kernel_row(reorder(n), reorder_seconds(reorder(n)), f"m{i % 5}", runtime="openvino")
+            for i, n in enumerate(sizes)]
+    model = KernelModel.fit(rows, [])
+    kind = model.kinds[("openvino", "cpu", "Reorder")]
+    assert kind.prior == pytest.approx((20e-6, 0.0, 2.0), rel=0.01)  # the penalty on c costs it 0.3%
+    assert (kind.max_flops, kind.max_bytes) == (0.0, 8e5)
+    candidate = Candidate("openvino", "cpu", Precision.fp32, (), 4)
+    larger = reorder(400_000)  # 4x the largest profiled: still answered
+    times = kernel_seconds(model.kinds, "openvino", "cpu", [larger], BOX, candidate)
+    assert times is not None and times[0][0] == pytest.approx(reorder_seconds(larger), rel=0.02)
+    assert kernel_seconds(model.kinds, "openvino", "cpu", [reorder(400_001)], BOX, candidate) is None
+    # A kernel with FLOPs where the kind's profiles had none is past the limit too.
+    busy = replace(reorder(1000), flops=1.0)
+    assert kernel_seconds(model.kinds, "openvino", "cpu", [busy], BOX, candidate) is None
+
+
+def test_one_size_of_calls_is_read_as_an_efficiency_not_a_fixed_cost(fixed: KernelModel) -> None:
+    # Every Conv call of the fixed table has the same size: the penalty puts it all on the roofline (efficiency 0.5).
+    assert fixed.kinds[("onnxruntime", "cpu", "Conv")].prior == pytest.approx((0.0, 2.0, 0.0), abs=1e-3)
+    assert fixed.kinds[("onnxruntime", "cpu", "Relu")].prior == pytest.approx((0.0, 0.0, 1.25), abs=1e-3)
 
 
 def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed: KernelModel) -> None:

@@ -1,10 +1,14 @@
 """The operator-level performance model (#40): a step composed from the kernels its runtime runs.
 
-A kernel's time is its roofline on the machine's measured ceilings, at the candidate's threads and precision
-(compute: FLOPs / the peak share of its threads; memory: bytes / the bandwidth share; the larger of the two),
-divided by an efficiency learned per (runtime, device, kernel kind): a small random forest predicts log(roofline
-time / measured time) from the kernel's size relative to the machine (:func:`features`). The efficiency is relative
-to the ceilings, so it transfers to a machine with other ceilings.
+A kernel's time per call is an additive roofline prior times a learned correction, per (runtime, device, kernel
+kind). The prior is ``c + a * compute_s + b * memory_s``: a fixed cost per call and the kernel's roofline terms on
+the machine's measured ceilings at the candidate's threads and precision (compute: FLOPs / the peak share of its
+threads; memory: bytes / the bandwidth share), fit non-negative to the kind's profiled calls in relative error
+(:func:`prior_coefficients`). A small random forest then learns log(measured / prior) from the kernel's size
+relative to the machine (:func:`features`). The prior grows with the kernel's work and the correction is bounded by
+what it was fit on, so a kernel larger than its kind's profiles extrapolates along its roofline, not by a learned
+ratio; past :data:`EXTRAPOLATION_LIMIT` times the kind's largest FLOPs or bytes it is not answered at all. ``a`` and
+``b`` are relative to the ceilings, so they transfer to a machine with other ceilings.
 
 A step is the sum over the kernels the runtime plans for it (:func:`modak.workload.kernels.planned_kernels`), plus a
 dispatch time per kernel (per runtime and device: the median over the profiled launches' reconciliations of
@@ -13,10 +17,10 @@ dispatch time per kernel (per runtime and device: the median over the profiled l
 (kernel models fit without the step's model). On a machine without kernel rows the predictor transfers by ceilings:
 its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
 
-Coverage: it answers only where every planned kernel's kind has a model for the runtime and device (no time is
-invented for a kernel no profile has shown), the runtime and device's steps are calibrated (at least
-:data:`MIN_CALIBRATION` residuals), and the task is inference (the planned kernels are the forward graph's).
-Elsewhere it returns None, and the next predictor answers.
+Coverage: it answers only where every planned kernel's kind has a model for the runtime and device within its
+extrapolation limit (no time is invented for a kernel no profile has shown), the runtime and device's steps are
+calibrated (at least :data:`MIN_CALIBRATION` residuals), and the task is inference (the planned kernels are the
+forward graph's). Elsewhere it returns None, and the next predictor answers.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ RESOLUTION_FLOOR_S = 0.5e-6
 FOLDS = 5  # calibration folds, by model
 MIN_CALIBRATION = 5  # out-of-fold steps of a runtime and device before its interval is trusted
 ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor bytes (its efficiency is its time)
+# How far past the largest FLOPs or bytes of a kind's profiled calls a kernel of that kind is still answered
+# (perfmodels/README.md, "Operator-level model": the sweep behind it).
+EXTRAPOLATION_LIMIT = 4.0
+# The weight that holds a kind's fixed cost per call to zero where its calls cannot tell it from the roofline terms
+# (all of one size): a penalty of (c / median call) ** 2 times this, against the calls' squared relative errors.
+FIXED_COST_PENALTY = 0.1
 # The runtimes whose kernels at plan time are the kernels their profiles show, by construction (one mapping of
 # the runtime's own graph per runtime: ONNX Runtime's optimized graph, OpenVINO's runtime model). PyTorch's meta
 # trace and its profiler disagree on recurrent, attention and decomposed ops (perfmodels/README.md,
@@ -158,11 +168,47 @@ def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
 
 @dataclass(frozen=True)
 class KindModel:
-    """The efficiency forest of one (runtime, device, kernel kind) and the attributes it has columns for."""
+    """The model of one (runtime, device, kernel kind): its prior's coefficients (fixed seconds per call, per compute
+    second, per memory second), the largest FLOPs and bytes it was fit on, the correction forest and the attributes
+    it has columns for."""
 
     attribute_keys: tuple[str, ...]
+    prior: tuple[float, float, float]
+    max_flops: float
+    max_bytes: float
     forest: TreeEnsemble
     rows: int
+
+    def prior_seconds(self, compute_s: float, memory_s: float) -> float:
+        """The prior's seconds per call of a kernel with these roofline terms."""
+        return prior_seconds(self.prior, compute_s, memory_s)
+
+    def covers(self, kernel: Kernel) -> bool:
+        """Whether ``kernel`` is within :data:`EXTRAPOLATION_LIMIT` of the FLOPs and bytes the kind was fit on."""
+        return (kernel.flops <= EXTRAPOLATION_LIMIT * self.max_flops
+                and kernel.bytes <= EXTRAPOLATION_LIMIT * self.max_bytes)
+
+
+def prior_seconds(prior: tuple[float, float, float], compute_s: float, memory_s: float) -> float:
+    """``c + a * compute_s + b * memory_s`` of ``prior`` = (c, a, b), at least :data:`ROOFLINE_FLOOR_S`."""
+    fixed, per_compute, per_memory = prior
+    return max(fixed + per_compute * compute_s + per_memory * memory_s, ROOFLINE_FLOOR_S)
+
+
+def prior_coefficients(seconds: Sequence[float], compute_s: Sequence[float],
+                       memory_s: Sequence[float]) -> tuple[float, float, float]:
+    """Non-negative (c, a, b) of ``seconds ~ c + a * compute_s + b * memory_s`` in relative error, with c held to zero
+    by :data:`FIXED_COST_PENALTY` where the calls cannot tell it apart (one size)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    t = np.asarray(seconds, dtype=float)
+    design = np.column_stack([np.ones(len(t)), compute_s, memory_s]) / t[:, None]
+    penalty = np.array([[math.sqrt(FIXED_COST_PENALTY) / float(np.median(t)), 0.0, 0.0]])
+    coefficients, _ = nnls(np.vstack([design, penalty]), np.concatenate([np.ones(len(t)), [0.0]]))
+    if not coefficients.any():  # neither term explains anything: a fixed cost, the median call
+        return float(np.median(t)), 0.0, 0.0
+    return float(coefficients[0]), float(coefficients[1]), float(coefficients[2])
 
 
 def _launch(row: KernelRow | Reconciliation) -> tuple:
@@ -234,7 +280,8 @@ def _launch_problem(row: KernelRow | Reconciliation) -> tuple[str, str] | None:
 
 
 def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindModel]:
-    """One efficiency forest per (runtime, device, kernel kind) of ``rows``: log(roofline / measured per call)."""
+    """One model per (runtime, device, kernel kind) of ``rows``: the prior's coefficients, then a forest of
+    log(measured per call / prior)."""
     import numpy as np
     from sklearn.ensemble import RandomForestRegressor
 
@@ -244,21 +291,27 @@ def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindMod
     models = {}
     for key, group in sorted(by_kind.items()):
         keys = tuple(sorted({k for r in group for k in attribute_values(r.kernel.attributes)}))
-        X, y = [], []
+        X, terms = [], []
         for row in group:
-            columns, bound_s, _ = features(row.kernel, MachineCeilings.of_row(row), row_candidate(row), keys)
-            X.append(columns)
-            y.append(math.log(bound_s / max(row.seconds / row.calls, RESOLUTION_FLOOR_S)))
+            machine, candidate = MachineCeilings.of_row(row), row_candidate(row)
+            X.append(features(row.kernel, machine, candidate, keys)[0])
+            terms.append(roofline_seconds(row.kernel, machine, candidate))
+        seconds = [max(row.seconds / row.calls, RESOLUTION_FLOOR_S) for row in group]
+        prior = prior_coefficients(seconds, [c for c, _ in terms], [m for _, m in terms])
+        y = [math.log(t / prior_seconds(prior, c, m)) for t, (c, m) in zip(seconds, terms)]
         fitted = RandomForestRegressor(n_estimators=KERNEL_TREES, min_samples_leaf=2, random_state=seed)
         fitted.fit(np.array(X), np.array(y))
-        models[key] = KindModel(keys, TreeEnsemble.from_sklearn(fitted), len(group))
+        models[key] = KindModel(keys, prior, max(r.kernel.flops for r in group), max(r.kernel.bytes for r in group),
+                                TreeEnsemble.from_sklearn(fitted), len(group))
     return models
 
 
 def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str, kernels: Sequence[Kernel],
                    machine: MachineCeilings, candidate: Candidate) -> list[tuple[float, bool]] | None:
-    """Each kernel's predicted seconds per call and whether it is compute-bound; None where a kind has no model."""
-    if any((runtime, device, k.kind) not in kinds for k in kernels):
+    """Each kernel's predicted seconds per call and whether it is compute-bound; None where a kind has no model or
+    a kernel is past its kind's extrapolation limit."""
+    models = [kinds.get((runtime, device, k.kind)) for k in kernels]
+    if any(m is None or not m.covers(k) for m, k in zip(models, kernels)):
         return None
     results: list[tuple[float, bool]] = [(0.0, False)] * len(kernels)
     by_kind: dict[str, list[int]] = {}
@@ -267,9 +320,10 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
     for kind, indices in by_kind.items():
         model = kinds[(runtime, device, kind)]
         examples = [features(kernels[i], machine, candidate, model.attribute_keys) for i in indices]
-        for i, (_, bound_s, compute), efficiency in zip(indices, examples,
-                                                         model.forest.predict([e[0] for e in examples])):
-            results[i] = (bound_s / math.exp(efficiency), compute)
+        corrections = model.forest.predict([e[0] for e in examples])
+        for i, (_, _, compute), correction in zip(indices, examples, corrections):
+            compute_s, memory_s = roofline_seconds(kernels[i], machine, candidate)
+            results[i] = (model.prior_seconds(compute_s, memory_s) * math.exp(correction), compute)
     return results
 
 
@@ -388,7 +442,8 @@ class KernelModel:
         """Write the model (plain arrays and a JSON header, :mod:`modak.predict.forest`), atomically."""
         kinds = sorted(self.kinds.items())
         header = {
-            "kinds": [[*key, list(model.attribute_keys), model.rows] for key, model in kinds],
+            "kinds": [[*key, list(model.attribute_keys), list(model.prior), model.max_flops, model.max_bytes,
+                       model.rows] for key, model in kinds],
             "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
             "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
             "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
@@ -403,8 +458,11 @@ class KernelModel:
     def load(cls, path: Path) -> KernelModel:
         """A model written by :meth:`save`."""
         header, arrays = load_arrays(path)
-        kinds = {(runtime, device, kind): KindModel(tuple(keys), TreeEnsemble.from_arrays(arrays, f"kind{i}"), rows)
-                 for i, (runtime, device, kind, keys, rows) in enumerate(header["kinds"])}
+        kinds = {(runtime, device, kind): KindModel(tuple(keys), (float(prior[0]), float(prior[1]), float(prior[2])),
+                                                    float(max_flops), float(max_bytes),
+                                                    TreeEnsemble.from_arrays(arrays, f"kind{i}"), rows)
+                 for i, (runtime, device, kind, keys, prior, max_flops, max_bytes, rows)
+                 in enumerate(header["kinds"])}
         return cls(kinds, {(r, d): float(v) for r, d, v in header["dispatch"]},
                    {(r, d): (float(a), float(b), float(c)) for r, d, a, b, c in header["calibration"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
