@@ -1,6 +1,6 @@
-"""The operator-level predictor (#40 item 3): per-kind roofline priors and their learned corrections, composition of a step from its
-kernels, calibration on reconciled steps, transfer by ceilings, refusal of a damaged table, and its place before
-the forest in the plan."""
+"""The operator-level predictor (#40 item 3): per-kind roofline priors and their learned corrections, composition
+of a step from its kernels, calibration on reconciled steps, transfer by ceilings, refusal of a damaged table, and
+its place before the forest in the plan."""
 
 from __future__ import annotations
 
