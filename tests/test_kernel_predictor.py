@@ -34,6 +34,7 @@ from modak.predict.kernels import (
     MachineCeilings,
     kernel_seconds,
     roofline_seconds,
+    sized,
 )
 from modak.predict.learned import NEW_MACHINE_SPREAD, Z80
 from modak.predict.roofline import RooflinePredictor
@@ -281,6 +282,20 @@ def test_a_fixed_cost_per_call_extrapolates_along_the_roofline_and_a_kernel_past
     # A kernel with FLOPs where the kind's profiles had none is past the limit too.
     busy = replace(reorder(1000), flops=1.0)
     assert kernel_seconds(model.kinds, "openvino", "cpu", [busy], BOX, candidate) is None
+
+
+def test_a_kernel_the_analysis_did_not_cost_is_sized_by_its_tensors() -> None:
+    rnn = Kernel("RNNSeq:ref_any_f32", "other", shapes=((1, 64, 256), (1, 2048, 256)))
+    assert sized(rnn).bytes == 4.0 * (64 * 256 + 2048 * 256 + 64 * 256)
+    assert sized(CONV) == CONV and sized(Kernel("Reorder", "data_movement")) == Kernel("Reorder", "data_movement")
+    # So an uncosted kind's time grows with its tensors (here 1 us + 1 ns per byte) instead of staying its median.
+    rows = [kernel_row(Kernel("RNNSeq", "other", shapes=((1, n, 256),)), 1e-6 + 8e-9 * n * 256, f"m{n % 5}",
+                       runtime="openvino") for n in range(8, 400, 8)]
+    model = KernelModel.fit(rows, [])
+    candidate = Candidate("openvino", "cpu", Precision.fp32, (), 4)
+    times = kernel_seconds(model.kinds, "openvino", "cpu", [Kernel("RNNSeq", "other", shapes=((1, 1000, 256),))],
+                           BOX, candidate)
+    assert times is not None and times[0][0] == pytest.approx(1e-6 + 8e-9 * 1000 * 256, rel=0.02)
 
 
 def test_one_size_of_calls_is_read_as_an_efficiency_not_a_fixed_cost(fixed: KernelModel) -> None:

@@ -237,7 +237,8 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
     def composed(model: KernelModel, row: Measurement) -> Prediction | None:
         if row.task != "inference" or (row.runtime, row.device) not in model.calibration:
             return None
-        key = (row.model, row.input_shapes, row.batch_size, row.runtime, row.precision, row.threads, row.cores)
+        key = (row.model, row.input_shapes, row.batch_size, row.runtime, row.precision, row.threads, row.cores,
+               row.params)
         if key not in planned:
             planned[key] = tuple(plan_of(row))
         c = model.compose(planned[key], MachineCeilings.of_row(row), candidate_from_row(row))

@@ -123,6 +123,15 @@ class MachineCeilings:
                    own.peak_gflops.get(Precision.bf16), own.bandwidth_gbs)
 
 
+def sized(kernel: Kernel) -> Kernel:
+    """``kernel``, or where the analysis costed none of its nodes (no FLOPs, no bytes: a runtime's own kernel, e.g.
+    OpenVINO's ``RNNSeq`` or ``Reorder``) the bytes of its tensors as fp32: its inputs and an output the size of the
+    first, so its time can grow with its size."""
+    if kernel.flops or kernel.bytes or not kernel.shapes:
+        return kernel
+    return replace(kernel, bytes=4.0 * (sum(math.prod(s) for s in kernel.shapes) + math.prod(kernel.shapes[0])))
+
+
 def row_candidate(row: KernelRow | Reconciliation) -> Candidate:
     """The candidate a kernel row or reconciliation was profiled with."""
     return Candidate(row.runtime, cast(DeviceKind, row.device), Precision(row.precision),
@@ -291,17 +300,18 @@ def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindMod
     models = {}
     for key, group in sorted(by_kind.items()):
         keys = tuple(sorted({k for r in group for k in attribute_values(r.kernel.attributes)}))
+        kernels = [sized(row.kernel) for row in group]
         X, terms = [], []
-        for row in group:
+        for row, kernel in zip(group, kernels):
             machine, candidate = MachineCeilings.of_row(row), row_candidate(row)
-            X.append(features(row.kernel, machine, candidate, keys)[0])
-            terms.append(roofline_seconds(row.kernel, machine, candidate))
+            X.append(features(kernel, machine, candidate, keys)[0])
+            terms.append(roofline_seconds(kernel, machine, candidate))
         seconds = [max(row.seconds / row.calls, RESOLUTION_FLOOR_S) for row in group]
         prior = prior_coefficients(seconds, [c for c, _ in terms], [m for _, m in terms])
         y = [math.log(t / prior_seconds(prior, c, m)) for t, (c, m) in zip(seconds, terms)]
         fitted = RandomForestRegressor(n_estimators=KERNEL_TREES, min_samples_leaf=2, random_state=seed)
         fitted.fit(np.array(X), np.array(y))
-        models[key] = KindModel(keys, prior, max(r.kernel.flops for r in group), max(r.kernel.bytes for r in group),
+        models[key] = KindModel(keys, prior, max(k.flops for k in kernels), max(k.bytes for k in kernels),
                                 TreeEnsemble.from_sklearn(fitted), len(group))
     return models
 
@@ -310,6 +320,7 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
                    machine: MachineCeilings, candidate: Candidate) -> list[tuple[float, bool]] | None:
     """Each kernel's predicted seconds per call and whether it is compute-bound; None where a kind has no model or
     a kernel is past its kind's extrapolation limit."""
+    kernels = [sized(k) for k in kernels]
     models = [kinds.get((runtime, device, k.kind)) for k in kernels]
     if any(m is None or not m.covers(k) for m, k in zip(models, kernels)):
         return None
