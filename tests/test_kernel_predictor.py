@@ -45,6 +45,7 @@ from modak.workload.source import load_analysis
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
 MS = 1e-3
+PROFILER_S = 10e-6  # what profiling adds to a step per kernel, in the reconciliations made here
 
 # The fixed table's machine: 4 cores, 100 GFLOP/s, 10 GB/s; all 4 threads get all of both.
 BOX = MachineCeilings("cpu", "box", 4, 100.0, None, 10.0)
@@ -72,7 +73,8 @@ def kernel_row(kernel: Kernel, seconds: float, model: str, machine: str = "box",
 def reconciliation(model: str, step_s: float, kernel_s: float, kernels: int, machine: str = "box",
                    runtime: str = "onnxruntime", threads: int = 4, ceilings: MachineCeilings = BOX) -> Reconciliation:
     return Reconciliation(machine=machine, runtime=runtime, device="cpu", threads=threads, precision="fp32",
-                          params="{}", model=model, batch_size=1, step_s=step_s, profiled_step_s=step_s * 1.2,
+                          params="{}", model=model, batch_size=1, step_s=step_s,
+                          profiled_step_s=step_s + PROFILER_S * kernels,
                           kernel_s=kernel_s, unmapped_s=0.0, kernels=kernels, source="test", session=f"s-{model}",
                           measured_at="2026-11-26T00:00:00Z", **ceilings_of(ceilings))
 
@@ -155,6 +157,14 @@ def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fi
     training = replace(workload, task=type(workload.task)("training"))
     assert predictor.predict(training, target("box", 1.0), candidate, load_catalog()["onnxruntime"]) is None
     assert predictor.predict(workload, target("box", 1.0), candidate, load_catalog()["onnxruntime"]) is not None
+
+
+def test_kernels_too_short_to_stand_out_of_the_profiler_are_not_composed(fixed: KernelModel) -> None:
+    assert fixed.profiling[("onnxruntime", "cpu")] == pytest.approx(PROFILER_S)
+    tiny = replace(RELU, flops=1.0, bytes=1e4)  # 1 us of memory time: 1.25 us per call, under 2 x 10 us
+    assert predict_fixed(fixed, target("box", 1.0), (tiny, tiny)) is None
+    # Beside a Conv the average kernel stands out, and the step is composed.
+    assert predict_fixed(fixed, target("box", 1.0), (tiny, tiny, CONV)) is not None
 
 
 def noisy_launch(draw: random.Random, model: str) -> tuple[list[KernelRow], Reconciliation, tuple[Kernel, ...]]:

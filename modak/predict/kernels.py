@@ -18,7 +18,8 @@ dispatch time per kernel (per runtime and device: the median over the profiled l
 its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
 
 Coverage: it answers only where every planned kernel's kind has a model for the runtime and device within its
-extrapolation limit (no time is invented for a kernel no profile has shown), the runtime and device's steps are
+extrapolation limit (no time is invented for a kernel no profile has shown), the kernels stand out of the
+profiler's own cost per kernel (:data:`PROFILER_MARGIN`), the runtime and device's steps are
 calibrated (at least :data:`MIN_CALIBRATION` residuals), and the task is inference (the planned kernels are the
 forward graph's). Elsewhere it returns None, and the next predictor answers.
 """
@@ -65,6 +66,9 @@ EXTRAPOLATION_LIMIT = 4.0
 # The weight that holds a kind's fixed cost per call to zero where its calls cannot tell it from the roofline terms
 # (all of one size): a penalty of (c / median call) ** 2 times this, against the calls' squared relative errors.
 FIXED_COST_PENALTY = 0.1
+# A step whose kernels average under this many times the runtime's profiling cost per kernel is not composed from
+# them: their profiled times are mostly the profiler's own (perfmodels/README.md, "Operator-level model").
+PROFILER_MARGIN = 2.0
 # The runtimes whose kernels at plan time are the kernels their profiles show, by construction (one mapping of
 # the runtime's own graph per runtime: ONNX Runtime's optimized graph, OpenVINO's runtime model). PyTorch's meta
 # trace and its profiler disagree on recurrent, attention and decomposed ops (perfmodels/README.md,
@@ -347,11 +351,28 @@ def dispatch_seconds(reconciliations: Iterable[Reconciliation]) -> dict[RuntimeK
     return {key: max(0.0, statistics.median(values)) for key, values in remainders.items()}
 
 
+def profiling_seconds(reconciliations: Iterable[Reconciliation]) -> dict[RuntimeKey, float]:
+    """Per (runtime, device): the profiler's own cost per kernel, the median over profiled launches of
+    (profiled step - step) / kernels, at least 0."""
+    costs: dict[RuntimeKey, list[float]] = {}
+    for rec in reconciliations:
+        costs.setdefault((rec.runtime, rec.device), []).append(max(0.0, rec.profiled_step_s - rec.step_s) / rec.kernels)
+    return {key: statistics.median(values) for key, values in costs.items()}
+
+
+def above_profiler(kernel_s: float, kernels: int, profiling_s: float) -> bool:
+    """Whether kernels taking ``kernel_s`` in all stand out of the profiler's own cost per kernel (by
+    :data:`PROFILER_MARGIN`)."""
+    return kernel_s >= PROFILER_MARGIN * profiling_s * kernels
+
+
 def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
-              dispatch: Mapping[RuntimeKey, float], seed: int = 0) -> dict[RuntimeKey, tuple[float, float, float]]:
+              dispatch: Mapping[RuntimeKey, float], profiling: Mapping[RuntimeKey, float],
+              seed: int = 0) -> dict[RuntimeKey, tuple[float, float, float]]:
     """Per (runtime, device) with at least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of
     log(measured step / composed step) over the reconciled steps, each composed from kernel models fit without its
-    model's rows (models in :data:`FOLDS` folds; a step whose kinds the other folds do not cover is left out)."""
+    model's rows (models in :data:`FOLDS` folds; a step whose kinds the other folds do not cover, or whose kernels
+    do not stand out of the profiler's cost, is left out)."""
     models = sorted({rec.model for rec in reconciliations})
     folds = min(FOLDS, len(models))
     if folds < 2:
@@ -369,10 +390,11 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
                 continue
             times = kernel_seconds(kinds, rec.runtime, rec.device, [r.kernel for r in own],
                                    MachineCeilings.of_row(rec), row_candidate(rec))
-            if times is None:
+            kernel_s = sum(t * r.calls for (t, _), r in zip(times or (), own))
+            if times is None or not above_profiler(kernel_s, sum(r.calls for r in own),
+                                                   profiling[(rec.runtime, rec.device)]):
                 continue
-            composed = (sum(t * r.calls for (t, _), r in zip(times, own))
-                        + rec.kernels * dispatch[(rec.runtime, rec.device)])
+            composed = kernel_s + rec.kernels * dispatch[(rec.runtime, rec.device)]
             residuals.setdefault((rec.runtime, rec.device), []).append(math.log(rec.step_s / composed))
     quantiles = {}
     for key, values in residuals.items():
@@ -402,11 +424,12 @@ class KernelData:
 
 @dataclass(frozen=True, eq=False)
 class KernelModel:
-    """The fitted kernel model: efficiency forests per kind, dispatch and calibration per (runtime, device), and the
-    machines (signatures and kinds) with kernel rows per (runtime, device)."""
+    """The fitted kernel model: a model per kind; dispatch, the profiler's cost per kernel and calibration per
+    (runtime, device); and the machines (signatures and kinds) with kernel rows per (runtime, device)."""
 
     kinds: Mapping[KindKey, KindModel]
     dispatch: Mapping[RuntimeKey, float]
+    profiling: Mapping[RuntimeKey, float]
     calibration: Mapping[RuntimeKey, tuple[float, float, float]]
     signatures: Mapping[RuntimeKey, frozenset[tuple]]
     machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
@@ -426,8 +449,9 @@ class KernelModel:
             signatures.setdefault((row.runtime, row.device), set()).add(machine.signature)
             if machine.kind is not None:
                 kinds.setdefault((row.runtime, row.device), set()).add(machine.kind)
-        calibration = calibrate(rows, reconciliations, dispatch, seed)
-        return cls(fit_kinds(rows, seed), dispatch, calibration,
+        profiling = profiling_seconds(reconciliations)
+        calibration = calibrate(rows, reconciliations, dispatch, profiling, seed)
+        return cls(fit_kinds(rows, seed), dispatch, profiling, calibration,
                    {k: frozenset(v) for k, v in signatures.items()}, {k: frozenset(v) for k, v in kinds.items()})
 
     @classmethod
@@ -456,6 +480,7 @@ class KernelModel:
             "kinds": [[*key, list(model.attribute_keys), list(model.prior), model.max_flops, model.max_bytes,
                        model.rows] for key, model in kinds],
             "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
+            "profiling": [[*key, value] for key, value in sorted(self.profiling.items())],
             "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
             "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
             "machine_kinds": [[*key, sorted(map(list, values))] for key, values in sorted(self.machine_kinds.items())],
@@ -475,6 +500,7 @@ class KernelModel:
                  for i, (runtime, device, kind, keys, prior, max_flops, max_bytes, rows)
                  in enumerate(header["kinds"])}
         return cls(kinds, {(r, d): float(v) for r, d, v in header["dispatch"]},
+                   {(r, d): float(v) for r, d, v in header["profiling"]},
                    {(r, d): (float(a), float(b), float(c)) for r, d, a, b, c in header["calibration"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["machine_kinds"]})
@@ -486,11 +512,13 @@ class KernelModel:
 
     def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate) -> Composition | None:
         """The step of ``kernels`` (one call each) for ``candidate`` on ``machine``; None where the candidate's
-        runtime and device are not calibrated or a kernel's kind has no model (or there are no kernels)."""
+        runtime and device are not calibrated, a kernel's kind has no model (or there are no kernels), or the
+        kernels are too short to stand out of the profiler's cost."""
         key = (candidate.runtime, candidate.device)
         calibration = self.calibration.get(key)
         times = kernel_seconds(self.kinds, *key, kernels, machine, candidate) if kernels and calibration else None
-        if times is None or calibration is None:
+        if times is None or calibration is None or not above_profiler(sum(t for t, _ in times), len(kernels),
+                                                                       self.profiling[key]):
             return None
         dispatch_s = len(kernels) * self.dispatch[key]
         compute_s = sum(t for t, compute in times if compute)
