@@ -117,7 +117,9 @@ def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> N
     # Out of fold every step composes to 4 + 0.5 + 2 x 0.3 = 5.1 ms; the residuals log(step / 5.1 ms), sorted:
     r = [math.log(s / 5.1) for s in STEPS_MS]
     q10, q90 = r[0] + 0.4 * (r[1] - r[0]), r[3] + 0.6 * (r[4] - r[3])  # deciles, linear between order statistics
-    assert fixed.calibration[("onnxruntime", "cpu")] == pytest.approx((q10, 0.0, q90), abs=1e-9)
+    assert fixed.calibration[("onnxruntime", "cpu", "")] == pytest.approx((q10, 0.0, q90), abs=1e-9)
+    # Every launch had the same (no) parameters: their own calibration is the runtime's.
+    assert fixed.calibration[("onnxruntime", "cpu", "{}")] == fixed.calibration[("onnxruntime", "cpu", "")]
     # A step of 3 Conv and 2 Relu: 3 x 4 + 2 x 0.5 + 5 x 0.3 = 14.5 ms, times exp(median residual 0).
     p = predict_fixed(fixed, target("box", 1.0), (CONV, CONV, RELU, CONV, RELU))
     assert p is not None and p.predictor == PREDICTOR
@@ -132,12 +134,33 @@ def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> N
         (p.step_seconds, p.low_seconds, p.high_seconds))
 
 
+def test_parameters_that_run_the_same_kernels_in_other_steps_are_calibrated_apart() -> None:
+    # Ten models' launches under two hints: the same kernels, the THROUGHPUT steps 20% shorter.
+    rows, recs = [], []
+    for i, step in enumerate((*STEPS_MS, *STEPS_MS)):
+        model = f"m{i}"
+        for hint, factor in (("LATENCY", 1.0), ("THROUGHPUT", 0.8)):
+            params = json.dumps({"performance_hint": hint})
+            rows += [replace(kernel_row(CONV, 4 * MS, model), params=params),
+                     replace(kernel_row(RELU, 0.5 * MS, model), params=params)]
+            recs.append(replace(reconciliation(model, step * factor * MS, 4.5 * MS, 2), params=params))
+    model = KernelModel.fit(rows, recs)
+    steps = {}
+    for hint in ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"):  # the last: no launch, the runtime's calibration
+        candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (("performance_hint", hint),), 4)
+        composed = model.compose((CONV, RELU), BOX, candidate)
+        assert composed is not None
+        steps[hint] = composed.step_s
+    assert steps["THROUGHPUT"] / steps["LATENCY"] == pytest.approx(0.8, rel=0.01)
+    assert steps["THROUGHPUT"] < steps["CUMULATIVE_THROUGHPUT"] < steps["LATENCY"]
+
+
 def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: KernelModel) -> None:
     # Twice the peak and bandwidth: the same efficiencies on half the rooflines, 3 x 2 + 2 x 0.25 + 5 x 0.3 = 8 ms.
     p = predict_fixed(fixed, target("other", 2.0), (CONV, CONV, RELU, CONV, RELU))
     assert p is not None and p.predictor == TRANSFER_PREDICTOR
     assert p.step_seconds == pytest.approx(8 * MS)
-    q10, _, q90 = fixed.calibration[("onnxruntime", "cpu")]
+    q10, _, q90 = fixed.calibration[("onnxruntime", "cpu", "")]
     widen = (Z80 * NEW_MACHINE_SPREAD) ** 2
     assert p.low_seconds == pytest.approx(8 * MS / math.exp(math.sqrt(q10 ** 2 + widen)))
     assert p.high_seconds == pytest.approx(8 * MS * math.exp(math.sqrt(q90 ** 2 + widen)))
@@ -428,5 +451,5 @@ def test_only_runtimes_whose_plan_is_their_profile_are_fit() -> None:
     torch_rows = [replace(r, runtime="pytorch") for r in rows]
     torch_recs = [replace(r, runtime="pytorch") for r in recs]
     model = KernelModel.fit(rows + torch_rows, recs + torch_recs)
-    assert ("onnxruntime", "cpu") in model.calibration and ("pytorch", "cpu") not in model.calibration
+    assert model.calibrated("onnxruntime", "cpu") and not model.calibrated("pytorch", "cpu")
     assert {key[0] for key in model.kinds} == {"onnxruntime"}

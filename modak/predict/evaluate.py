@@ -235,7 +235,7 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
         return model, whole.fit(rows)
 
     def composed(model: KernelModel, row: Measurement) -> Prediction | None:
-        if row.task != "inference" or (row.runtime, row.device) not in model.calibration:
+        if row.task != "inference" or not model.calibrated(row.runtime, row.device):
             return None
         key = (row.model, row.input_shapes, row.batch_size, row.runtime, row.precision, row.threads, row.cores,
                row.params)

@@ -14,7 +14,8 @@ A step is the sum over the kernels the runtime plans for it (:func:`modak.worklo
 dispatch time per kernel (per runtime and device: the median over the profiled launches' reconciliations of
 (unprofiled step - kernel sum) / kernels, at least 0), times exp(the median calibration residual). The interval is the
 10th to 90th percentile of the out-of-fold residuals log(measured step / composed step) of the reconciled steps
-(kernel models fit without the step's model). On a machine without kernel rows the predictor transfers by ceilings:
+(kernel models fit without the step's model), of the candidate's parameters where they have enough steps, else of
+its runtime and device. On a machine without kernel rows the predictor transfers by ceilings:
 its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
 
 Coverage: it answers only where every planned kernel's kind has a model for the runtime and device within its
@@ -84,6 +85,9 @@ NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans fo
 
 KindKey = tuple[str, str, str]  # runtime, device, kernel kind
 RuntimeKey = tuple[str, str]  # runtime, device
+# runtime, device, parameters (sorted JSON; ALL_PARAMETERS: every launch of the runtime and device)
+CalibrationKey = tuple[str, str, str]
+ALL_PARAMETERS = ""
 # The kernels a runtime plans for a workload, given the candidate and its threads (the seam tests fill by hand).
 KernelsOf = Callable[[WorkloadProfile, Candidate, int], Sequence[Kernel]]
 
@@ -134,6 +138,11 @@ def sized(kernel: Kernel) -> Kernel:
     if kernel.flops or kernel.bytes or not kernel.shapes:
         return kernel
     return replace(kernel, bytes=4.0 * (sum(math.prod(s) for s in kernel.shapes) + math.prod(kernel.shapes[0])))
+
+
+def parameters_key(params: Mapping[str, object]) -> str:
+    """A candidate's parameters as a calibration key: what the kernels alone do not show (streams, wait policy)."""
+    return json.dumps(dict(params), sort_keys=True)
 
 
 def row_candidate(row: KernelRow | Reconciliation) -> Candidate:
@@ -368,11 +377,13 @@ def above_profiler(kernel_s: float, kernels: int, profiling_s: float) -> bool:
 
 def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
               dispatch: Mapping[RuntimeKey, float], profiling: Mapping[RuntimeKey, float],
-              seed: int = 0) -> dict[RuntimeKey, tuple[float, float, float]]:
-    """Per (runtime, device) with at least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of
-    log(measured step / composed step) over the reconciled steps, each composed from kernel models fit without its
-    model's rows (models in :data:`FOLDS` folds; a step whose kinds the other folds do not cover, or whose kernels
-    do not stand out of the profiler's cost, is left out)."""
+              seed: int = 0) -> dict[CalibrationKey, tuple[float, float, float]]:
+    """Per (runtime, device, parameters) and per (runtime, device) (parameters :data:`ALL_PARAMETERS`), each with at
+    least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of log(measured step / composed step)
+    over the reconciled steps, each composed from kernel models fit without its model's rows (models in
+    :data:`FOLDS` folds; a step whose kinds the other folds do not cover, or whose kernels do not stand out of the
+    profiler's cost, is left out). Per parameters, it learns what the kernels do not show: two hints or wait
+    policies that run the same kernels in steps of different lengths."""
     models = sorted({rec.model for rec in reconciliations})
     folds = min(FOLDS, len(models))
     if folds < 2:
@@ -380,7 +391,7 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
     by_launch: dict[tuple, list[KernelRow]] = {}
     for row in rows:
         by_launch.setdefault(_launch(row), []).append(row)
-    residuals: dict[RuntimeKey, list[float]] = {}
+    residuals: dict[CalibrationKey, list[float]] = {}
     for fold in range(folds):
         held = set(models[fold::folds])
         kinds = fit_kinds([r for r in rows if r.model not in held], seed)
@@ -395,7 +406,8 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
                                                    profiling[(rec.runtime, rec.device)]):
                 continue
             composed = kernel_s + rec.kernels * dispatch[(rec.runtime, rec.device)]
-            residuals.setdefault((rec.runtime, rec.device), []).append(math.log(rec.step_s / composed))
+            for params in (ALL_PARAMETERS, parameters_key(json.loads(rec.params))):
+                residuals.setdefault((rec.runtime, rec.device, params), []).append(math.log(rec.step_s / composed))
     quantiles = {}
     for key, values in residuals.items():
         if len(values) >= MIN_CALIBRATION:
@@ -430,7 +442,7 @@ class KernelModel:
     kinds: Mapping[KindKey, KindModel]
     dispatch: Mapping[RuntimeKey, float]
     profiling: Mapping[RuntimeKey, float]
-    calibration: Mapping[RuntimeKey, tuple[float, float, float]]
+    calibration: Mapping[CalibrationKey, tuple[float, float, float]]
     signatures: Mapping[RuntimeKey, frozenset[tuple]]
     machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
 
@@ -501,9 +513,13 @@ class KernelModel:
                  in enumerate(header["kinds"])}
         return cls(kinds, {(r, d): float(v) for r, d, v in header["dispatch"]},
                    {(r, d): float(v) for r, d, v in header["profiling"]},
-                   {(r, d): (float(a), float(b), float(c)) for r, d, a, b, c in header["calibration"]},
+                   {(r, d, k): (float(a), float(b), float(c)) for r, d, k, a, b, c in header["calibration"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["machine_kinds"]})
+
+    def calibrated(self, runtime: str, device: str) -> bool:
+        """Whether the runtime and device's steps are calibrated (without which it answers nothing)."""
+        return (runtime, device, ALL_PARAMETERS) in self.calibration
 
     def knows(self, key: RuntimeKey, machine: MachineCeilings) -> bool:
         """Whether the runtime and device have kernel rows of ``machine`` (its ceilings, or its kind)."""
@@ -515,7 +531,8 @@ class KernelModel:
         runtime and device are not calibrated, a kernel's kind has no model (or there are no kernels), or the
         kernels are too short to stand out of the profiler's cost."""
         key = (candidate.runtime, candidate.device)
-        calibration = self.calibration.get(key)
+        calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
+                       or self.calibration.get((*key, ALL_PARAMETERS)))
         times = kernel_seconds(self.kinds, *key, kernels, machine, candidate) if kernels and calibration else None
         if times is None or calibration is None or not above_profiler(sum(t for t, _ in times), len(kernels),
                                                                        self.profiling[key]):
@@ -580,7 +597,7 @@ class KernelPredictor:
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None:
-        if workload.task is not Task.inference or (candidate.runtime, candidate.device) not in self.model.calibration:
+        if workload.task is not Task.inference or not self.model.calibrated(candidate.runtime, candidate.device):
             return None
         kernels = self.planned(workload, candidate, candidate.threads or ceilings.cores)
         c = self.model.compose(kernels, MachineCeilings.of_target(ceilings, candidate.device), candidate)
