@@ -280,7 +280,7 @@ def kind_predictor(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
         return None
     times = kernel_seconds(fit_kinds(own), row.runtime, row.device, [row.kernel], MachineCeilings.of_row(row),
                            row_candidate(row))
-    return times[0][0] if times else None
+    return times[0].seconds if times else None
 
 
 def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min: float = DEFAULT_BUDGET_MIN,

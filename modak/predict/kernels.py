@@ -7,8 +7,9 @@ threads; memory: bytes / the bandwidth share), fit non-negative to the kind's pr
 (:func:`prior_coefficients`). A small random forest then learns log(measured / prior) from the kernel's size
 relative to the machine (:func:`features`). The prior grows with the kernel's work and the correction is bounded by
 what it was fit on, so a kernel larger than its kind's profiles extrapolates along its roofline, not by a learned
-ratio; past :data:`EXTRAPOLATION_LIMIT` times the kind's largest FLOPs or bytes it is not answered at all. ``a`` and
-``b`` are relative to the ceilings, so they transfer to a machine with other ceilings.
+ratio. A kernel past :data:`EXTRAPOLATION_LIMIT` times its kind's largest profiled FLOPs or bytes is extrapolated;
+a step is not composed where extrapolated kernels hold more than :data:`EXTRAPOLATED_SHARE` of its kernel time. ``a``
+and ``b`` are relative to the ceilings, so they transfer to a machine with other ceilings.
 
 A step is the sum over the kernels the runtime plans for it (:func:`modak.workload.kernels.planned_kernels`), plus a
 dispatch time per kernel (per runtime and device: the median over the profiled launches' reconciliations of
@@ -18,8 +19,8 @@ dispatch time per kernel (per runtime and device: the median over the profiled l
 its runtime and device. On a machine without kernel rows the predictor transfers by ceilings:
 its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
 
-Coverage: it answers only where every planned kernel's kind has a model for the runtime and device within its
-extrapolation limit (no time is invented for a kernel no profile has shown), the kernels stand out of the
+Coverage: it answers only where every planned kernel's kind has a model for the runtime and device (no time is
+invented for a kernel no profile has shown), little of the step is extrapolated, the kernels stand out of the
 profiler's own cost per kernel (:data:`PROFILER_MARGIN`), the runtime and device's steps are
 calibrated (at least :data:`MIN_CALIBRATION` residuals), and the task is inference (the planned kernels are the
 forward graph's). Elsewhere it returns None, and the next predictor answers.
@@ -64,6 +65,7 @@ ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor 
 # How far past the largest FLOPs or bytes of a kind's profiled calls a kernel of that kind is still answered
 # (perfmodels/README.md, "Operator-level model": the sweep behind it).
 EXTRAPOLATION_LIMIT = 4.0
+EXTRAPOLATED_SHARE = 0.1  # of a step's kernel time, at most, in kernels past their kind's limit
 # The weight that holds a kind's fixed cost per call to zero where its calls cannot tell it from the roofline terms
 # (all of one size): a penalty of (c / median call) ** 2 times this, against the calls' squared relative errors.
 FIXED_COST_PENALTY = 0.1
@@ -205,7 +207,7 @@ class KindModel:
         """The prior's seconds per call of a kernel with these roofline terms."""
         return prior_seconds(self.prior, compute_s, memory_s)
 
-    def covers(self, kernel: Kernel) -> bool:
+    def within(self, kernel: Kernel) -> bool:
         """Whether ``kernel`` is within :data:`EXTRAPOLATION_LIMIT` of the FLOPs and bytes the kind was fit on."""
         return (kernel.flops <= EXTRAPOLATION_LIMIT * self.max_flops
                 and kernel.bytes <= EXTRAPOLATION_LIMIT * self.max_bytes)
@@ -329,15 +331,23 @@ def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindMod
     return models
 
 
+@dataclass(frozen=True)
+class KernelEstimate:
+    """One kernel's predicted seconds per call, whether it is compute-bound, and whether it is past its kind's
+    :data:`EXTRAPOLATION_LIMIT`."""
+
+    seconds: float
+    compute_bound: bool
+    extrapolated: bool
+
+
 def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str, kernels: Sequence[Kernel],
-                   machine: MachineCeilings, candidate: Candidate) -> list[tuple[float, bool]] | None:
-    """Each kernel's predicted seconds per call and whether it is compute-bound; None where a kind has no model or
-    a kernel is past its kind's extrapolation limit."""
+                   machine: MachineCeilings, candidate: Candidate) -> list[KernelEstimate] | None:
+    """Each kernel's estimate; None where a kind has no model."""
     kernels = [sized(k) for k in kernels]
-    models = [kinds.get((runtime, device, k.kind)) for k in kernels]
-    if any(m is None or not m.covers(k) for m, k in zip(models, kernels)):
+    if any((runtime, device, k.kind) not in kinds for k in kernels):
         return None
-    results: list[tuple[float, bool]] = [(0.0, False)] * len(kernels)
+    results = [KernelEstimate(0.0, False, False)] * len(kernels)
     by_kind: dict[str, list[int]] = {}
     for i, kernel in enumerate(kernels):
         by_kind.setdefault(kernel.kind, []).append(i)
@@ -347,8 +357,17 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
         corrections = model.forest.predict([e[0] for e in examples])
         for i, (_, _, compute), correction in zip(indices, examples, corrections):
             compute_s, memory_s = roofline_seconds(kernels[i], machine, candidate)
-            results[i] = (model.prior_seconds(compute_s, memory_s) * math.exp(correction), compute)
+            results[i] = KernelEstimate(model.prior_seconds(compute_s, memory_s) * math.exp(correction), compute,
+                                        not model.within(kernels[i]))
     return results
+
+
+def mostly_within(estimates: Sequence[KernelEstimate], calls: Sequence[int] | None = None) -> bool:
+    """Whether kernels past their kind's limit hold at most :data:`EXTRAPOLATED_SHARE` of the kernel time (each
+    estimate times its ``calls``, default one)."""
+    counts = calls or [1] * len(estimates)
+    total = sum(e.seconds * n for e, n in zip(estimates, counts))
+    return sum(e.seconds * n for e, n in zip(estimates, counts) if e.extrapolated) <= EXTRAPOLATED_SHARE * total
 
 
 def dispatch_seconds(reconciliations: Iterable[Reconciliation]) -> dict[RuntimeKey, float]:
@@ -401,9 +420,10 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
                 continue
             times = kernel_seconds(kinds, rec.runtime, rec.device, [r.kernel for r in own],
                                    MachineCeilings.of_row(rec), row_candidate(rec))
-            kernel_s = sum(t * r.calls for (t, _), r in zip(times or (), own))
-            if times is None or not above_profiler(kernel_s, sum(r.calls for r in own),
-                                                   profiling[(rec.runtime, rec.device)]):
+            if times is None or not mostly_within(times, [r.calls for r in own]):
+                continue
+            kernel_s = sum(e.seconds * r.calls for e, r in zip(times, own))
+            if not above_profiler(kernel_s, sum(r.calls for r in own), profiling[(rec.runtime, rec.device)]):
                 continue
             composed = kernel_s + rec.kernels * dispatch[(rec.runtime, rec.device)]
             for params in (ALL_PARAMETERS, parameters_key(json.loads(rec.params))):
@@ -534,12 +554,12 @@ class KernelModel:
         calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
                        or self.calibration.get((*key, ALL_PARAMETERS)))
         times = kernel_seconds(self.kinds, *key, kernels, machine, candidate) if kernels and calibration else None
-        if times is None or calibration is None or not above_profiler(sum(t for t, _ in times), len(kernels),
-                                                                       self.profiling[key]):
+        if (times is None or calibration is None or not mostly_within(times)
+                or not above_profiler(sum(e.seconds for e in times), len(kernels), self.profiling[key])):
             return None
         dispatch_s = len(kernels) * self.dispatch[key]
-        compute_s = sum(t for t, compute in times if compute)
-        memory_s = sum(t for t, compute in times if not compute)
+        compute_s = sum(e.seconds for e in times if e.compute_bound)
+        memory_s = sum(e.seconds for e in times if not e.compute_bound)
         low_q, mid_q, high_q = calibration
         known = self.knows(key, machine)
         widen = 0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2
