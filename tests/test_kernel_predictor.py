@@ -171,6 +171,8 @@ def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fi
     pool = Kernel("MaxPool", "pooling", flops=1e5, bytes=1e6)
     assert predict_fixed(fixed, target("box", 1.0), (CONV, pool)) is None  # coverage: every kernel's kind
     assert predict_fixed(fixed, target("box", 1.0), ()) is None
+    assert fixed.precisions == {("onnxruntime", "cpu"): frozenset({"fp32"})}  # none profiled at int8: no answer
+    assert fixed.compose((CONV,), BOX, Candidate("onnxruntime", "cpu", Precision.int8, (), 4)) is None
     rows, recs = fixed_table()
     one = KernelModel.fit(rows[:2], recs[:1])  # one model: nothing out of fold
     assert one.calibration == {} and predict_fixed(one, target("box", 1.0), (CONV,)) is None
@@ -351,6 +353,7 @@ def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed:
     for model in (first, again):
         assert model.calibration == pytest.approx(fixed.calibration) and model.dispatch == fixed.dispatch
         assert model.signatures == fixed.signatures and model.machine_kinds == fixed.machine_kinds
+        assert model.precisions == fixed.precisions
     assert (predict_fixed(again, target("box", 1.0), (CONV, RELU))
             == predict_fixed(fixed, target("box", 1.0), (CONV, RELU)))
 

@@ -19,7 +19,8 @@ dispatch time per kernel (per runtime and device: the median over the profiled l
 its runtime and device. On a machine without kernel rows the predictor transfers by ceilings:
 its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
 
-Coverage: it answers only where every planned kernel's kind has a model for the runtime and device (no time is
+Coverage: it answers only where the runtime and device have kernel rows at the candidate's precision, every
+planned kernel's kind has a model for the runtime and device (no time is
 invented for a kernel no profile has shown), little of the step is extrapolated, the kernels stand out of the
 profiler's own cost per kernel (:data:`PROFILER_MARGIN`), the runtime and device's steps are
 calibrated (at least :data:`MIN_CALIBRATION` residuals), and the task is inference (the planned kernels are the
@@ -457,12 +458,14 @@ class KernelData:
 @dataclass(frozen=True, eq=False)
 class KernelModel:
     """The fitted kernel model: a model per kind; dispatch, the profiler's cost per kernel and calibration per
-    (runtime, device); and the machines (signatures and kinds) with kernel rows per (runtime, device)."""
+    (runtime, device); and the precisions and machines (signatures and kinds) with kernel rows per (runtime,
+    device)."""
 
     kinds: Mapping[KindKey, KindModel]
     dispatch: Mapping[RuntimeKey, float]
     profiling: Mapping[RuntimeKey, float]
     calibration: Mapping[CalibrationKey, tuple[float, float, float]]
+    precisions: Mapping[RuntimeKey, frozenset[str]]
     signatures: Mapping[RuntimeKey, frozenset[tuple]]
     machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
 
@@ -474,17 +477,20 @@ class KernelModel:
         rows = [r for r in rows if r.runtime in PLANNED_AS_PROFILED]
         reconciliations = [r for r in reconciliations if r.runtime in PLANNED_AS_PROFILED]
         dispatch = dispatch_seconds(reconciliations)
+        precisions: dict[RuntimeKey, set[str]] = {}
         signatures: dict[RuntimeKey, set[tuple]] = {}
         kinds: dict[RuntimeKey, set[tuple]] = {}
         for row in rows:
             machine = MachineCeilings.of_row(row)
+            precisions.setdefault((row.runtime, row.device), set()).add(row.precision)
             signatures.setdefault((row.runtime, row.device), set()).add(machine.signature)
             if machine.kind is not None:
                 kinds.setdefault((row.runtime, row.device), set()).add(machine.kind)
         profiling = profiling_seconds(reconciliations)
         calibration = calibrate(rows, reconciliations, dispatch, profiling, seed)
         return cls(fit_kinds(rows, seed), dispatch, profiling, calibration,
-                   {k: frozenset(v) for k, v in signatures.items()}, {k: frozenset(v) for k, v in kinds.items()})
+                   {k: frozenset(v) for k, v in precisions.items()}, {k: frozenset(v) for k, v in signatures.items()},
+                   {k: frozenset(v) for k, v in kinds.items()})
 
     @classmethod
     def cached(cls, data: KernelData, folder: Path | None = None) -> KernelModel:
@@ -514,6 +520,7 @@ class KernelModel:
             "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
             "profiling": [[*key, value] for key, value in sorted(self.profiling.items())],
             "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
+            "precisions": [[*key, sorted(values)] for key, values in sorted(self.precisions.items())],
             "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
             "machine_kinds": [[*key, sorted(map(list, values))] for key, values in sorted(self.machine_kinds.items())],
         }
@@ -534,6 +541,7 @@ class KernelModel:
         return cls(kinds, {(r, d): float(v) for r, d, v in header["dispatch"]},
                    {(r, d): float(v) for r, d, v in header["profiling"]},
                    {(r, d, k): (float(a), float(b), float(c)) for r, d, k, a, b, c in header["calibration"]},
+                   {(r, d): frozenset(str(p) for p in v) for r, d, v in header["precisions"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["machine_kinds"]})
 
@@ -548,9 +556,12 @@ class KernelModel:
 
     def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate) -> Composition | None:
         """The step of ``kernels`` (one call each) for ``candidate`` on ``machine``; None where the candidate's
-        runtime and device are not calibrated, a kernel's kind has no model (or there are no kernels), or the
-        kernels are too short to stand out of the profiler's cost."""
+        runtime and device are not calibrated or have no kernel rows at its precision, a kernel's kind has no model
+        (or there are no kernels), too much of the step is extrapolated, or the kernels are too short to stand out
+        of the profiler's cost."""
         key = (candidate.runtime, candidate.device)
+        if candidate.precision.value not in self.precisions.get(key, frozenset()):
+            return None
         calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
                        or self.calibration.get((*key, ALL_PARAMETERS)))
         times = kernel_seconds(self.kinds, *key, kernels, machine, candidate) if kernels and calibration else None
