@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from modak.spec.loader import LoadedJob
     from modak.workload.analysis import WorkloadProfile
 
-PredictorName = Literal["default", "roofline"]
+PredictorName = Literal["default", "learned", "roofline"]
 
 
 def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:
@@ -52,11 +52,12 @@ def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:
 def predictor(name: PredictorName = "default", store: Path | None = None) -> Predictor:
     """``default``: the kernel model where the runtime's planned kernels are covered (shipped kernel rows plus the
     local ``store``'s), then the learned model (shipped measurements plus the local ``store``), then the roofline
-    where neither has data; ``roofline``: the analytic model alone."""
+    where neither has data; ``learned``: the same without the kernel model (the whole-model baseline);
+    ``roofline``: the analytic model alone."""
     from modak.predict.default import default_predictor
     from modak.predict.roofline import RooflinePredictor
 
-    return RooflinePredictor() if name == "roofline" else default_predictor(store)
+    return RooflinePredictor() if name == "roofline" else default_predictor(store, kernels=name == "default")
 
 
 def plan_job(job: str | Path, target: str | Path | None = None, predictor_name: PredictorName = "default",

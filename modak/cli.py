@@ -8,13 +8,18 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from modak.api import PredictorName
 from modak.bench.dispatch import dispatch_names
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
 from modak.paths import refusal
 from modak.render.sharing import SHARING_MODES
 from modak.spec.names import ENGINE_NAMES
+
+PREDICTOR_HELP = ("default: the kernel model where the runtime's planned kernels are covered, then the learned "
+                  "model where measured data covers the runtime, then the roofline; learned: the same without the "
+                  "kernel model; roofline: the analytic model alone")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("job", type=Path, help="job spec (YAML)")
         sub.add_argument("--target", "-t", type=Path, help="target spec (YAML), or 'local' for this machine (its "
                                                            "cached probe); overrides the job's 'target'")
-        sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
-                         help="default: learned model where measured data covers the runtime, else roofline")
+        sub.add_argument("--predictor", choices=get_args(PredictorName), default="default",
+                         help=PREDICTOR_HELP)
         sub.add_argument("--store", type=Path, help="local perf store: its measurements are learned from (and "
                          "`bench` adds to it); default $MODAK_STORE or ~/.local/share/modak/perf.sqlite")
 
@@ -194,8 +199,8 @@ def _parser() -> argparse.ArgumentParser:
                                           "solution and cost on each, ranked, with the Pareto front of time vs cost")
     sub.add_argument("job", type=Path, help="job spec (YAML); its own 'target' is replaced by each of --targets")
     sub.add_argument("--targets", type=Path, nargs="+", required=True, metavar="TARGET", help="target specs (YAML)")
-    sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
-                     help="default: learned model where measured data covers the runtime, else roofline")
+    sub.add_argument("--predictor", choices=get_args(PredictorName), default="default",
+                     help=PREDICTOR_HELP)
     sub.add_argument("--store", type=Path, help="local perf store the learned model also learns from")
     sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
     sub.add_argument("--report", type=Path, metavar="HTML", help="also write an HTML report with the time-vs-cost plot")
@@ -204,8 +209,8 @@ def _parser() -> argparse.ArgumentParser:
                                       "time-slicing), each job's predicted slowdown and the aggregate throughput")
     sub.add_argument("jobs", type=Path, nargs="+", metavar="JOB", help="job specs (YAML), at least two")
     sub.add_argument("--target", "-t", type=Path, required=True, help="the target they would share (YAML or 'local')")
-    sub.add_argument("--predictor", choices=["default", "roofline"], default="default",
-                     help="default: learned model where measured data covers the runtime, else roofline")
+    sub.add_argument("--predictor", choices=get_args(PredictorName), default="default",
+                     help=PREDICTOR_HELP)
     sub.add_argument("--store", type=Path, help="local perf store the learned model also learns from")
     sub.add_argument("--modes", nargs="+", default=list(SHARING_MODES), metavar="MODE", choices=list(SHARING_MODES),
                      help=f"ways of sharing allowed (default all): {', '.join(SHARING_MODES)}")

@@ -35,7 +35,7 @@ def plan_for(job: Path, target: Path | None = None):
     return make_plan(loaded, *load_analysis(loaded))
 
 
-@pytest.mark.parametrize("predictor", ["default", "roofline"])
+@pytest.mark.parametrize("predictor", ["default", "learned", "roofline"])
 def test_cnn_plan_json_lists_candidates_over_runtimes_with_roofline_terms(predictor: str) -> None:
     result = subprocess.run([sys.executable, "-m", "modak", "plan", str(CNN), "--json", "--predictor", predictor],
                             capture_output=True, text=True)
@@ -43,15 +43,18 @@ def test_cnn_plan_json_lists_candidates_over_runtimes_with_roofline_terms(predic
     plan = json.loads(result.stdout)
     candidates = plan["candidates"]
     assert len(candidates) >= 6 and len({c["runtime"] for c in candidates}) >= 3
-    if predictor == "default":  # the shipped campaign covers every CPU runtime
+    if predictor == "learned":  # the shipped campaign covers every CPU runtime
         assert {c["predictor"] for c in candidates} == {"learned"}
+    if predictor == "default":  # the shipped kernel labels cover the ONNX runtimes' kernels; the forest the others
+        by = {c["runtime"]: c["predictor"] for c in candidates}
+        assert {by["onnxruntime"], by["openvino"]} <= {"kernels", "kernels-transfer"} and by["pytorch"] == "learned"
     for row in candidates:
         terms = row["roofline"]
         assert {"compute_s", "memory_s", "overhead_s", "peak_gflops", "bandwidth_gbs"} <= set(terms)
         if row["predictor"] == "roofline":
             assert row["step_seconds"] == pytest.approx(terms["compute_s"] + terms["memory_s"] + terms["overhead_s"],
                                                         rel=1e-4)
-        else:
+        elif row["predictor"] == "learned":
             anchor = terms["roofline_bound_s"] + terms["overhead_s"]  # what the learned utilization scales
             assert row["step_seconds"] == pytest.approx(anchor / terms["utilization"], rel=1e-4)
         assert row["interval_seconds"][0] <= row["step_seconds"] <= row["interval_seconds"][1]
@@ -289,14 +292,14 @@ def zen3_target(folder: Path, microarchitecture: str = "zen3") -> Path:
 
 
 def test_a_known_kind_with_the_catalog_s_ceilings_is_an_unseen_machine(tmp_path):
-    """The same-kind spread was calibrated on probes of one machine: a Zen 3 target without measured peaks (the
+    """(The learned model's widening: asked for it alone.) The same-kind spread was calibrated on probes of one machine: a Zen 3 target without measured peaks (the
     catalog's ceilings) is widened as an unseen machine."""
     from modak import api
 
     text = (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml").read_text()
     head, _, _ = text.partition("  peaks:")
     (tmp_path / "zen3-catalog.yaml").write_text(head + "memory:\n  size_gb: 23.5\n")
-    plan = api.plan_job(CNN, tmp_path / "zen3-catalog.yaml", store=tmp_path / "empty.sqlite")
+    plan = api.plan_job(CNN, tmp_path / "zen3-catalog.yaml", "learned", store=tmp_path / "empty.sqlite")
     assert not plan.ceilings.cpu.measured and plan.choice.prediction.predictor == "learned"
     assert plan.choice.prediction.term("new_machine_spread") > 0 == plan.choice.prediction.term("same_kind_spread")
 
@@ -308,9 +311,9 @@ def test_the_plan_says_when_the_model_has_not_seen_the_target(tmp_path):
     from modak import api
 
     empty = tmp_path / "empty.sqlite"
-    unseen = api.plan_job(CNN, zen3_target(tmp_path, "zen2"), store=empty)
-    reprobed = api.plan_job(CNN, zen3_target(tmp_path), store=empty)
-    seen = api.plan_job(CNN, ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml", store=empty)
+    unseen = api.plan_job(CNN, zen3_target(tmp_path, "zen2"), "learned", store=empty)
+    reprobed = api.plan_job(CNN, zen3_target(tmp_path), "learned", store=empty)
+    seen = api.plan_job(CNN, ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml", "learned", store=empty)
     assert {p.choice.prediction.predictor for p in (unseen, reprobed, seen)} == {"learned"}
     assert unseen.choice.prediction.term("new_machine_spread") > 0 == seen.choice.prediction.term("new_machine_spread")
     assert reprobed.choice.prediction.term("same_kind_spread") > 0 == reprobed.choice.prediction.term(
@@ -330,7 +333,7 @@ def test_the_shortlist_follows_the_trees_not_the_unseen_machine_widening(tmp_pat
     from modak.plan import worth_tuning
 
     empty = tmp_path / "empty.sqlite"
-    seen, unseen = (api.plan_job(CNN, target, store=empty)
+    seen, unseen = (api.plan_job(CNN, target, "learned", store=empty)
                     for target in (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml",
                                    zen3_target(tmp_path, "zen2")))
     assert unseen.choice.prediction.term("new_machine_spread") > 0

@@ -10,17 +10,17 @@ from modak.predict.base import FallbackPredictor, Predictor
 from modak.predict.roofline import RooflinePredictor
 
 
-def default_predictor(store: Path | None = None) -> Predictor:
+def default_predictor(store: Path | None = None, kernels: bool = True) -> Predictor:
     """The kernel model fit on the shipped ``perfmodels/kernels-*.csv`` and ``reconcile-*.csv`` and the local
-    store's kernel rows, where there are any (bound to a job's graph by :func:`modak.predict.base.for_model`), then
-    the learned model fit on ``perfmodels/*.csv`` and the local store, then the roofline; each fit cached by its
-    data."""
+    store's kernel rows, where there are any and ``kernels`` (bound to a job's graph by
+    :func:`modak.predict.base.for_model`), then the learned model fit on ``perfmodels/*.csv`` and the local store,
+    then the roofline; each fit cached by its data."""
     from modak.predict.kernels import KernelModel, KernelPredictor
     from modak.predict.learned import LearnedPredictor, NoTrainingRows
     from modak.predict.training import kernel_set, training_set
 
-    kernels = kernel_set(store)
-    first: tuple[Predictor, ...] = () if kernels is None else (KernelPredictor(KernelModel.cached(kernels)),)
+    data = kernel_set(store) if kernels else None
+    first: tuple[Predictor, ...] = () if data is None else (KernelPredictor(KernelModel.cached(data)),)
     try:
         learned = LearnedPredictor.cached(training_set(store))
     except NoTrainingRows:
