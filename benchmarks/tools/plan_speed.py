@@ -2,15 +2,18 @@
 
 Side by side, interleaved, in one run:
 - `python -c pass` (the floor), and importing the libraries any spec parser of this design needs (pydantic, PyYAML);
-- **cold**: the learned model's cached fit and the cached analysis removed before each run, so the plan fits the
-  model with scikit-learn and analyzes the graph with onnx, as every plan did before those caches;
+- **cold**: the learned model's and the kernel model's cached fits and the cached analysis removed before each
+  run, so the plan fits both models with scikit-learn and analyzes the graph with onnx, as every plan did before
+  those caches;
+- **a new model**: only the runtimes' cached reports of the graph's kernels removed (what ONNX Runtime and
+  OpenVINO need to say which kernels they would run: the first plan of a model the planner has not seen);
 - **warm**: both cached (the steady state: the cache is keyed by the training data and the ONNX file, so it
   stays valid until a `modak bench` adds rows or the model file changes), with `--json` and with the table.
 
 The job's model is a user ONNX file (ResNet-50 exported once from the zoo, copied beside the job); the target is
 the shipped machine's (perfmodels/targets/ci-epyc-2c-b.yaml), so no probe runs. modak's modules are byte-compiled
 first, as `pip install` leaves them (with PYTHONDONTWRITEBYTECODE set, as on CI machines, every start would
-otherwise compile them from source again). Target: warm <= 0.5 s.
+otherwise compile them from source again). Target: warm <= 8x `python -c pass` (#40).
 
     python -m benchmarks.tools.plan_speed [--runs 7]
 """
@@ -71,22 +74,28 @@ def main() -> int:
             shutil.copy(file, folder / file.name)
         (folder / "job.yaml").write_text(ONNX_JOB)
         job = str(folder / "job.yaml")
-        variants = {
-            "python -c pass": ([sys.executable, "-c", "pass"], False),
-            "python: import pydantic, yaml (the parsers)": ([sys.executable, "-c", "import pydantic, yaml"], False),
-            "modak plan --json, cold (fit + analysis)": (modak + [job, "--json"], True),
-            "modak plan --json, warm caches": (modak + [job, "--json"], False),
-            "modak plan (table), warm caches": (modak + [job], False),
+        variants: dict[str, tuple[list[str], str | None]] = {  # command, and which caches it clears first
+            "python -c pass": ([sys.executable, "-c", "pass"], None),
+            "python: import pydantic, yaml (the parsers)": ([sys.executable, "-c", "import pydantic, yaml"], None),
+            "modak plan --json, cold (fits + analysis)": (modak + [job, "--json"], "cold"),
+            "modak plan --json, a new model (reports)": (modak + [job, "--json"], "reports"),
+            "modak plan --json, warm caches": (modak + [job, "--json"], None),
+            "modak plan (table), warm caches": (modak + [job], None),
         }
         wall(modak + [job, "--json"], env)  # warm up the file system cache
         times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.runs):
-            for name, (command, cold) in variants.items():
-                if cold:
+            for name, (command, clears) in variants.items():
+                if clears == "cold":
                     shutil.rmtree(cache / "learned", ignore_errors=True)
                     shutil.rmtree(cache / "analysis", ignore_errors=True)
+                    for fit in (cache / "kernels").glob("*.forest"):
+                        fit.unlink()
+                elif clears == "reports":
+                    for report in (cache / "kernels").glob("*.json"):
+                        report.unlink()
                 times[name].append(wall(command, env))
-                if cold:
+                if clears:
                     wall(command, env)  # leave the caches warm for the next variant
     floor = statistics.median(times["python -c pass"])
     print(f"zoo export of ResNet-50 (first plan of the zoo job, once): {export:.1f} s")
@@ -95,9 +104,11 @@ def main() -> int:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"{name:<46} {median:8.3f} {min(values):7.3f} {max(values):7.3f} {median / floor:9.1f}")
-    cold = statistics.median(times["modak plan --json, cold (fit + analysis)"])
+    cold = statistics.median(times["modak plan --json, cold (fits + analysis)"])
+    reports = statistics.median(times["modak plan --json, a new model (reports)"])
     warm = statistics.median(times["modak plan --json, warm caches"])
-    print(f"cold / warm: {cold / warm:.1f}x; target warm <= 0.5 s: {'met' if warm <= 0.5 else 'NOT met'}")
+    print(f"cold / warm: {cold / warm:.1f}x; a new model's reports add {reports - warm:.2f} s")
+    print(f"target warm <= 8x python -c pass: {'met' if warm <= 8 * floor else 'NOT met'} ({warm / floor:.1f}x)")
     return 0
 
 
