@@ -104,6 +104,19 @@ def test_rounds_draw_unseen_kinds_then_the_kind_with_the_largest_error():
     assert max(done.errors[-1], key=done.errors[-1].get) == ("onnxruntime", "K2")
 
 
+def test_a_kernel_timed_at_zero_is_scored_at_the_profiler_s_resolution():
+    """ONNX Runtime and OpenVINO report whole microseconds: a kernel row of 0 s is scored as the fit reads it
+    (half a microsecond), not divided by."""
+    clock = _Clock()
+
+    def measure(layer: Layer) -> tuple[list[KernelRow], list]:
+        clock.now += 1.0
+        return [_row(layer, 0.0)], []
+
+    done = sample(_layers(20, kinds=2), measure, budget_s=10.0, predict=lambda before, row: 1e-6, clock=clock)
+    assert done.errors and all(value == pytest.approx(1.0) for value in done.errors[-1].values())  # 1 us / 0.5 us
+
+
 def test_a_round_measures_each_kind_not_measured_yet_first():
     layers = _layers(12, kinds=4)
     batch = _draw(layers[1:], layers[:1], {}, random.Random(0))  # K0 measured, none predicted

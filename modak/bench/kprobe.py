@@ -32,6 +32,7 @@ from modak.errors import InputError, ModakError
 from modak.measurements.kernels import KernelRow, Reconciliation
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
+from modak.predict.kernels import per_call_seconds
 
 if TYPE_CHECKING:
     import onnx
@@ -240,8 +241,8 @@ def sample(layers: Sequence[Layer], measure: Callable[[Layer], tuple[list[Kernel
             for row in run(layer):
                 predicted = predict(before, row) if predict and row.precision == "fp32" else None
                 if predicted:
-                    measured = row.seconds / row.calls
-                    round_errors.setdefault((layer.runtime, layer.kind), []).append(abs(predicted / measured - 1))
+                    round_errors.setdefault((layer.runtime, layer.kind), []).append(
+                        abs(predicted / per_call_seconds(row) - 1))
         for key, values in round_errors.items():
             error[key] = statistics.mean(values)
         done.errors.append(dict(error))

@@ -148,6 +148,11 @@ def parameters_key(params: Mapping[str, object]) -> str:
     return json.dumps(dict(params), sort_keys=True)
 
 
+def per_call_seconds(row: KernelRow) -> float:
+    """A kernel row's measured seconds per call, at least :data:`RESOLUTION_FLOOR_S`."""
+    return max(row.seconds / row.calls, RESOLUTION_FLOOR_S)
+
+
 def row_candidate(row: KernelRow | Reconciliation) -> Candidate:
     """The candidate a kernel row or reconciliation was profiled with."""
     return Candidate(row.runtime, cast(DeviceKind, row.device), Precision(row.precision),
@@ -322,7 +327,7 @@ def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindMod
             machine, candidate = MachineCeilings.of_row(row), row_candidate(row)
             X.append(features(kernel, machine, candidate, keys)[0])
             terms.append(roofline_seconds(kernel, machine, candidate))
-        seconds = [max(row.seconds / row.calls, RESOLUTION_FLOOR_S) for row in group]
+        seconds = [per_call_seconds(row) for row in group]
         prior = prior_coefficients(seconds, [c for c, _ in terms], [m for _, m in terms])
         y = [math.log(t / prior_seconds(prior, c, m)) for t, (c, m) in zip(seconds, terms)]
         fitted = RandomForestRegressor(n_estimators=KERNEL_TREES, min_samples_leaf=2, random_state=seed)
