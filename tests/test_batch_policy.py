@@ -132,7 +132,8 @@ def test_memory_excludes_huge_batches(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_auto_batch_through_the_command_line_with_the_learned_model(tmp_path: Path) -> None:
     job = specs(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "modak", "plan", str(job), "--json"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "modak", "plan", str(job), "--json", "--predictor", "learned"],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     Draft202012Validator(PLAN_SCHEMA).validate(data)

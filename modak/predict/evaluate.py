@@ -222,17 +222,16 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
     """The operator-level model (:class:`modak.predict.kernels.KernelModel`) with the forest (fit with ``seed``) as
     its fallback, as the plan asks them: it scores the rows the forest covers, the kernel model answering the
     inference rows whose planned kernels it covers (:attr:`Prediction.by` says which answered). Each fold's kernel
-    model is fit on the kernel rows and reconciliations of the training fold's (machine, model) pairs only.
+    model is fit on the kernel rows and reconciliations of the training fold's (machine, model) pairs only. Only
+    rows of a machine with kernel rows of its own in the training fold are asked of it (with one machine's kernel
+    rows, transfer to others cannot be held out; fitting it for them would only slow the evaluation).
     ``kernels_of``: default :func:`planned_for_row`."""
     whole = forest(seed, catalog)
     plan_of = kernels_of or planned_for_row
     planned: dict[tuple, Sequence[Kernel]] = {}  # each row's planned kernels, asked once over the folds
 
-    def fit(rows: list[Measurement]) -> tuple[KernelModel, Any]:
-        pairs = {(r.machine, r.model) for r in rows}
-        model = KernelModel.fit([r for r in kernel_rows if (r.machine, r.model) in pairs],
-                                [r for r in reconciliations if (r.machine, r.model) in pairs], seed)
-        return model, whole.fit(rows)
+    def fit(rows: list[Measurement]) -> tuple[set[tuple[str, str]], Any]:
+        return {(r.machine, r.model) for r in rows}, whole.fit(rows)
 
     def composed(model: KernelModel, row: Measurement) -> Prediction | None:
         if row.task != "inference" or not model.calibrated(row.runtime, row.device):
@@ -244,9 +243,16 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
         c = model.compose(planned[key], MachineCeilings.of_row(row), candidate_from_row(row))
         return None if c is None else Prediction(c.step_s, (c.low_s, c.high_s), by=KERNELS)
 
-    def predict(fitted: tuple[KernelModel, Any], rows: list[Measurement]) -> Predictions:
-        model, trees = fitted
-        return tuple(None if fallback is None else composed(model, row) or replace(fallback, by=whole.name)
+    def predict(fitted: tuple[set[tuple[str, str]], Any], rows: list[Measurement]) -> Predictions:
+        pairs, trees = fitted
+        own = [r for r in kernel_rows if (r.machine, r.model) in pairs]
+        machines = {r.machine for r in own}
+        model = None
+        if any(row.machine in machines for row in rows):
+            model = KernelModel.fit(own, [r for r in reconciliations if (r.machine, r.model) in pairs], seed)
+        return tuple(None if fallback is None
+                     else (model is not None and row.machine in machines and composed(model, row))
+                     or replace(fallback, by=whole.name)
                      for row, fallback in zip(rows, whole.predict(trees, rows)))
 
     return PredictorEntry(f"{KERNELS}+{whole.name}", fit, predict, seed)
