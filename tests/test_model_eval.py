@@ -30,6 +30,7 @@ from modak.predict.evaluate import (
     kernels_and_forest,
     score,
 )
+from modak.predict.kernels import KernelModel
 from modak.predict.training import ok_rows, shipped_rows
 from tests.test_ci_step import assert_valid
 from tests.test_decision_metrics import row
@@ -185,26 +186,37 @@ def labels(rows: list[Measurement]) -> tuple[list[KernelRow], list[Reconciliatio
 
 
 def test_the_kernel_entry_fits_on_the_training_folds_kernel_rows_and_falls_back_to_the_forest(
-        few_shipped_rows: Path) -> None:
+        few_shipped_rows: Path, monkeypatch) -> None:
     rows = ok_rows(training.training_data(few_shipped_rows)[0])
     kernels, reconciled = labels(rows)
     kernels += labels([replace(rows[0], machine="elsewhere")])[0]  # a machine of no measured row: never held out
+    fits: list[KernelModel] = []
+
+    def recorded_fit(*args, **kwargs) -> KernelModel:
+        fits.append(fit(*args, **kwargs))
+        return fits[-1]
+
+    fit = KernelModel.fit
+    monkeypatch.setattr(evaluation.KernelModel, "fit", recorded_fit)
     entry = kernels_and_forest(0, load_catalog(), kernels, reconciled, planned)
     assert entry.name == "kernels+forest" and entry.seed == 0
     train = [r for r in rows if r.model != "mlp"]
-    model, _ = entry.fit(train)
-    pairs = {(r.machine, r.model) for r in train}
-    assert model.kinds[("onnxruntime", "cpu", "MatMul")].rows == sum((k.machine, k.model) in pairs
-                                                                    for k in kernels[::2])
-    assert all(k.model != "mlp" for k in kernels[::2] if (k.machine, k.model) in pairs)
+    fitted = entry.fit(train)
+    assert fits == []  # fit lazily, for the rows asked
     held = [r for r in rows if r.model == "mlp"]
-    answers = entry.predict((model, entry.fit(train)[1]), held)
+    answers = entry.predict(fitted, held)
     assert answers and all(a is not None and a.by == "kernels" and a.interval is not None for a in answers)
+    pairs = {(r.machine, r.model) for r in train}
+    assert [f.kinds[("onnxruntime", "cpu", "MatMul")].rows for f in fits] == [
+        sum((k.machine, k.model) in pairs for k in kernels[::2])]
+    assert any(k.model == "mlp" for k in kernels[::2])  # the held-out model's kernel rows exist, and were not fit
+    # Rows of a machine with no kernel rows in the fold: the forest answers, and no kernel model is fit for them.
+    elsewhere = [replace(r, machine="nowhere") for r in held]
+    assert all(a is not None and a.by == "forest" for a in entry.predict(fitted, elsewhere)) and len(fits) == 1
     # An uncalibrated kernel model (one model to fit on): the forest answers every row.
-    one = [r for r in rows if r.model == "ncf"]
-    fitted = entry.fit(one)
-    assert fitted[0].calibration == {}
-    assert all(a is not None and a.by == "forest" for a in entry.predict(fitted, held))
+    one = entry.fit([r for r in rows if r.model == "ncf"])
+    assert all(a is not None and a.by == "forest" for a in entry.predict(one, held))
+    assert fits[-1].calibration == {}
 
 
 def test_model_eval_shows_the_kernel_model_beside_the_forest_on_the_same_rows(few_shipped_rows: Path, capsys,
