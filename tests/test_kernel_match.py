@@ -11,6 +11,7 @@ import pytest
 
 from modak.image.kernels import Kernel
 from modak.image.runtimes.base import RunRequest, load_profiler, make_inputs
+from modak.image.zoo import get_entry
 from modak.workload.kernels import planned_kernels
 from modak.workload.zoo import export_onnx
 
@@ -21,8 +22,8 @@ MODELS = {"mnist_cnn": {"input": [1, 28, 28]}, "resnet18": {"input": [3, 32, 32]
 
 
 def _profiled(runtime: str, zoo: str, path: Path, shapes: dict[str, list[int]], tmp_path: Path,
-              task: str = "inference", loss: str | None = None) -> list[Kernel]:
-    request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params={}, threads=1, task=task,
+              task: str = "inference", loss: str | None = None, precision: str = "fp32") -> list[Kernel]:
+    request = RunRequest(runtime=runtime, device="cpu", precision=precision, params={}, threads=1, task=task,
                          onnx_path=str(path), zoo=zoo, batch_size=BATCH, input_shapes=shapes, workdir=str(tmp_path),
                          loss=loss)
     profiler = load_profiler(runtime)
@@ -55,3 +56,16 @@ def test_a_training_step_profiles_the_planned_aten_ops(tmp_path: Path) -> None:
     profiled = _profiled("pytorch", "mnist_cnn", path, shapes, tmp_path, "training", "cross_entropy")
     assert any(k.kind == "aten::convolution_backward" for k in profiled)
     assert _keys(profiled) == _keys(list(planned))
+
+
+@pytest.mark.parametrize("zoo, precision", [("lstm_lm", "fp32"), ("mnist_cnn", "bf16")])
+def test_pytorch_plans_the_cpu_kernels_at_the_candidates_precision(zoo: str, precision: str, tmp_path: Path) -> None:
+    """The trace decomposes as the CPU does (an LSTM is oneDNN's RNN layer kernel, not per-timestep math, which
+    a meta-tensor trace planned: 1,936 kernels against 16 profiled) and at bf16 plans autocast's conversions."""
+    shapes = {name: list(dims) for name, dims in get_entry(zoo).input_shapes.items()}
+    path = export_onnx(zoo, shapes)
+    planned = planned_kernels("pytorch", path, BATCH, shapes, precision, 1, zoo=zoo)
+    profiled = _profiled("pytorch", zoo, path, shapes, tmp_path, precision=precision)
+    assert _keys(profiled) == _keys(list(planned))
+    expected = "aten::mkldnn_rnn_layer" if zoo == "lstm_lm" else "aten::_to_copy"
+    assert any(k.kind == expected for k in planned)

@@ -356,6 +356,12 @@ def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed:
         assert model.precisions == fixed.precisions
     assert (predict_fixed(again, target("box", 1.0), (CONV, RELU))
             == predict_fixed(fixed, target("box", 1.0), (CONV, RELU)))
+    # A kind's arrays are decoded when first asked; a damaged byte anywhere refuses the whole file, which is refit.
+    saved = next(tmp_path.glob("*.forest"))
+    data_bytes = saved.read_bytes()
+    saved.write_bytes(data_bytes[:-1] + bytes([data_bytes[-1] ^ 1]))
+    refit = KernelModel.cached(data, tmp_path)
+    assert saved.read_bytes() == data_bytes and refit.calibration == pytest.approx(fixed.calibration)
 
 
 def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_which(tmp_path: Path) -> None:
@@ -457,10 +463,12 @@ def test_a_local_configuration_replaces_its_shipped_kernel_rows(tmp_path: Path, 
 
 
 def test_only_runtimes_whose_plan_is_their_profile_are_fit() -> None:
-    """PyTorch's profiled kernels are stored but not learned from: its plan-time trace is not its profile."""
+    """torch.compile's profiled kernels (Inductor's) are stored but not learned from: its plan names eager ops."""
     rows, recs = fixed_table()
-    torch_rows = [replace(r, runtime="pytorch") for r in rows]
-    torch_recs = [replace(r, runtime="pytorch") for r in recs]
-    model = KernelModel.fit(rows + torch_rows, recs + torch_recs)
-    assert model.calibrated("onnxruntime", "cpu") and not model.calibrated("pytorch", "cpu")
-    assert {key[0] for key in model.kinds} == {"onnxruntime"}
+    for runtime in ("pytorch", "torch-compile"):
+        rows += [replace(r, runtime=runtime) for r in rows if r.runtime == "onnxruntime"]
+        recs += [replace(r, runtime=runtime) for r in recs if r.runtime == "onnxruntime"]
+    model = KernelModel.fit(rows, recs)
+    assert model.calibrated("pytorch", "cpu") and not model.calibrated("torch-compile", "cpu")
+    assert {key[0] for key in model.kinds} == {"onnxruntime", "pytorch"}
+

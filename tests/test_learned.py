@@ -357,7 +357,9 @@ def test_a_damaged_forest_file_is_refused_not_followed(tmp_path) -> None:
     with pytest.raises(ValueError, match="a row has fewer"):
         TreeEnsemble.from_arrays(good | {"t.feature": array("q", [2, 0, 0])}, "t").predict_trees([[0.0]])
     data = encode_arrays({}, good)
-    for damaged, message in ((data[:-3], "truncated"), (data + b"x", "trailing"), (b"PK" + data, "not a modak")):
+    flipped = data[:-1] + bytes([data[-1] ^ 1])  # a bit of a leaf's value: every index still in range
+    for damaged, message in ((data[:-3], "truncated"), (data + b"x", "trailing"), (b"PK" + data, "not a modak"),
+                             (flipped, "damaged")):
         (tmp_path / "f").write_bytes(damaged)
         with pytest.raises(ValueError, match=message):
             load_arrays(tmp_path / "f")

@@ -7,13 +7,14 @@ predicts as scikit-learn's own trees do (features rounded to float32, ``x <= thr
 predicts a few dozen candidates, a few thousand node visits per forest. The per-tree values are what the
 prediction interval is made of, so an ONNX export (which sums the trees inside the operator) would not do.
 
-Files (:func:`encode_arrays`, :func:`load_arrays`): a magic line, one line of JSON (a header and the arrays' names,
-types and lengths), then the arrays' bytes, little-endian. Only integer and float arrays are read; nothing in a
-file is executed.
+Files (:func:`encode_arrays`, :func:`load_arrays`): a magic line, one line of JSON (a header, the arrays' names,
+types and lengths, and the SHA-256 of their bytes), then the arrays' bytes, little-endian. Only integer and float
+arrays are read; nothing in a file is executed; a file whose bytes are not the ones written is refused whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from array import array
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 LEAF = -1  # scikit-learn's TREE_LEAF: a node without children
-MAGIC = b"modak-arrays 1\n"
+MAGIC = b"modak-arrays 2\n"
 _TYPES = {"q": 8, "d": 8}  # int64, float64
 _NAMES = ("roots", "left", "right", "feature", "threshold", "value", "depth")
 _CODES = ("q", "q", "q", "q", "d", "d", "q")
@@ -126,10 +127,9 @@ def encode_arrays(header: Mapping[str, Any], arrays: Mapping[str, array]) -> byt
     index = [[name, values.typecode, len(values)] for name, values in arrays.items()]
     if any(code not in _TYPES for _, code, _ in index):
         raise ValueError("only int64 and float64 arrays are saved")
-    chunks = [MAGIC, json.dumps({"header": header, "arrays": index}).encode() + b"\n"]
-    for values in arrays.values():
-        chunks.append(_little_endian(values).tobytes())
-    return b"".join(chunks)
+    payload = b"".join(_little_endian(values).tobytes() for values in arrays.values())
+    meta = {"header": header, "arrays": index, "sha256": hashlib.sha256(payload).hexdigest()}
+    return b"".join([MAGIC, json.dumps(meta).encode() + b"\n", payload])
 
 
 def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
@@ -141,9 +141,11 @@ def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
         end = data.index(b"\n", len(MAGIC))
         meta = json.loads(data[len(MAGIC):end])
         header, index = dict(meta["header"]), [(str(n), str(c), int(k)) for n, c, k in meta["arrays"]]
+        digest = str(meta["sha256"])
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: bad index ({exc})") from None
     position = end + 1
+    payload = position
     arrays: dict[str, array] = {}
     for name, code, length in index:
         if code not in _TYPES or length < 0:
@@ -157,6 +159,8 @@ def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
         position += size
     if position != len(data):
         raise ValueError(f"{path} has trailing bytes")
+    if hashlib.sha256(memoryview(data)[payload:]).hexdigest() != digest:
+        raise ValueError(f"{path}: its arrays are not the ones written (damaged)")
     return header, arrays
 
 

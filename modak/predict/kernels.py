@@ -34,7 +34,7 @@ import json
 import math
 import statistics
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
@@ -74,10 +74,10 @@ FIXED_COST_PENALTY = 0.1
 # them: their profiled times are mostly the profiler's own (perfmodels/README.md, "Operator-level model").
 PROFILER_MARGIN = 2.0
 # The runtimes whose kernels at plan time are the kernels their profiles show, by construction (one mapping of
-# the runtime's own graph per runtime: ONNX Runtime's optimized graph, OpenVINO's runtime model). PyTorch's meta
-# trace and its profiler disagree on recurrent, attention and decomposed ops (perfmodels/README.md,
-# "Operator-level model"), so its profiles are stored but not fit, and the forest answers for it.
-PLANNED_AS_PROFILED = frozenset({"onnxruntime", "openvino"})
+# the runtime's own graph per runtime: ONNX Runtime's optimized graph, OpenVINO's runtime model, PyTorch's
+# dispatched aten ops on fake CPU tensors). torch.compile's profiles are Inductor's fused kernels, which its plan
+# (the eager ops) does not name: the forest answers for it.
+PLANNED_AS_PROFILED = frozenset({"onnxruntime", "openvino", "pytorch"})
 PREDICTOR = "kernels"
 TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by its ceilings
 # What each name means, for the plan's reasons.
@@ -351,20 +351,22 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
                    machine: MachineCeilings, candidate: Candidate) -> list[KernelEstimate] | None:
     """Each kernel's estimate; None where a kind has no model."""
     kernels = [sized(k) for k in kernels]
-    if any((runtime, device, k.kind) not in kinds for k in kernels):
-        return None
-    results = [KernelEstimate(0.0, False, False)] * len(kernels)
-    by_kind: dict[str, list[int]] = {}
+    by_model: dict[KindKey, list[int]] = {}
     for i, kernel in enumerate(kernels):
-        by_kind.setdefault(kernel.kind, []).append(i)
-    for kind, indices in by_kind.items():
-        model = kinds[(runtime, device, kind)]
-        examples = [features(kernels[i], machine, candidate, model.attribute_keys) for i in indices]
-        corrections = model.forest.predict([e[0] for e in examples])
-        for i, (_, _, compute), correction in zip(indices, examples, corrections):
+        key = (runtime, device, kernel.kind)
+        if key not in kinds:
+            return None
+        by_model.setdefault(key, []).append(i)
+    results = [KernelEstimate(0.0, False, False)] * len(kernels)
+    for key, indices in by_model.items():
+        model = kinds[key]
+        examples = {i: features(kernels[i], machine, candidate, model.attribute_keys) for i in indices}
+        rows = list(dict.fromkeys(tuple(columns) for columns, _, _ in examples.values()))  # a layer repeated: once
+        corrections = dict(zip(rows, model.forest.predict(rows)))
+        for i, (columns, _, compute) in examples.items():
             compute_s, memory_s = roofline_seconds(kernels[i], machine, candidate)
-            results[i] = KernelEstimate(model.prior_seconds(compute_s, memory_s) * math.exp(correction), compute,
-                                        not model.within(kernels[i]))
+            seconds = model.prior_seconds(compute_s, memory_s) * math.exp(corrections[tuple(columns)])
+            results[i] = KernelEstimate(seconds, compute, not model.within(kernels[i]))
     return results
 
 
@@ -538,12 +540,7 @@ class KernelModel:
     def load(cls, path: Path) -> KernelModel:
         """A model written by :meth:`save`."""
         header, arrays = load_arrays(path)
-        kinds = {(runtime, device, kind): KindModel(tuple(keys), (float(prior[0]), float(prior[1]), float(prior[2])),
-                                                    float(max_flops), float(max_bytes),
-                                                    TreeEnsemble.from_arrays(arrays, f"kind{i}"), rows)
-                 for i, (runtime, device, kind, keys, prior, max_flops, max_bytes, rows)
-                 in enumerate(header["kinds"])}
-        return cls(kinds, {(r, d): float(v) for r, d, v in header["dispatch"]},
+        return cls(_SavedKinds(header["kinds"], arrays), {(r, d): float(v) for r, d, v in header["dispatch"]},
                    {(r, d): float(v) for r, d, v in header["profiling"]},
                    {(r, d, k): (float(a), float(b), float(c)) for r, d, k, a, b, c in header["calibration"]},
                    {(r, d): frozenset(str(p) for p in v) for r, d, v in header["precisions"]},
@@ -583,6 +580,33 @@ class KernelModel:
         return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
                            step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
                            dispatch_s, len(kernels), math.exp(mid_q), known)
+
+
+class _SavedKinds(Mapping[KindKey, KindModel]):
+    """The kind models of a saved :class:`KernelModel`, each decoded (and its arrays checked) when first asked: a
+    plan asks for the few dozen kinds its candidates run, of hundreds."""
+
+    def __init__(self, entries: Sequence[Sequence], arrays: Mapping[str, array]) -> None:
+        self._entries = {(str(e[0]), str(e[1]), str(e[2])): (i, e) for i, e in enumerate(entries)}
+        self._arrays = arrays
+        self._decoded: dict[KindKey, KindModel] = {}
+
+    def __getitem__(self, key: KindKey) -> KindModel:
+        if key not in self._decoded:
+            i, (_, _, _, keys, prior, max_flops, max_bytes, rows) = self._entries[key]
+            self._decoded[key] = KindModel(
+                tuple(keys), (float(prior[0]), float(prior[1]), float(prior[2])), float(max_flops), float(max_bytes),
+                TreeEnsemble.from_arrays(self._arrays, f"kind{i}"), int(rows))
+        return self._decoded[key]
+
+    def __iter__(self) -> Iterator[KindKey]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ its profile maps kernels with, so a planned kernel and a profiled one have the s
 * ``openvino``: the CPU plugin compiles the graph as ``prepare`` does; one kernel per executed node of its runtime
   model (:func:`modak.image.runtimes.openvino.planned_kernels`).
 * ``pytorch``, ``torch-compile`` (its eager ops): the aten ops of one step (inference, or training: forward,
-  loss, backward, optimizer update) run on ``meta`` tensors, with ``torch.utils.flop_counter``'s FLOPs where it
-  knows the op and the bytes of their tensors; no ONNX nodes. A zoo model is traced here; the user's own model
+  loss, backward, optimizer update) run on fake CPU tensors at the candidate's precision (autocast's
+  conversions included), with ``torch.utils.flop_counter``'s FLOPs where it knows the op and the bytes of their
+  tensors; no ONNX nodes. A zoo model is traced here; the user's own model
   only in a child process (:mod:`modak.workload.kernels_child`).
 
 A kernel's op class, FLOPs and bytes come from the :class:`~modak.workload.analysis.OpStats` of the ONNX nodes it
@@ -91,10 +92,10 @@ def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input
     try:
         if own:
             assert user is not None
-            kernels = _user_kernels(user, batch_size, chosen, task, loss)
+            kernels = _user_kernels(user, batch_size, chosen, precision, task, loss)
         elif runtime in TORCH_RUNTIMES:
             assert zoo is not None
-            kernels = _aten_kernels(zoo, batch_size, shapes, chosen, task, loss)
+            kernels = _aten_kernels(zoo, batch_size, shapes, chosen, precision, task, loss)
         else:
             assert onnx_path is not None
             kernels = _onnx_kernels(runtime, Path(onnx_path), batch_size, shapes, precision, threads, chosen)
@@ -201,43 +202,46 @@ def _costed(kernel: Kernel, covered: Sequence[OpStats]) -> Kernel:
 
 # --- PyTorch ----------------------------------------------------------------------------------------------
 
-def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]], params: dict[str, Any], task: str,
-                  loss: str | None) -> tuple[Kernel, ...]:
+def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]], params: dict[str, Any], precision: str,
+                  task: str, loss: str | None) -> tuple[Kernel, ...]:
     """The aten ops of one step of zoo model ``zoo`` (modak's own code: traced in-process)."""
     from modak.image.zoo import get_entry, make_inputs
 
     model = get_entry(zoo).build(shapes)
-    return trace_step(model, make_inputs(zoo, batch_size, shapes), params, task, loss)
+    return trace_step(model, make_inputs(zoo, batch_size, shapes), params, precision, task, loss)
 
 
-def _user_kernels(user: LoadedJob, batch_size: int, params: dict[str, Any], task: str,
+def _user_kernels(user: LoadedJob, batch_size: int, params: dict[str, Any], precision: str, task: str,
                   loss: str | None) -> tuple[Kernel, ...]:
     """The aten ops of one step of the user's own model, traced in a child process (the user's code never runs
     in the planner's)."""
     from modak.errors import InputError
     from modak.workload.usercode import run_child
 
-    work = {"batch": batch_size, "params": params, "task": task, "loss": loss}
+    work = {"batch": batch_size, "params": params, "precision": precision, "task": task, "loss": loss}
     try:
         result = run_child(user, _CHILD, {TRACE: work})
     except InputError as exc:
-        raise UnreportedGraph(f"pytorch could not trace the model on meta tensors: {exc.message}") from None
+        raise UnreportedGraph(f"pytorch could not trace the model on fake tensors: {exc.message}") from None
     return tuple(_decode(k) for k in result["kernels"])
 
 
-def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], task: str,
+def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], precision: str, task: str,
                loss: str | None) -> tuple[Kernel, ...]:
-    """The aten ops of one step of ``model`` on ``batch`` (input name -> tensor, in call order), both moved to
-    ``meta`` tensors, as the PyTorch runtime builds the step (:func:`modak.image.runtimes.pytorch.build_session`):
-    the forward pass, or for training the forward pass, the built-in ``loss``, the backward pass and the SGD update
-    of a steady step (after the one that makes the momentum buffers)."""
+    """The aten ops of one step of ``model`` on ``batch`` (input name -> tensor, in call order), both made fake
+    tensors on the CPU (no data, no compute; composite ops decompose as on the CPU: an LSTM is oneDNN's RNN
+    kernel, not its per-timestep math), as the PyTorch runtime builds the step at ``precision``
+    (:func:`modak.image.runtimes.pytorch.build_session`: autocast's conversions included): the forward pass, or
+    for training the forward pass, the built-in ``loss``, the backward pass and the SGD update of a steady step
+    (after the one that makes the momentum buffers)."""
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
 
     from modak.image.runtimes.base import RunRequest
-    from modak.image.runtimes.pytorch import NO_KERNEL, _loss, aten_kernel, training_optimizer
+    from modak.image.runtimes.pytorch import AUTOCAST, NO_KERNEL, _loss, aten_kernel, training_optimizer
 
     kernels: list[Kernel] = []
 
@@ -263,31 +267,40 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
                                    bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
             return out
 
-    model = model.to("meta")
-    feeds = {name: tensor.to("meta") for name, tensor in batch.items()}
+    fake = FakeTensorMode()
+    model = model._apply(fake.from_tensor)
+    feeds = {name: fake.from_tensor(tensor) for name, tensor in batch.items()}
     if params.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
         feeds = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
                  for name, t in feeds.items()}
+    dtype = getattr(torch, AUTOCAST[precision]) if precision in AUTOCAST else None
+
+    def autocast() -> Any:
+        return torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
+
     if task == "inference":
         model.eval()
-        with torch.no_grad(), Recorder():
+        with fake, torch.no_grad(), autocast(), Recorder():
             model(*feeds.values())
         return tuple(kernels)
-    request = RunRequest(runtime="pytorch", device="cpu", precision="fp32", params=dict(params), threads=None,
+    request = RunRequest(runtime="pytorch", device="cpu", precision=precision, params=dict(params), threads=None,
                          task=task, onnx_path="", zoo=None, batch_size=0, input_shapes={}, workdir="", loss=loss)
-    loss_of = _loss(request, torch.device("meta"))
+    loss_of = _loss(request, torch.device("cpu"))
     model.train()
     optimizer = training_optimizer(model.parameters())
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss_of(model(*feeds.values()), feeds).backward()
+        with autocast():
+            batch_loss = loss_of(model(*feeds.values()), feeds)
+        batch_loss.backward()
         optimizer.step()
 
-    step()
-    with Recorder():
+    with fake:
         step()
+        with Recorder():
+            step()
     return tuple(kernels)
 
 
@@ -302,7 +315,7 @@ def _argument(name: str, value: Any, schema_type: str) -> Argument:
         shape = tuple(int(d) for d in value.shape)
         return Argument(name, (shape,), None, channels_last(shape, list(value.stride())))
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return Argument(name, tuple(tuple(int(d) for d in v.shape) for v in value))
+        return Argument(name, ((),))  # as the profiler records a tensor list: without its shapes
     if isinstance(value, (bool, int, float)) and "Tensor" in schema_type:
         return Argument(name, ((),))
     return Argument(name, None, _plain(value))

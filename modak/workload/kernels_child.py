@@ -3,7 +3,7 @@
 
 Started through :func:`modak.workload.usercode.run_child`, under the export's memory and wall-clock limits: it
 loads the model as the export's child does (:func:`modak.workload.usercode_child.load`) and records the aten ops of
-one step on ``meta`` tensors (:func:`modak.workload.kernels.trace_step`). Nothing here is imported by the planner.
+one step on fake tensors (:func:`modak.workload.kernels.trace_step`). Nothing here is imported by the planner.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def trace(request: dict[str, Any], folder: Path) -> dict[str, Any]:
     model, shapes = usercode_child.load(request, folder)
     work = request[TRACE]
     inputs = usercode_child.example_inputs(request, shapes, work["batch"])
-    kernels = trace_step(model, inputs, work["params"], work["task"], work["loss"])
+    kernels = trace_step(model, inputs, work["params"], work["precision"], work["task"], work["loss"])
     return {"ok": True, "kernels": [asdict(k) for k in kernels]}
 
 
