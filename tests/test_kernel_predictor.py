@@ -20,7 +20,13 @@ from modak.candidates.enumerate import Candidate
 from modak.errors import EXIT_BAD_INPUT, InputError
 from modak.hardware.ceilings import Ceilings, TargetCeilings, target_ceilings
 from modak.image.kernels import OP_CLASSES, Kernel
-from modak.measurements.kernels import KernelRow, Reconciliation, write_kernel_csv, write_reconcile_csv
+from modak.measurements.kernels import (
+    PROBE_MODEL_PREFIX,
+    KernelRow,
+    Reconciliation,
+    write_kernel_csv,
+    write_reconcile_csv,
+)
 from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor, for_model
@@ -472,3 +478,18 @@ def test_only_runtimes_whose_plan_is_their_profile_are_fit() -> None:
     assert model.calibrated("pytorch", "cpu") and not model.calibrated("torch-compile", "cpu")
     assert {key[0] for key in model.kinds} == {"onnxruntime", "pytorch"}
 
+
+
+def test_a_probed_layer_teaches_its_kernels_not_what_a_step_adds(fixed: KernelModel) -> None:
+    """A one-layer session's step is mostly the fixed cost of a run (here 50 ms around a 0.5 ms kernel): its
+    kernel rows fit the kinds; dispatch, the profiler's cost and the calibration come from whole models' steps."""
+    rows, recs = fixed_table()
+    layer = f"{PROBE_MODEL_PREFIX}m0-onnxruntime-0123456789ab"
+    model = KernelModel.fit([*rows, kernel_row(RELU, 0.5 * MS, layer)],
+                            [*recs, reconciliation(layer, 50 * MS, 0.5 * MS, 1)])
+    assert model.kinds[("onnxruntime", "cpu", "Relu")].rows == fixed.kinds[("onnxruntime", "cpu", "Relu")].rows + 1
+    assert (model.dispatch, model.profiling) == (fixed.dispatch, fixed.profiling)
+    assert model.calibration == pytest.approx(fixed.calibration)
+    # Layers alone: nothing to calibrate a step with, so the kernel model answers no step.
+    alone = KernelModel.fit([kernel_row(RELU, 0.5 * MS, layer)], [reconciliation(layer, 50 * MS, 0.5 * MS, 1)])
+    assert not alone.calibrated("onnxruntime", "cpu")

@@ -3,8 +3,8 @@ leave-one-model-out on this machine's campaign rows with the kernel model fit on
 whole-model row of any machine is learned from).
 
 The probe runs once (:func:`modak.bench.kprobe.probe_kernels`, into a throw-away store); the curve refits the
-kernel model on the layers measured within the first 2, 5, 10 and 15 minutes. A held-out model's own layers
-(the probe's layers drawn from it) are dropped from the fit, so a campaign model is predicted from the other
+kernel model on the whole models and layers measured within the first 2, 5, 10 and 15 minutes. A held-out model's
+own rows (its whole steps, and the probe's layers drawn from it) are dropped from the fit, so a campaign model is predicted from the other
 models' layers only. Each campaign row of an ONNX runtime on the CPU (inference, status ok) is composed from the
 kernels its runtime plans (:func:`modak.workload.kernels.planned_kernels`); a row whose kinds the fit does not
 cover is counted as uncovered. Printed: minutes, layers, kernel rows, covered rows, MAPE.
@@ -68,6 +68,7 @@ def curve(done: Sampling, rows: Sequence[Measurement], marks: Sequence[float]) -
     for minutes in marks:
         layers = [layer for layer, end in zip(done.measured, done.finished) if end <= minutes * 60]
         names = {layer.name: layer.model for layer in layers}
+        names |= {model: model for model, end in done.wholes if end <= minutes * 60}
         probe_rows = [r for r in done.rows if r.model in names]
         errors: list[float] = []
         for held in models:
@@ -118,8 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             PerfStore(Path(scratch) / "probe.sqlite") as store:
         done = probe_kernels(lambda job: api.plan_loaded(api.load(job, "local"), roofline), store, budget,
                              QUICK_MODELS if args.quick else None, runtimes)
-    assert all(r.model.startswith(PROBE_MODEL_PREFIX) for r in done.rows)
-    print(f"probe: {len(done.measured)} of {done.drawn_from} layers, {len(done.rows)} kernel rows; "
+    assert all(r.model.startswith(PROBE_MODEL_PREFIX) or r.model in dict(done.wholes) for r in done.rows)
+    print(f"probe: {len(done.wholes)} whole models, {len(done.measured)} of {done.drawn_from} layers, "
+          f"{len(done.rows)} kernel rows; "
           f"campaign: {len(rows)} rows of {len({r.model for r in rows})} models")
     print(f"{'minutes':>8} {'layers':>7} {'rows':>6} {'covered':>8} {'MAPE':>7}")
     for point in curve(done, rows, marks):

@@ -4,10 +4,12 @@ The shapes come from the zoo's real layers: each zoo model's graph, at a few bat
 plans it (:func:`modak.workload.kernels.planned_kernels`), gives one :class:`Layer` per distinct planned kernel
 (kind, shapes, attributes) that covers ONNX nodes; the layer is the subgraph of those nodes, cut out as a small
 ONNX model with the batch left symbolic. A sampled layer is measured through the real launcher as ``modak bench
---kernels`` measures a candidate (:func:`measure_layer`: one short timed launch, then one profiled launch), at the
+--kernels`` measures a candidate (:func:`measure_job`: one short timed launch, then one profiled launch), at the
 machine's thread count and fp32 (and bf16 where the CPU has native bf16), and its kernel rows and reconciliation
 go into the perf store under the machine name plans of target ``local`` use. Only the kernel rows: the layer's
-timed row is no whole-model measurement and stays out of the store.
+timed row is no whole-model measurement and stays out of the store. First, a few whole zoo models
+(:data:`WHOLE_MODELS`) are profiled the same way: a one-layer session is mostly the fixed cost of a run, so what a
+step adds to its kernels (dispatch, the profiler's cost, the calibration) is learned from whole steps.
 
 Sampling (:func:`sample`): an initial random draw, then rounds: fit the per-kind models on the rows so far, predict
 a drawn batch before measuring it, and draw the next batch near (same runtime and kind, the nearest FLOPs) the
@@ -16,6 +18,7 @@ layers whose kinds had the largest error, until the budget is spent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modak.errors import InputError, ModakError
-from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.kernels import PROBE_MODEL_PREFIX, KernelRow, Reconciliation
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
 from modak.predict.kernels import per_call_seconds
@@ -44,7 +47,11 @@ ANALYSIS_SHARE = 0.3  # the share of the budget the zoo's analysis may take (exp
 INITIAL_SHARE = 0.4  # the share of the budget spent on the initial random draw
 ROUND_SIZE = 4  # layers per adaptive round (predicted before they are measured)
 PROBE_STEPS = 5  # profiled steps per layer
-PROBE_MODEL_PREFIX = "probe-"  # the model name of a probed layer's rows (each layer its own configuration)
+# Whole zoo models (name, batch) profiled first, on each runtime: what a step adds to its kernels (dispatch, the
+# profiler's cost, the calibration) is learned from whole steps, which a one-layer session is not.
+WHOLE_MODELS = (("mnist_cnn", 8), ("mlp", 64), ("squeezenet", 1), ("mobilenet_v2", 1), ("resnet18", 1),
+                ("bert_small", 1))
+WHOLE_SHARE = 0.2  # the share of the budget the whole models may take
 
 
 @dataclass(frozen=True)
@@ -136,31 +143,46 @@ def cut(onnx_path: Path, nodes: Sequence[str]) -> onnx.ModelProto:
 
 
 def write_layer(layer: Layer, folder: Path) -> Path:
-    """The job file of ``layer``'s cut graph, target ``local``, in ``folder``: fp32, and bf16 where this CPU has
-    native bf16."""
+    """The job file of ``layer``'s cut graph (:func:`write_job`)."""
+    from modak.workload.zoo import export_onnx
+
+    return write_job(layer.name, cut(export_onnx(layer.model), layer.nodes), layer.batch_size, layer.runtime, folder)
+
+
+def write_whole(model: str, batch_size: int, runtime: str, folder: Path) -> Path:
+    """The job file of zoo ``model``'s whole graph (:func:`write_job`; its rows carry the zoo name)."""
+    import onnx
+
+    from modak.workload.zoo import export_onnx
+
+    return write_job(model, onnx.load(str(export_onnx(model))), batch_size, runtime, folder)
+
+
+def write_job(name: str, graph: onnx.ModelProto, batch_size: int, runtime: str, folder: Path) -> Path:
+    """The job file, in ``folder``, of ``graph`` saved as ``name``.onnx (the rows' model name) at ``batch_size`` on
+    ``runtime``, target ``local``: fp32, and bf16 where this CPU has native bf16."""
     import onnx
     import yaml
 
     from modak.hardware.probe import native_bf16
-    from modak.workload.zoo import export_onnx
 
     precisions = ["fp32", *(["bf16"] if native_bf16() else [])]
-    onnx_file = folder / f"{layer.name}.onnx"
-    onnx.save(cut(export_onnx(layer.model), layer.nodes), str(onnx_file))
-    job = {"apiVersion": "modak/v1", "kind": "Job", "name": layer.name, "target": "local", "task": "inference",
-           "model": {"onnx": onnx_file.name, "batch_size": layer.batch_size}, "precision": precisions,
-           "frameworks": [layer.runtime], "objective": {"metric": "throughput"}}
-    job_file = folder / f"{layer.name}.yaml"
+    onnx_file = folder / f"{name}.onnx"
+    onnx.save(graph, str(onnx_file))
+    job = {"apiVersion": "modak/v1", "kind": "Job", "name": name, "target": "local", "task": "inference",
+           "model": {"onnx": onnx_file.name, "batch_size": batch_size}, "precision": precisions,
+           "frameworks": [runtime], "objective": {"metric": "throughput"}}
+    job_file = folder / f"{name}.yaml"
     job_file.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
     return job_file
 
 
-def measure_layer(layer: Layer, plan: Plan, folder: Path,
-                  steps: int = PROBE_STEPS) -> tuple[list[KernelRow], list[Reconciliation]]:
-    """``layer`` measured through the launcher as ``modak bench --kernels`` measures a candidate: ``plan``, the plan
-    of its cut graph (:func:`write_layer`) on target ``local``, each candidate of its runtime on the CPU at the
-    machine's thread count (the plan's) at each precision of its job (:func:`write_layer`) once
-    timed (briefly) and once profiled; the kernel rows and reconciliations (none where a launch failed)."""
+def measure_job(runtime: str, plan: Plan, folder: Path,
+                steps: int = PROBE_STEPS) -> tuple[list[KernelRow], list[Reconciliation]]:
+    """A probe's job measured through the launcher as ``modak bench --kernels`` measures a candidate: ``plan``, the
+    plan of its job (:func:`write_job`) on target ``local``, each candidate of ``runtime`` on the CPU at the
+    machine's thread count (the plan's) at each precision of its job once timed (briefly) and once profiled; the
+    kernel rows and reconciliations (none where a launch failed)."""
     from modak.bench.harness import BenchSettings, Session, store_profile
     from modak.candidates.candidate import Precision
 
@@ -169,12 +191,12 @@ def measure_layer(layer: Layer, plan: Plan, folder: Path,
     for ranked in plan.ranked:
         c = ranked.candidate
         key = (c.precision, c.threads)
-        if (c.runtime == layer.runtime and c.device == "cpu" and c.threads == threads
+        if (c.runtime == runtime and c.device == "cpu" and c.threads == threads
                 and c.precision in (Precision.fp32, Precision.bf16) and key not in seen):
             seen.add(key)
             chosen.append(c)
     settings = BenchSettings(launches=1, min_seconds=0.2, budget_s=1.0, retries=1, kernel_steps=steps)
-    scratch = PerfStore(folder / "timed.sqlite")  # the layer's timed rows: not whole-model measurements
+    scratch = PerfStore(folder / "timed.sqlite")  # the timed rows: a layer's are no model's, a whole model's brief
     try:
         with Session(plan, scratch, settings, workdir=folder / "work") as session:
             rows = session.run_round(chosen)
@@ -191,10 +213,12 @@ def measure_layer(layer: Layer, plan: Plan, folder: Path,
 @dataclass
 class Sampling:
     """What :func:`sample` did: the layers measured in order, their rows, each adaptive round's error by (runtime,
-    kind); :func:`probe_kernels` adds how many layers it drew from. The rows carry the ceilings of the target they
-    were planned on (the probe's), as every kernel row does."""
+    kind); :func:`probe_kernels` adds how many layers it drew from and the whole models it profiled first (model
+    name, seconds since the start when its last runtime ended), whose rows come first. The rows carry the ceilings
+    of the target they were planned on (the probe's), as every kernel row does."""
 
     drawn_from: int = 0
+    wholes: list[tuple[str, float]] = field(default_factory=list)
     measured: list[Layer] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)  # seconds since the start when each measured layer ended
     rows: list[KernelRow] = field(default_factory=list)
@@ -287,9 +311,10 @@ def kind_predictor(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
 def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min: float = DEFAULT_BUDGET_MIN,
                   models: Sequence[str] | None = None, runtimes: Sequence[str] = PROBE_RUNTIMES,
                   seed: int = 0, clock: Callable[[], float] = time.monotonic) -> Sampling:
-    """Probe this machine's kernels within ``budget_min`` minutes (the zoo's analysis included): sample the layers
-    of zoo ``models`` (default: all) on each of ``runtimes`` installed and add their kernel rows and
-    reconciliations to ``store``."""
+    """Probe this machine's kernels within ``budget_min`` minutes (the zoo's analysis included): profile the
+    :data:`WHOLE_MODELS` among zoo ``models`` (default: all) within :data:`WHOLE_SHARE` of the budget, then sample
+    the layers of ``models`` on each of ``runtimes`` installed; add their kernel rows and reconciliations to
+    ``store``."""
     import importlib.util
 
     from modak.image.zoo import ZOO
@@ -307,18 +332,35 @@ def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min:
     with tempfile.TemporaryDirectory(prefix="modak-kprobe-") as scratch:
         folder = Path(scratch)
 
-        def measure(layer: Layer) -> tuple[list[KernelRow], list[Reconciliation]]:
-            layer_folder = folder / layer.name
-            layer_folder.mkdir(exist_ok=True)
+        def measure(runtime: str, name: str, write: Callable[[Path], Path]) -> tuple[list[KernelRow],
+                                                                                        list[Reconciliation]]:
+            job_folder = folder / f"{name}-{runtime}"
+            job_folder.mkdir(exist_ok=True)
             try:
-                plan = plan_of(write_layer(layer, layer_folder))
+                plan = plan_of(write(job_folder))
                 assert isinstance(plan, Plan)
-                rows, recs = measure_layer(layer, plan, layer_folder)
+                rows, recs = measure_job(runtime, plan, job_folder)
             except ModakError:  # a layer its runtime cannot run alone, or a cut graph the plan refuses
                 return [], []
             store.add_kernels(rows, recs)
             return rows, recs
 
-        done = sample(layers, measure, budget_min * 60 - (clock() - start), kind_predictor, clock, seed)
+        whole_rows: list[KernelRow] = []
+        whole_recs: list[Reconciliation] = []
+        wholes: list[tuple[str, float]] = []
+        whole_end = clock() + budget_min * 60 * WHOLE_SHARE
+        for model, batch in ((m, b) for m, b in WHOLE_MODELS if m in order):
+            for runtime in installed:
+                if clock() >= whole_end:
+                    break
+                rows, recs = measure(runtime, model, functools.partial(write_whole, model, batch, runtime))
+                whole_rows += rows
+                whole_recs += recs
+            wholes.append((model, clock() - start))
+        done = sample(layers, lambda layer: measure(layer.runtime, layer.name, lambda f: write_layer(layer, f)),
+                      budget_min * 60 - (clock() - start), kind_predictor, clock, seed)
     done.drawn_from = len(layers)
+    done.wholes = wholes
+    done.rows[:0] = whole_rows
+    done.reconciliations[:0] = whole_recs
     return done

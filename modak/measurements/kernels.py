@@ -95,6 +95,9 @@ KERNEL_COLUMNS = tuple(column for f in fields(KernelRow)
 RECONCILE_COLUMNS = tuple(f.name for f in fields(Reconciliation))
 CONFIGURATION = ("machine", "runtime", "device", "threads", "precision", "params", "model", "batch_size", "task")
 """The columns of a profiled configuration: its kernel rows and its reconciliation (a new profile replaces them)."""
+# The model name of the rows of one layer cut out of a zoo model by ``modak probe --kernels`` (each layer its own
+# configuration): its reconciliation is a one-layer session's, no model's step (:func:`whole_step`).
+PROBE_MODEL_PREFIX = "probe-"
 KERNEL_CSV = "kernels-{machine}.csv"  # the CSV files of one machine's rows (perfmodels/)
 RECONCILE_CSV = "reconcile-{machine}.csv"
 
@@ -304,3 +307,8 @@ _JSON_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "attributes": (lambda v: isinstance(v, dict), "an object"),
     "params": (lambda v: isinstance(v, dict), "an object"),
 }
+
+
+def whole_step(reconciliation: Reconciliation) -> bool:
+    """Whether ``reconciliation`` is a whole model's step, not a probed layer's (:data:`PROBE_MODEL_PREFIX`)."""
+    return not reconciliation.model.startswith(PROBE_MODEL_PREFIX)

@@ -45,7 +45,7 @@ from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
 from modak.hardware.ceilings import TargetCeilings
 from modak.image.kernels import OP_CLASSES, Kernel
-from modak.measurements.kernels import KernelRow, Reconciliation
+from modak.measurements.kernels import KernelRow, Reconciliation, whole_step
 from modak.measurements.store import Measurement
 from modak.paths import cache_dir, write_atomic
 from modak.predict import forest, roofline
@@ -482,7 +482,9 @@ class KernelModel:
         InputError."""
         check_rows(rows, reconciliations)
         rows = [r for r in rows if r.runtime in PLANNED_AS_PROFILED]
-        reconciliations = [r for r in reconciliations if r.runtime in PLANNED_AS_PROFILED]
+        # What a step adds to its kernels (dispatch, the profiler's cost, the calibration) is learned from whole
+        # models' steps: a probed layer's session is mostly the fixed cost of a run.
+        reconciliations = [r for r in reconciliations if r.runtime in PLANNED_AS_PROFILED and whole_step(r)]
         dispatch = dispatch_seconds(reconciliations)
         precisions: dict[RuntimeKey, set[str]] = {}
         signatures: dict[RuntimeKey, set[tuple]] = {}
