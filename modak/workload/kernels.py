@@ -269,7 +269,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
 
     fake = FakeTensorMode()
     model = model._apply(fake.from_tensor)
-    feeds = {name: fake.from_tensor(tensor) for name, tensor in batch.items()}
+    feeds: dict[str, Any] = {name: fake.from_tensor(tensor) for name, tensor in batch.items()}
     if params.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
         feeds = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
