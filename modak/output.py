@@ -115,8 +115,7 @@ def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
     """``modak model eval --json``: one entry per (split, predictor); a metric over several seeds is their mean,
     with its [min, max] in ``spread``; a metric with nothing to score is null."""
     from modak.documents import rounded
-    from modak.predict.evaluate import METRICS, grouped, seed_spread
-    from modak.predict.families import FAMILIES
+    from modak.predict.evaluate import FAMILIES, METRICS, grouped, seed_spread
 
     def value(number: float) -> float | None:
         return None if math.isnan(number) else rounded(number)

@@ -19,16 +19,17 @@ from modak.measurements.store import Measurement, write_csv
 from modak.predict import evaluate as evaluation
 from modak.predict import training
 from modak.predict.evaluate import (
+    FAMILIES,
     FAMILY_HELD_OUT,
     LEAVE_ONE_MODEL_OUT,
     LEAVE_ONE_TARGET_OUT,
     Prediction,
     PredictorEntry,
     evaluate,
+    family,
     kernels_and_forest,
     score,
 )
-from modak.predict.families import FAMILIES, family
 from modak.predict.kernels import KernelModel
 from modak.predict.training import ok_rows, shipped_rows
 from tests.test_ci_step import assert_valid

@@ -29,6 +29,7 @@ forward graph's). Elsewhere it returns None, and the next predictor answers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -37,6 +38,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import cast
 
 from modak.candidates.candidate import DeviceKind
@@ -50,7 +52,6 @@ from modak.measurements.store import Measurement
 from modak.paths import cache_dir, write_atomic
 from modak.predict import forest, roofline
 from modak.predict.base import Prediction
-from modak.predict.families import family
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.learned import KEEP_FITS, NEW_MACHINE_SPREAD, Z80, machine_kind, machine_signature
 from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares
@@ -61,7 +62,7 @@ KERNEL_TREES = 30  # trees per kind's forest
 # A kernel the profiler timed at 0 (ONNX Runtime and OpenVINO report whole microseconds) took under its resolution:
 # it is learned as half of it.
 RESOLUTION_FLOOR_S = 0.5e-6
-FOLDS = 5  # calibration folds, by model family
+FOLDS = 5  # calibration folds, by model
 MIN_CALIBRATION = 5  # out-of-fold steps of a runtime and device before its interval is trusted
 ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor bytes (its efficiency is its time)
 # How far past the largest FLOPs or bytes of a kind's profiled calls a kernel of that kind is still answered
@@ -168,15 +169,17 @@ def roofline_seconds(kernel: Kernel, machine: MachineCeilings, candidate: Candid
                       machine.bandwidth_gbs * 1e9 * bandwidth_share)
 
 
-def attribute_values(attributes: str) -> dict[str, float]:
-    """A kernel's numeric attributes (a number, or a list of numbers: the magnitude of their product), as log1p."""
+@functools.lru_cache(maxsize=4096)
+def attribute_values(attributes: str) -> Mapping[str, float]:
+    """A kernel's numeric attributes (a number, or a list of numbers: the magnitude of their product), as log1p
+    (read once per distinct attributes: a model repeats its layers)."""
     data = json.loads(attributes)
     values: dict[str, float] = {}
     for key, value in (data.items() if isinstance(data, dict) else ()):
         numbers = value if isinstance(value, list) else [value]
         if numbers and all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
             values[key] = math.log1p(abs(math.prod(numbers)))
-    return values
+    return MappingProxyType(values)
 
 
 def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
@@ -408,13 +411,12 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
               seed: int = 0) -> dict[CalibrationKey, tuple[float, float, float]]:
     """Per (runtime, device, parameters) and per (runtime, device) (parameters :data:`ALL_PARAMETERS`), each with at
     least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of log(measured step / composed step)
-    over the reconciled steps, each composed from kernel models fit without its model family's rows (families,
-    :func:`modak.predict.families.family`, in :data:`FOLDS` folds: a plan's model is a new architecture; a step
-    whose kinds the other folds do not cover, or whose kernels do not stand out of the profiler's cost, is left
-    out). Per parameters, it learns what the kernels do not show: two hints or wait
+    over the reconciled steps, each composed from kernel models fit without its model's rows (models in
+    :data:`FOLDS` folds; a step whose kinds the other folds do not cover, or whose kernels do not stand out of the
+    profiler's cost, is left out). Per parameters, it learns what the kernels do not show: two hints or wait
     policies that run the same kernels in steps of different lengths."""
-    families = sorted({family(rec.model) for rec in reconciliations})
-    folds = min(FOLDS, len(families))
+    models = sorted({rec.model for rec in reconciliations})
+    folds = min(FOLDS, len(models))
     if folds < 2:
         return {}
     by_launch: dict[tuple, list[KernelRow]] = {}
@@ -422,11 +424,11 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
         by_launch.setdefault(_launch(row), []).append(row)
     residuals: dict[CalibrationKey, list[float]] = {}
     for fold in range(folds):
-        held = set(families[fold::folds])
-        kinds = fit_kinds([r for r in rows if family(r.model) not in held], seed)
+        held = set(models[fold::folds])
+        kinds = fit_kinds([r for r in rows if r.model not in held], seed)
         for rec in reconciliations:
             own = by_launch.get(_launch(rec), [])
-            if family(rec.model) not in held or not own:
+            if rec.model not in held or not own:
                 continue
             times = kernel_seconds(kinds, rec.runtime, rec.device, [r.kernel for r in own],
                                    MachineCeilings.of_row(rec), row_candidate(rec))

@@ -25,6 +25,7 @@ the answer comes from.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -123,16 +124,25 @@ def _model_identity(runtime: str, path: Path | None, zoo: str | None, user: Load
 def _key(runtime: str, model: Any, batch_size: int, shapes: dict[str, list[int]], precision: str, threads: int,
          params: dict[str, Any], task: str, loss: str | None) -> str:
     """The cache key: the model's identity and everything else the answer depends on."""
-    try:
-        version = importlib.metadata.version(PACKAGES[runtime])
-    except importlib.metadata.PackageNotFoundError:
-        raise UnreportedGraph(f"{runtime} is not installed here ({PACKAGES[runtime]})") from None
+    version = _installed_version(PACKAGES[runtime])
+    if version is None:
+        raise UnreportedGraph(f"{runtime} is not installed here ({PACKAGES[runtime]})")
     fields = {"model": model, "runtime": runtime, "version": version, "batch": batch_size, "shapes": shapes,
               "precision": precision, "threads": threads, "params": params, "task": task, "loss": loss,
               "code": _code_digest(runtime)}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+@functools.cache
+def _installed_version(package: str) -> str | None:
+    """The installed version of ``package`` (None: not installed), looked up once per process."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
 def _code_digest(runtime: str) -> str:
     """The digest of the code an answer comes from: this module, the runtime's module in the image (its session
     options, its step) and, for the PyTorch runtimes, the zoo's architectures and the user model's children."""
