@@ -15,6 +15,7 @@ import yaml
 from modak.measurements.store import PerfStore, read_csv
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
+from tests.support.signals import sigint_default
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
@@ -100,7 +101,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     # The ONNX Runtime candidates only: a round of them takes seconds (all candidates include TVM tuning, minutes).
     process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "onnxruntime", "--launches", "3",
                                 "--min-seconds", "0.1", "--budget", "0.3", "--store", str(store)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 240
         measured = 0

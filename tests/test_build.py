@@ -42,6 +42,7 @@ from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAIL
                           EXIT_PUSH_FAILED, EngineUnavailable, SubmitFailed)
 from modak.schedulers import scheduler
 from tests.support.onnx_graphs import write_onnx
+from tests.support.signals import sigint_default
 from tests.support.specs import MIXER_MODULE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -497,7 +498,7 @@ def test_ctrl_c_leaves_no_tag_and_keeps_the_log(cnn: Built, engine: DockerEngine
     job = write_job(tmp_path, name="interrupted-build", entrypoint={"requirements": [requirement]})
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "modak", "build", str(job), "-o", str(out)], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     deadline = time.monotonic() + 300
     log = out / "build.log"
     while time.monotonic() < deadline and process.poll() is None:
