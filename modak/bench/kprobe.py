@@ -51,7 +51,7 @@ PROBE_STEPS = 5  # profiled steps per layer
 # profiler's cost, the calibration) is learned from whole steps, which a one-layer session is not.
 WHOLE_MODELS = (("mnist_cnn", 8), ("mlp", 64), ("squeezenet", 1), ("mobilenet_v2", 1), ("resnet18", 1),
                 ("bert_small", 1))
-WHOLE_SHARE = 0.2  # the share of the budget the whole models may take
+WHOLE_SHARE = 0.2  # the share of the budget after which no whole model is started
 
 
 @dataclass(frozen=True)
@@ -350,9 +350,9 @@ def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min:
         wholes: list[tuple[str, float]] = []
         whole_end = clock() + budget_min * 60 * WHOLE_SHARE
         for model, batch in ((m, b) for m, b in WHOLE_MODELS if m in order):
+            if clock() >= whole_end:
+                break
             for runtime in installed:
-                if clock() >= whole_end:
-                    break
                 rows, recs = measure(runtime, model, functools.partial(write_whole, model, batch, runtime))
                 whole_rows += rows
                 whole_recs += recs

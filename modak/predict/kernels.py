@@ -183,8 +183,9 @@ def attribute_values(attributes: str) -> Mapping[str, float]:
 
 
 def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
-             attribute_keys: Sequence[str]) -> tuple[list[float], float, bool]:
-    """The efficiency model's columns for ``kernel``, its roofline seconds and whether it is compute-bound.
+             attribute_keys: Sequence[str]) -> tuple[list[float], float, float]:
+    """The efficiency model's columns for ``kernel`` and its roofline terms (compute and memory seconds,
+    :func:`roofline_seconds`).
 
     Columns: log FLOPs, log bytes, log intensity, log(compute / memory seconds) (where the kernel sits against the
     machine's ridge point), the threads' share of the cores, one-hot precision, log elements of the first input,
@@ -197,7 +198,7 @@ def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
                candidate.threads / machine.cores if candidate.threads else 1.0,
                *(float(candidate.precision is p) for p in Precision), math.log1p(elements),
                *(attributes.get(key, 0.0) for key in attribute_keys)]
-    return columns, max(compute_s, memory_s, ROOFLINE_FLOOR_S), compute_s >= memory_s
+    return columns, compute_s, memory_s
 
 
 @dataclass(frozen=True)
@@ -328,9 +329,9 @@ def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindMod
         kernels = [sized(row.kernel) for row in group]
         X, terms = [], []
         for row, kernel in zip(group, kernels):
-            machine, candidate = MachineCeilings.of_row(row), row_candidate(row)
-            X.append(features(kernel, machine, candidate, keys)[0])
-            terms.append(roofline_seconds(kernel, machine, candidate))
+            columns, compute_s, memory_s = features(kernel, MachineCeilings.of_row(row), row_candidate(row), keys)
+            X.append(columns)
+            terms.append((compute_s, memory_s))
         seconds = [per_call_seconds(row) for row in group]
         prior = prior_coefficients(seconds, [c for c, _ in terms], [m for _, m in terms])
         y = [math.log(t / prior_seconds(prior, c, m)) for t, (c, m) in zip(seconds, terms)]
@@ -367,10 +368,9 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
         examples = {i: features(kernels[i], machine, candidate, model.attribute_keys) for i in indices}
         rows = list(dict.fromkeys(tuple(columns) for columns, _, _ in examples.values()))  # a layer repeated: once
         corrections = dict(zip(rows, model.forest.predict(rows)))
-        for i, (columns, _, compute) in examples.items():
-            compute_s, memory_s = roofline_seconds(kernels[i], machine, candidate)
+        for i, (columns, compute_s, memory_s) in examples.items():
             seconds = model.prior_seconds(compute_s, memory_s) * math.exp(corrections[tuple(columns)])
-            results[i] = KernelEstimate(seconds, compute, not model.within(kernels[i]))
+            results[i] = KernelEstimate(seconds, compute_s >= memory_s, not model.within(kernels[i]))
     return results
 
 

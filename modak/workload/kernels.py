@@ -251,7 +251,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     from torch.utils.flop_counter import flop_registry
 
     from modak.image.runtimes.base import RunRequest
-    from modak.image.runtimes.pytorch import AUTOCAST, NO_KERNEL, _loss, aten_kernel, training_optimizer
+    from modak.image.runtimes.pytorch import NO_KERNEL, _loss, aten_kernel, autocast, training_optimizer
 
     kernels: list[Kernel] = []
 
@@ -284,14 +284,9 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
         model = model.to(memory_format=torch.channels_last)
         feeds = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
                  for name, t in feeds.items()}
-    dtype = getattr(torch, AUTOCAST[precision]) if precision in AUTOCAST else None
-
-    def autocast() -> Any:
-        return torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
-
     if task == "inference":
         model.eval()
-        with fake, torch.no_grad(), autocast(), Recorder():
+        with fake, torch.no_grad(), autocast("cpu", precision), Recorder():
             model(*feeds.values())
         return tuple(kernels)
     request = RunRequest(runtime="pytorch", device="cpu", precision=precision, params=dict(params), threads=None,
@@ -302,7 +297,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with autocast():
+        with autocast("cpu", precision):
             batch_loss = loss_of(model(*feeds.values()), feeds)
         batch_loss.backward()
         optimizer.step()

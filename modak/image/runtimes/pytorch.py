@@ -75,15 +75,11 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
             return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
                     for t in found]
     module = wrap(model) if wrap else model
-    dtype = getattr(torch, AUTOCAST[request.precision]) if request.precision in AUTOCAST else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    def autocast() -> Any:
-        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
     if request.task == "inference":
         def infer(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-            with torch.inference_mode(), autocast():
+            with torch.inference_mode(), autocast(device.type, request.precision):
                 outputs = _as_list(module(*tensors(feeds)))
             sync()
             with io():
@@ -97,7 +93,7 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
 
     def train_step(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         optimizer.zero_grad(set_to_none=True)
-        with autocast():
+        with autocast(device.type, request.precision):
             batch = tensors(feeds)
             loss = loss_of(module(*batch), dict(zip(input_names, batch)))
         scaler.scale(loss).backward()
@@ -107,6 +103,14 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
         with io():
             return [loss.detach().float().cpu().numpy()]
     return FunctionSession(train_step), model
+
+
+def autocast(device_type: str, precision: str) -> Any:
+    """The autocast context a step at ``precision`` runs in on ``device_type`` (disabled at fp32)."""
+    import torch
+
+    dtype = getattr(torch, AUTOCAST[precision]) if precision in AUTOCAST else None
+    return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
 
 
 def training_optimizer(parameters: Any) -> Any:
