@@ -349,7 +349,9 @@ def test_a_damaged_forest_file_is_refused_not_followed(tmp_path) -> None:
     looped = good | {"t.left": array("q", [1, 0, -1]), "t.right": array("q", [2, 0, -1])}  # node 1 back to 0
     assert TreeEnsemble.from_arrays(looped, "t").predict_trees([[0.0]]) == [[1.0]]  # a walk stops at depth
     with pytest.raises(ValueError, match="point outside"):
-        TreeEnsemble.from_arrays(good | {"t.right": array("q", [3, -1, -1])}, "t")
+        TreeEnsemble.from_arrays(good | {"t.roots": array("q", [3])}, "t")
+    with pytest.raises(ValueError, match="point outside"):
+        TreeEnsemble.from_arrays(good | {"t.right": array("q", [3, -1, -1])}, "t").predict_trees([[1.0]])
     with pytest.raises(ValueError, match="inconsistent"):
         TreeEnsemble.from_arrays(good | {"t.value": array("d", [0, 1.0])}, "t")
     with pytest.raises(ValueError, match="wrong array types"):

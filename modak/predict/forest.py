@@ -10,6 +10,8 @@ prediction interval is made of, so an ONNX export (which sums the trees inside t
 Files (:func:`encode_arrays`, :func:`load_arrays`): a magic line, one line of JSON (a header, the arrays' names,
 types and lengths, and the SHA-256 of their bytes), then the arrays' bytes, little-endian. Only integer and float
 arrays are read; nothing in a file is executed; a file whose bytes are not the ones written is refused whole.
+Within a file the digest vouches for, child indices are not scanned on load (that scan cost a warm plan more
+than its walks): a walk takes at most ``depth`` steps, and a child index past the nodes is a ValueError there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -74,25 +77,32 @@ class TreeEnsemble:
     def trees(self) -> int:
         return len(self.roots)
 
+    @cached_property
+    def features(self) -> int:
+        """How many features a row needs: one past the highest split feature."""
+        return max(self.feature) + 1
+
     def predict_trees(self, X: Sequence[Sequence[float]]) -> list[list[float]]:
         """Each tree's prediction for each row of ``X``: ``trees`` lists of ``len(X)`` values."""
         rows = [array("f", row) for row in X]  # scikit-learn compares float32 features
-        needed = max(self.feature) + 1
-        if any(len(row) < needed for row in rows):
-            raise ValueError(f"the trees split on {needed} features; a row has fewer")
+        if any(len(row) < self.features for row in rows):
+            raise ValueError(f"the trees split on {self.features} features; a row has fewer")
         left, right, feature, threshold, value = self.left, self.right, self.feature, self.threshold, self.value
         steps = range(self.depth[0])
         out = []
-        for root in self.roots:
-            per_row = []
-            for row in rows:
-                node = root
-                for _ in steps:
-                    if left[node] == LEAF:
-                        break
-                    node = left[node] if row[feature[node]] <= threshold[node] else right[node]
-                per_row.append(value[node])
-            out.append(per_row)
+        try:
+            for root in self.roots:
+                per_row = []
+                for row in rows:
+                    node = root
+                    for _ in steps:
+                        if left[node] == LEAF:
+                            break
+                        node = left[node] if row[feature[node]] <= threshold[node] else right[node]
+                    per_row.append(value[node])
+                out.append(per_row)
+        except IndexError:
+            raise ValueError("the tree arrays point outside the trees") from None
         return out
 
     def predict(self, X: Sequence[Sequence[float]]) -> list[float]:
@@ -106,8 +116,8 @@ class TreeEnsemble:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, array], prefix: str) -> TreeEnsemble:
-        """Inverse of :meth:`arrays`; checks the arrays' types and lengths and that every index is a node, so a
-        damaged file fails here (and no walk is longer than ``depth``, so none loops)."""
+        """Inverse of :meth:`arrays`; checks the arrays' types and lengths and that the roots and split features
+        are in range (child indices are checked by the walk, which takes at most ``depth`` steps, so none loops)."""
         parts = {name: arrays[f"{prefix}.{name}"] for name in _NAMES}
         if tuple(parts[n].typecode for n in _NAMES) != _CODES:
             raise ValueError(f"wrong array types for {prefix}")
@@ -115,9 +125,8 @@ class TreeEnsemble:
         if not parts["roots"] or len(parts["depth"]) != 1 or any(
                 len(parts[n]) != nodes for n in ("right", "feature", "threshold", "value")):
             raise ValueError(f"inconsistent tree arrays for {prefix}")
-        if not (0 <= min(parts["roots"]) and max(parts["roots"]) < nodes and min(parts["left"]) >= LEAF
-                and max(parts["left"]) < nodes and min(parts["right"]) >= LEAF and max(parts["right"]) < nodes
-                and min(parts["feature"]) >= 0 and 0 <= parts["depth"][0] <= nodes):
+        if not (0 <= min(parts["roots"]) and max(parts["roots"]) < nodes and min(parts["feature"]) >= 0
+                and 0 <= parts["depth"][0] <= nodes):
             raise ValueError(f"tree arrays for {prefix} point outside the trees")
         return cls(**parts)
 

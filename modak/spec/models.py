@@ -53,7 +53,7 @@ AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.plan.choose_
 class Strict(BaseModel):
     """Base: unknown fields are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Task(str, Enum):
