@@ -98,6 +98,8 @@ CONFIGURATION = ("machine", "runtime", "device", "threads", "precision", "params
 # The model name of the rows of one layer cut out of a zoo model by ``modak probe --kernels`` (each layer its own
 # configuration): its reconciliation is a one-layer session's, no model's step (:func:`whole_step`).
 PROBE_MODEL_PREFIX = "probe-"
+# What a synthetic probe layer (modak.bench.synthetic: an operator vocabulary, no zoo model's layer) is drawn from
+SYNTHETIC_MODEL = "synthetic"
 KERNEL_CSV = "kernels-{machine}.csv"  # the CSV files of one machine's rows (perfmodels/)
 RECONCILE_CSV = "reconcile-{machine}.csv"
 
@@ -312,3 +314,9 @@ _JSON_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 def whole_step(reconciliation: Reconciliation) -> bool:
     """Whether ``reconciliation`` is a whole model's step, not a probed layer's (:data:`PROBE_MODEL_PREFIX`)."""
     return not reconciliation.model.startswith(PROBE_MODEL_PREFIX)
+
+
+def probed_from(model: str) -> str:
+    """The model a row's kernels were measured in: a probe layer's zoo model (or :data:`SYNTHETIC_MODEL`), as its
+    name ``probe-<model>-<runtime>-<digest>`` says; any other row's own model."""
+    return model[len(PROBE_MODEL_PREFIX):].split("-", 1)[0] if model.startswith(PROBE_MODEL_PREFIX) else model
