@@ -14,7 +14,8 @@ from modak import cli
 from modak.candidates.catalog import load_catalog
 from modak.image.kernels import Kernel
 from modak.image.zoo import zoo_names
-from modak.measurements.kernels import CEILINGS, KernelRow, Reconciliation, write_kernel_csv, write_reconcile_csv
+from modak.measurements.kernels import (CEILINGS, KernelRow, Reconciliation, probed_from, write_kernel_csv,
+                                        write_reconcile_csv)
 from modak.measurements.store import Measurement, write_csv
 from modak.predict import evaluate as evaluation
 from modak.predict import training
@@ -190,6 +191,10 @@ def test_the_kernel_entry_fits_on_the_training_folds_kernel_rows_and_falls_back_
     rows = ok_rows(training.training_data(few_shipped_rows)[0])
     kernels, reconciled = labels(rows)
     kernels += labels([replace(rows[0], machine="elsewhere")])[0]  # a machine of no measured row: never held out
+    # Probe layers go with the model they were cut from: mlp's is held out with it, ncf's is trained on.
+    mlp_matmul, ncf_matmul = (next(k for k in kernels[::2] if k.model == m) for m in ("mlp", "ncf"))
+    kernels += [replace(mlp_matmul, model="probe-mlp-onnxruntime-0123456789ab"),
+                replace(ncf_matmul, model="probe-ncf-onnxruntime-0123456789ab")]
     fits: list[KernelModel] = []
 
     def recorded_fit(*args, **kwargs) -> KernelModel:
@@ -208,7 +213,8 @@ def test_the_kernel_entry_fits_on_the_training_folds_kernel_rows_and_falls_back_
     assert answers and all(a is not None and a.by == "kernels" and a.interval is not None for a in answers)
     pairs = {(r.machine, r.model) for r in train}
     assert [f.kinds[("onnxruntime", "cpu", "MatMul")].rows for f in fits] == [
-        sum((k.machine, k.model) in pairs for k in kernels[::2])]
+        sum((k.machine, k.model) in pairs for k in kernels[::2]) + 1]  # + ncf's probe layer
+    assert probed_from("probe-mlp-onnxruntime-0123456789ab") == "mlp" and probed_from("mlp") == "mlp"
     assert any(k.model == "mlp" for k in kernels[::2])  # the held-out model's kernel rows exist, and were not fit
     # Rows of a machine with no kernel rows in the fold: the forest answers, and no kernel model is fit for them.
     elsewhere = [replace(r, machine="nowhere") for r in held]

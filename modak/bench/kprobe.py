@@ -32,15 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modak.errors import InputError, ModakError
-from modak.measurements.kernels import PROBE_MODEL_PREFIX, SYNTHETIC_MODEL, KernelRow, Reconciliation
+from modak.measurements.kernels import PROBE_MODEL_PREFIX, KernelRow, Reconciliation
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
 from modak.predict.kernels import per_call_seconds
 
 if TYPE_CHECKING:
     import onnx
-
-    from modak.bench.synthetic import SyntheticGraph
 
 PROBE_RUNTIMES = ("onnxruntime", "openvino")  # the runtimes a cut ONNX graph runs on (PyTorch traces zoo models)
 PROBE_BATCHES = (1, 8, 32)  # the batch sizes each zoo model's layers are taken at
@@ -54,15 +52,12 @@ PROBE_STEPS = 5  # profiled steps per layer
 WHOLE_MODELS = (("mnist_cnn", 8), ("mlp", 64), ("squeezenet", 1), ("mobilenet_v2", 1), ("resnet18", 1),
                 ("bert_small", 1))
 WHOLE_SHARE = 0.2  # the share of the budget after which no whole model is started
-SYNTHETIC_LAYERS = 96  # synthetic layers (the operator vocabulary beyond the zoo's) in the probe's pool
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One distinct layer configuration, as ``runtime`` plans it: the planned kernel's ``kind``, ``shapes`` and
-    ``attributes`` at ``batch_size``, the ONNX ``nodes`` it covers in zoo model ``model``; or a synthetic layer
-    (:mod:`modak.bench.synthetic`, model :data:`~modak.measurements.kernels.SYNTHETIC_MODEL`): its whole ``graph`` file,
-    described by its heaviest planned kernel."""
+    """One distinct layer configuration of the zoo, as ``runtime`` plans it: the planned kernel's ``kind``,
+    ``shapes`` and ``attributes`` at ``batch_size``, the ONNX ``nodes`` it covers in zoo model ``model``."""
 
     runtime: str
     kind: str
@@ -73,7 +68,6 @@ class Layer:
     model: str
     nodes: tuple[str, ...]
     batch_size: int
-    graph: Path | None = None
 
     @property
     def name(self) -> str:
@@ -117,33 +111,6 @@ def zoo_layers(models: Iterable[str], runtimes: Sequence[str] = PROBE_RUNTIMES,
     return list(seen.values())
 
 
-def synthetic_layers(graphs: Sequence[SyntheticGraph], folder: Path, runtimes: Sequence[str] = PROBE_RUNTIMES,
-                     threads: int = 0) -> list[Layer]:
-    """One layer per synthetic graph and runtime that plans it, each graph saved in ``folder``; a layer is described
-    by its heaviest planned kernel (the most FLOPs, then bytes)."""
-    import onnx
-
-    from modak.workload.kernels import planned_kernels
-
-    seen: dict[tuple, Layer] = {}
-    for index, synthetic in enumerate(graphs):
-        path = folder / f"{SYNTHETIC_MODEL}-{index}.onnx"
-        onnx.save(synthetic.graph, str(path))
-        shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim[1:]] for i in synthetic.graph.graph.input}
-        nodes = tuple(n.name for n in synthetic.graph.graph.node)
-        for runtime in runtimes:
-            try:
-                kernels = planned_kernels(runtime, path, synthetic.batch_size, shapes, "fp32", threads)
-            except ModakError:
-                continue
-            if kernels:
-                main = max(kernels, key=lambda k: (k.flops, k.bytes))
-                layer = Layer(runtime, main.kind, main.shapes, main.attributes, main.flops, main.bytes,
-                              SYNTHETIC_MODEL, nodes, synthetic.batch_size, path)
-                seen.setdefault((runtime, *main.key(), synthetic.batch_size), layer)
-    return list(seen.values())
-
-
 def cut(onnx_path: Path, nodes: Sequence[str]) -> onnx.ModelProto:
     """The subgraph of ``onnx_path``'s ``nodes`` (and the Constant nodes they read) as an ONNX model: its inputs the
     tensors they read that no covered node writes and no initializer holds, its outputs what they write that
@@ -177,13 +144,10 @@ def cut(onnx_path: Path, nodes: Sequence[str]) -> onnx.ModelProto:
 
 
 def write_layer(layer: Layer, folder: Path) -> Path:
-    """The job file of ``layer``'s graph (:func:`write_job`): its own, or cut from its zoo model's."""
-    import onnx
-
+    """The job file of ``layer``'s cut graph (:func:`write_job`)."""
     from modak.workload.zoo import export_onnx
 
-    graph = onnx.load(str(layer.graph)) if layer.graph else cut(export_onnx(layer.model), layer.nodes)
-    return write_job(layer.name, graph, layer.batch_size, layer.runtime, folder)
+    return write_job(layer.name, cut(export_onnx(layer.model), layer.nodes), layer.batch_size, layer.runtime, folder)
 
 
 def write_whole(model: str, batch_size: int, runtime: str, folder: Path) -> Path:
@@ -347,15 +311,13 @@ def kind_predictor(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
 
 def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min: float = DEFAULT_BUDGET_MIN,
                   models: Sequence[str] | None = None, runtimes: Sequence[str] = PROBE_RUNTIMES,
-                  seed: int = 0, clock: Callable[[], float] = time.monotonic,
-                  synthetic: int = SYNTHETIC_LAYERS) -> Sampling:
+                  seed: int = 0, clock: Callable[[], float] = time.monotonic) -> Sampling:
     """Probe this machine's kernels within ``budget_min`` minutes (the zoo's analysis included): profile the
     :data:`WHOLE_MODELS` among zoo ``models`` (default: all) within :data:`WHOLE_SHARE` of the budget, then sample
-    the layers of ``models`` and ``synthetic`` synthetic layers (:mod:`modak.bench.synthetic`) on each of
-    ``runtimes`` installed; add their kernel rows and reconciliations to ``store``."""
+    the layers of ``models`` on each of ``runtimes`` installed; add their kernel rows and reconciliations to
+    ``store``."""
     import importlib.util
 
-    from modak.bench.synthetic import synthetic_graphs
     from modak.image.zoo import ZOO
     from modak.workload.kernels import PACKAGES
 
@@ -365,12 +327,11 @@ def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min:
         raise InputError(f"none of the runtimes {', '.join(runtimes)} is installed here")
     order = list(models if models is not None else ZOO)
     random.Random(seed).shuffle(order)
+    layers = zoo_layers(order, installed, more=lambda: clock() - start < budget_min * 60 * ANALYSIS_SHARE)
+    if not layers:
+        raise InputError("the zoo models gave no layer to probe")
     with tempfile.TemporaryDirectory(prefix="modak-kprobe-") as scratch:
         folder = Path(scratch)
-        layers = [*zoo_layers(order, installed, more=lambda: clock() - start < budget_min * 60 * ANALYSIS_SHARE),
-                  *synthetic_layers(synthetic_graphs(synthetic, seed), folder, installed)]
-        if not layers:
-            raise InputError("the zoo models gave no layer to probe")
 
         def measure(runtime: str, name: str, write: Callable[[Path], Path]) -> tuple[list[KernelRow],
                                                                                         list[Reconciliation]]:

@@ -98,8 +98,6 @@ CONFIGURATION = ("machine", "runtime", "device", "threads", "precision", "params
 # The model name of the rows of one layer cut out of a zoo model by ``modak probe --kernels`` (each layer its own
 # configuration): its reconciliation is a one-layer session's, no model's step (:func:`whole_step`).
 PROBE_MODEL_PREFIX = "probe-"
-# What a synthetic probe layer (modak.bench.synthetic: an operator vocabulary, no zoo model's layer) is drawn from
-SYNTHETIC_MODEL = "synthetic"
 KERNEL_CSV = "kernels-{machine}.csv"  # the CSV files of one machine's rows (perfmodels/)
 RECONCILE_CSV = "reconcile-{machine}.csv"
 
@@ -317,6 +315,6 @@ def whole_step(reconciliation: Reconciliation) -> bool:
 
 
 def probed_from(model: str) -> str:
-    """The model a row's kernels were measured in: a probe layer's zoo model (or :data:`SYNTHETIC_MODEL`), as its
-    name ``probe-<model>-<runtime>-<digest>`` says; any other row's own model."""
+    """The model a row's kernels were measured in: a probe layer's zoo model, as its name
+    ``probe-<model>-<runtime>-<digest>`` says; any other row's own model."""
     return model[len(PROBE_MODEL_PREFIX):].split("-", 1)[0] if model.startswith(PROBE_MODEL_PREFIX) else model

@@ -35,7 +35,7 @@ import numpy as np
 from modak.candidates.catalog import Recipe, load_catalog
 from modak.errors import InputError
 from modak.image.kernels import Kernel
-from modak.measurements.kernels import SYNTHETIC_MODEL, KernelRow, Reconciliation, probed_from
+from modak.measurements.kernels import KernelRow, Reconciliation, probed_from
 from modak.measurements.stats import EQUIVALENCE_MARGIN, Ratio, ratio
 from modak.measurements.store import Measurement
 from modak.predict.base import paired_ratio_p90
@@ -223,7 +223,7 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
     its fallback, as the plan asks them: it scores the rows the forest covers, the kernel model answering the
     inference rows whose planned kernels it covers (:attr:`Prediction.by` says which answered). Each fold's kernel
     model is fit on the kernel rows and reconciliations of the training fold's (machine, model) pairs only (a probe
-    layer's by the model it was cut from), and the synthetic layers of its machines (no evaluated model's). Only
+    layer's by the model it was cut from). Only
     rows of a machine with kernel rows of its own in the training fold are asked of it (with one machine's kernel
     rows, transfer to others cannot be held out; fitting it for them would only slow the evaluation).
     ``kernels_of``: default :func:`planned_for_row`."""
@@ -246,17 +246,12 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
 
     def predict(fitted: tuple[set[tuple[str, str]], Any], rows: list[Measurement]) -> Predictions:
         pairs, trees = fitted
-        trained = {machine for machine, _ in pairs}
-
-        def in_fold(row: KernelRow | Reconciliation) -> bool:  # a probe layer goes with the model it was cut from
-            source = probed_from(row.model)
-            return (row.machine, source) in pairs or source == SYNTHETIC_MODEL and row.machine in trained
-
-        own = [r for r in kernel_rows if in_fold(r)]
+        own = [r for r in kernel_rows if (r.machine, probed_from(r.model)) in pairs]  # a probe layer: its model's
         machines = {r.machine for r in own}
         model = None
         if any(row.machine in machines for row in rows):
-            model = KernelModel.fit(own, [r for r in reconciliations if in_fold(r)], seed)
+            model = KernelModel.fit(own, [r for r in reconciliations if (r.machine, probed_from(r.model)) in pairs],
+                                    seed)
         return tuple(None if fallback is None
                      else (model is not None and row.machine in machines and composed(model, row))
                      or replace(fallback, by=whole.name)
