@@ -38,6 +38,7 @@ from modak.predict.kernels import (
     KernelModel,
     KernelPredictor,
     MachineCeilings,
+    features,
     kernel_seconds,
     roofline_seconds,
     sized,
@@ -171,6 +172,31 @@ def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: K
     assert p.low_seconds == pytest.approx(8 * MS / math.exp(math.sqrt(q10 ** 2 + widen)))
     assert p.high_seconds == pytest.approx(8 * MS * math.exp(math.sqrt(q90 ** 2 + widen)))
     assert p.term("new_machine_spread") == NEW_MACHINE_SPREAD
+
+
+def test_a_kind_whose_trees_disagree_widens_the_interval_by_its_share_of_the_step(fixed: KernelModel) -> None:
+    from array import array
+
+    from modak.predict.forest import TreeEnsemble
+
+    step, candidate = (CONV, RELU), Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+    times = kernel_seconds(fixed.kinds, "onnxruntime", "cpu", step, BOX, candidate)
+    assert times is not None and [t.spread for t in times] == [0.0, 0.0]  # the fixed table's trees agree
+    # Relu's forest replaced by two one-leaf trees 0.1 either side of its correction: the same step, a spread of 0.1.
+    key = ("onnxruntime", "cpu", "Relu")
+    relu = fixed.kinds[key]
+    correction = relu.forest.predict([features(sized(RELU), BOX, candidate, relu.attribute_keys)[0]])[0]
+    split = TreeEnsemble(array("q", [0, 1]), array("q", [-1, -1]), array("q", [-1, -1]), array("q", [0, 0]),
+                         array("d", [0.0, 0.0]), array("d", [correction - 0.1, correction + 0.1]), array("q", [0]))
+    spread = replace(fixed, kinds={**fixed.kinds, key: replace(relu, forest=split)})
+    base, wide = (predict_fixed(m, target("box", 1.0), step) for m in (fixed, spread))
+    assert base is not None and wide is not None and wide.step_seconds == pytest.approx(base.step_seconds)
+    share = 0.1 * times[1].seconds / (times[0].seconds + times[1].seconds)  # weighted by Relu's share of the time
+    q10, _, q90 = fixed.calibration[("onnxruntime", "cpu", "")]
+    assert base.high_seconds / base.step_seconds == pytest.approx(math.exp(q90))
+    assert wide.high_seconds / wide.step_seconds == pytest.approx(math.exp(math.sqrt(q90 ** 2 + (Z80 * share) ** 2)))
+    assert base.step_seconds / base.low_seconds == pytest.approx(math.exp(-q10))
+    assert wide.step_seconds / wide.low_seconds == pytest.approx(math.exp(math.sqrt(q10 ** 2 + (Z80 * share) ** 2)))
 
 
 def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fixed: KernelModel) -> None:

@@ -344,12 +344,14 @@ def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindMod
 
 @dataclass(frozen=True)
 class KernelEstimate:
-    """One kernel's predicted seconds per call, whether it is compute-bound, and whether it is past its kind's
-    :data:`EXTRAPOLATION_LIMIT`."""
+    """One kernel's predicted seconds per call, whether it is compute-bound, whether it is past its kind's
+    :data:`EXTRAPOLATION_LIMIT`, and the spread of its kind's trees (the standard deviation of their log
+    corrections: wide where the kernel is unlike the rows the kind was fit on)."""
 
     seconds: float
     compute_bound: bool
     extrapolated: bool
+    spread: float = 0.0
 
 
 def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str, kernels: Sequence[Kernel],
@@ -367,10 +369,12 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
         model = kinds[key]
         examples = {i: features(kernels[i], machine, candidate, model.attribute_keys) for i in indices}
         rows = list(dict.fromkeys(tuple(columns) for columns, _, _ in examples.values()))  # a layer repeated: once
-        corrections = dict(zip(rows, model.forest.predict(rows)))
+        corrections = dict(zip(rows, zip(*model.forest.predict_trees(rows))))
         for i, (columns, compute_s, memory_s) in examples.items():
-            seconds = model.prior_seconds(compute_s, memory_s) * math.exp(corrections[tuple(columns)])
-            results[i] = KernelEstimate(seconds, compute_s >= memory_s, not model.within(kernels[i]))
+            trees = corrections[tuple(columns)]
+            seconds = model.prior_seconds(compute_s, memory_s) * math.exp(statistics.fmean(trees))
+            results[i] = KernelEstimate(seconds, compute_s >= memory_s, not model.within(kernels[i]),
+                                        statistics.pstdev(trees))
     return results
 
 
@@ -581,7 +585,10 @@ class KernelModel:
         memory_s = sum(e.seconds for e in times if not e.compute_bound)
         low_q, mid_q, high_q = calibration
         known = self.knows(key, machine)
-        widen = 0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2
+        # The calibration's quantiles hold the error of steps like those it was fit on; the kernels' trees spread
+        # where a step's kernels are unlike the kinds' rows (a new family's), weighted by their time.
+        spread = sum(e.seconds * e.spread for e in times) / sum(e.seconds for e in times)
+        widen = (Z80 * spread) ** 2 + (0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2)
         step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
         return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
                            step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
