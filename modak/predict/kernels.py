@@ -371,11 +371,17 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
         rows = list(dict.fromkeys(tuple(columns) for columns, _, _ in examples.values()))  # a layer repeated: once
         corrections = dict(zip(rows, zip(*model.forest.predict_trees(rows))))
         for i, (columns, compute_s, memory_s) in examples.items():
-            trees = corrections[tuple(columns)]
-            seconds = model.prior_seconds(compute_s, memory_s) * math.exp(statistics.fmean(trees))
-            results[i] = KernelEstimate(seconds, compute_s >= memory_s, not model.within(kernels[i]),
-                                        statistics.pstdev(trees))
+            mean, spread = _mean_sd(corrections[tuple(columns)])
+            results[i] = KernelEstimate(model.prior_seconds(compute_s, memory_s) * math.exp(mean),
+                                        compute_s >= memory_s, not model.within(kernels[i]), spread)
     return results
+
+
+def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population standard deviation in plain floats (``statistics``' exact arithmetic costs a plan's
+    predictions more than its walks)."""
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
 def mostly_within(estimates: Sequence[KernelEstimate], calls: Sequence[int] | None = None) -> bool:
