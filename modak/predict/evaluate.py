@@ -246,12 +246,14 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
 
     def predict(fitted: tuple[set[tuple[str, str]], Any], rows: list[Measurement]) -> Predictions:
         pairs, trees = fitted
-        own = [r for r in kernel_rows if (r.machine, probed_from(r.model)) in pairs]  # a probe layer: its model's
+        def in_fold(row: KernelRow | Reconciliation) -> bool:  # a probe layer's row goes with its model's
+            return (row.machine, probed_from(row.model)) in pairs
+
+        own = [r for r in kernel_rows if in_fold(r)]
         machines = {r.machine for r in own}
         model = None
         if any(row.machine in machines for row in rows):
-            model = KernelModel.fit(own, [r for r in reconciliations if (r.machine, probed_from(r.model)) in pairs],
-                                    seed)
+            model = KernelModel.fit(own, [r for r in reconciliations if in_fold(r)], seed)
         return tuple(None if fallback is None
                      else (model is not None and row.machine in machines and composed(model, row))
                      or replace(fallback, by=whole.name)
