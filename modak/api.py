@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from modak.advise.pack import PackResult
@@ -43,10 +43,16 @@ PredictorName = Literal["default", "learned", "roofline"]
 def load(job: str | Path, target: str | Path | None = None) -> LoadedJob:
     """The job and its target, validated, with every file they refer to checked; target ``local`` (and a target
     file's ``cpu: local``) is this machine's cached probe."""
-    from modak.hardware.local import local_sections
     from modak.spec.loader import load_job
 
-    return load_job(job, target, local_sections)
+    return load_job(job, target, _local_machine)
+
+
+def _local_machine() -> dict[str, Any]:
+    """This machine's cpu, memory (and gpus) sections, from its cached probe (imported only for a local target)."""
+    from modak.hardware.local import local_sections
+
+    return local_sections()
 
 
 def predictor(name: PredictorName = "default", store: Path | None = None) -> Predictor:

@@ -51,7 +51,7 @@ from modak.measurements.kernels import KernelRow, Reconciliation, whole_step
 from modak.measurements.store import Measurement
 from modak.paths import cache_dir, write_atomic
 from modak.predict import forest, roofline
-from modak.predict.base import Prediction
+from modak.predict.base import Prediction, PredictionRequest
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.learned import KEEP_FITS, NEW_MACHINE_SPREAD, Z80, machine_kind, machine_signature
 from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares
@@ -90,6 +90,7 @@ NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans fo
 
 KindKey = tuple[str, str, str]  # runtime, device, kernel kind
 RuntimeKey = tuple[str, str]  # runtime, device
+Corrections = dict[KindKey, dict[tuple[float, ...], tuple[float, float]]]  # per kind: columns -> trees' (mean, sd)
 # runtime, device, parameters (sorted JSON; ALL_PARAMETERS: every launch of the runtime and device)
 CalibrationKey = tuple[str, str, str]
 ALL_PARAMETERS = ""
@@ -355,8 +356,10 @@ class KernelEstimate:
 
 
 def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str, kernels: Sequence[Kernel],
-                   machine: MachineCeilings, candidate: Candidate) -> list[KernelEstimate] | None:
-    """Each kernel's estimate; None where a kind has no model."""
+                   machine: MachineCeilings, candidate: Candidate,
+                   walked: Corrections | None = None) -> list[KernelEstimate] | None:
+    """Each kernel's estimate; None where a kind has no model. ``walked``: the corrections of rows already walked
+    (by the kinds of ``kinds``), filled in with this call's: the candidates of one plan share most kernel rows."""
     kernels = [sized(k) for k in kernels]
     by_model: dict[KindKey, list[int]] = {}
     for i, kernel in enumerate(kernels):
@@ -364,14 +367,18 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
         if key not in kinds:
             return None
         by_model.setdefault(key, []).append(i)
+    walked = {} if walked is None else walked
     results = [KernelEstimate(0.0, False, False)] * len(kernels)
     for key, indices in by_model.items():
         model = kinds[key]
         examples = {i: features(kernels[i], machine, candidate, model.attribute_keys) for i in indices}
-        rows = list(dict.fromkeys(tuple(columns) for columns, _, _ in examples.values()))  # a layer repeated: once
-        corrections = dict(zip(rows, zip(*model.forest.predict_trees(rows))))
+        corrections = walked.setdefault(key, {})
+        rows = [row for row in dict.fromkeys(tuple(columns) for columns, _, _ in examples.values())
+                if row not in corrections]  # a layer repeated, or walked for another candidate: once
+        if rows:
+            corrections.update(zip(rows, map(_mean_sd, zip(*model.forest.predict_trees(rows)))))
         for i, (columns, compute_s, memory_s) in examples.items():
-            mean, spread = _mean_sd(corrections[tuple(columns)])
+            mean, spread = corrections[tuple(columns)]
             results[i] = KernelEstimate(model.prior_seconds(compute_s, memory_s) * math.exp(mean),
                                         compute_s >= memory_s, not model.within(kernels[i]), spread)
     return results
@@ -572,17 +579,19 @@ class KernelModel:
         return (machine.signature in self.signatures.get(key, frozenset())
                 or machine.kind is not None and machine.kind in self.machine_kinds.get(key, frozenset()))
 
-    def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate) -> Composition | None:
+    def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate,
+                walked: Corrections | None = None) -> Composition | None:
         """The step of ``kernels`` (one call each) for ``candidate`` on ``machine``; None where the candidate's
         runtime and device are not calibrated or have no kernel rows at its precision, a kernel's kind has no model
         (or there are no kernels), too much of the step is extrapolated, or the kernels are too short to stand out
-        of the profiler's cost."""
+        of the profiler's cost. ``walked``: as :func:`kernel_seconds` takes it."""
         key = (candidate.runtime, candidate.device)
         if candidate.precision.value not in self.precisions.get(key, frozenset()):
             return None
         calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
                        or self.calibration.get((*key, ALL_PARAMETERS)))
-        times = kernel_seconds(self.kinds, *key, kernels, machine, candidate) if kernels and calibration else None
+        times = (kernel_seconds(self.kinds, *key, kernels, machine, candidate, walked) if kernels and calibration
+                 else None)
         if (times is None or calibration is None or not mostly_within(times)
                 or not above_profiler(sum(e.seconds for e in times), len(kernels), self.profiling[key])):
             return None
@@ -676,10 +685,20 @@ class KernelPredictor:
 
     def predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate,
                 recipe: Recipe) -> Prediction | None:
+        return self.predict_many(workload, ceilings, [(candidate, recipe)])[0]
+
+    def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
+                     requests: Sequence[PredictionRequest]) -> list[Prediction | None]:
+        """:meth:`predict` of each request, each distinct kernel row's trees walked once across them."""
+        walked: Corrections = {}
+        return [self._predict(workload, ceilings, candidate, recipe, walked) for candidate, recipe in requests]
+
+    def _predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate, recipe: Recipe,
+                 walked: Corrections) -> Prediction | None:
         if workload.task is not Task.inference or not self.model.calibrated(candidate.runtime, candidate.device):
             return None
         kernels = self.planned(workload, candidate, candidate.threads or ceilings.cores)
-        c = self.model.compose(kernels, MachineCeilings.of_target(ceilings, candidate.device), candidate)
+        c = self.model.compose(kernels, MachineCeilings.of_target(ceilings, candidate.device), candidate, walked)
         if c is None:
             return None
         physics = RooflinePredictor().predict(workload, ceilings, candidate, recipe)
