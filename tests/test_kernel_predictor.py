@@ -174,6 +174,24 @@ def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: K
     assert p.term("new_machine_spread") == NEW_MACHINE_SPREAD
 
 
+def test_a_plans_candidates_walk_each_distinct_kernel_row_once(fixed: KernelModel, monkeypatch) -> None:
+    from modak.predict.forest import TreeEnsemble
+
+    walked: list[int] = []
+    walk = TreeEnsemble.predict_trees
+    monkeypatch.setattr(TreeEnsemble, "predict_trees", lambda self, X: walked.append(len(X)) or walk(self, X))
+    _, _, workload = cnn()
+    predictor = KernelPredictor(fixed, kernels_of=lambda workload, candidate, threads: (CONV, RELU, CONV))
+    recipe = load_catalog()["onnxruntime"]
+    four, two = (Candidate("onnxruntime", "cpu", Precision.fp32, (), threads) for threads in (4, 2))
+    alone = [predictor.predict(workload, target("box", 1.0), c, recipe) for c in (four, two, four)]
+    assert walked == [1, 1] * 3  # per candidate: Conv (its two calls one row), then Relu
+    walked.clear()
+    batched = predictor.predict_many(workload, target("box", 1.0), [(four, recipe), (two, recipe), (four, recipe)])
+    assert walked == [1, 1, 1, 1]  # the third candidate's rows were the first's: not walked again
+    assert batched == alone and alone[0] != alone[1]
+
+
 def test_a_kind_whose_trees_disagree_widens_the_interval_by_its_share_of_the_step(fixed: KernelModel) -> None:
     from array import array
 
