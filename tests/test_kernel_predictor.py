@@ -467,6 +467,23 @@ def test_for_model_binds_the_graph_through_the_fallback(fixed: KernelModel) -> N
                                           load_catalog()["onnxruntime"]) is None
 
 
+def test_a_changed_shipped_file_is_another_data_key(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from modak.predict import training
+
+    shipped = tmp_path / "kernels-box.csv"
+    write_kernel_csv(shipped, fixed_table()[0])
+    monkeypatch.setattr(training, "shipped_kernel_files", lambda: [shipped])
+    first = kernel_set(tmp_path / "none.sqlite")
+    assert first is not None and kernel_set(tmp_path / "none.sqlite").key == first.key  # unchanged: the same fit
+    status = shipped.stat()
+    content = shipped.read_bytes()
+    shipped.write_bytes(content.replace(b"m0", b"m9"))  # the same size, other bytes, written later
+    os.utime(shipped, ns=(status.st_atime_ns, status.st_mtime_ns + 1))
+    assert shipped.stat().st_size == status.st_size and kernel_set(tmp_path / "none.sqlite").key != first.key
+
+
 def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kernel_rows(tmp_path: Path) -> None:
     shipped = kernel_set(tmp_path / "none.sqlite")  # the shipped kernel files alone
     assert shipped is not None and default_predictor(tmp_path / "none.sqlite").name == f"{PREDICTOR}+learned+roofline"

@@ -51,8 +51,8 @@ def training_data(store: Path | None = None) -> tuple[list[Measurement], list[fl
 
 
 def training_set(store: Path | None = None) -> TrainingData:
-    """:func:`training_data` as the learned model's :class:`TrainingData`, keyed by the shipped files' bytes and
-    the local rows, so a cached fit is found without parsing the shipped CSV files."""
+    """:func:`training_data` as the learned model's :class:`TrainingData`, keyed by the shipped files (:func:`_key`)
+    and the local rows, so a cached fit is found without parsing the shipped CSV files."""
     local = local_rows(store)
     key = _key(f"{LOCAL_WEIGHT!r}", shipped_files(), TrainingData.of(local, [LOCAL_WEIGHT] * len(local)).key)
     return TrainingData(key, lambda: _merged(shipped_rows(), local))
@@ -75,8 +75,8 @@ def local_kernel_rows(store: Path | None = None) -> tuple[list[KernelRow], list[
 
 def kernel_set(store: Path | None = None) -> KernelData | None:
     """The kernel model's data: the shipped kernel rows and reconciliations plus the local store's (a configuration
-    profiled locally replaces its shipped rows), keyed by the shipped files' bytes and the local rows, so that a
-    cached fit is found without parsing the shipped files; None where there are none."""
+    profiled locally replaces its shipped rows), keyed by the shipped files (:func:`_key`) and the local rows, so
+    that a cached fit is found without parsing the shipped files; None where there are none."""
     files = shipped_kernel_files()
     local = local_kernel_rows(store)
     if not files and not any(local):
@@ -85,14 +85,14 @@ def kernel_set(store: Path | None = None) -> KernelData | None:
 
 
 def _key(salt: str, files: Iterable[Path], local: str) -> str:
-    """The digest of the shipped ``files``' names and bytes (each within the CSV size limit) and the local rows'
-    key."""
+    """The digest of the shipped ``files``' names, sizes and modification times (each within the CSV size limit:
+    a changed file is another key, as Python's bytecode cache tells a changed source, without reading the
+    megabytes on every plan) and the local rows' key."""
     digest = hashlib.sha256(salt.encode())
     for path in files:
         check_size(path, MAX_CSV_BYTES, "the CSV file")
-        content = path.read_bytes()
-        digest.update(f"{path.name}\0{len(content)}\0".encode())
-        digest.update(content)
+        status = path.stat()
+        digest.update(f"{path.name}\0{status.st_size}\0{status.st_mtime_ns}\0".encode())
     digest.update(local.encode())
     return digest.hexdigest()
 
