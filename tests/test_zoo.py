@@ -25,7 +25,8 @@ def test_registry():
     assert entries.zoo_names() == sorted(["mnist_cnn", "resnet18", "resnet34", "resnet50", "mobilenet_v2", "bert_base",
                                           "bert_small", "vit_tiny", "yolo_small", "dlrm_small", "ncf", "mlp",
                                           "mlp_large", "convnext_atto", "unet_small", "lstm_lm", "efficientnet_b0",
-                                          "squeezenet", "gru_kws", "gpt_small", "m5_audio", "chain4", "chain64"])
+                                          "squeezenet", "gru_kws", "gpt_small", "m5_audio", "chain4", "chain64",
+                                          "detr_r18", "mobilevit_xxs", "deepspeech_small", "crnn_sed"])
     for name in entries.zoo_names():
         entry = entries.get_entry(name)
         assert entry.name == name and entry.description and entry.tasks

@@ -116,6 +116,19 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("m5_audio", "M5 raw-audio classifier: four Conv1d stages (a 80-wide stride-4 first one) with "
              "BatchNorm and max-pooling over 1 s at 16 kHz, 35 classes (0.6 M params)",
              {"audio": (1, 16000)}, {"audio": "float32"}, _BOTH, "m5_audio"),
+    ZooEntry("detr_r18", "DETR detector with a ResNet-18 trunk: 2 encoder and 2 decoder pre-norm layers (hidden "
+             "256, 8 heads) over the stride-32 features, 50 object queries, 91 classes and boxes (15.7 M params)",
+             {"input": (3, 224, 224)}, {"input": "float32"}, _BOTH, "detr_r18"),
+    ZooEntry("mobilevit_xxs", "MobileViT-XXS image classifier: inverted residuals with SiLU and three MobileViT "
+             "blocks (transformers over 2x2 patches, widths 64-96), 1000 classes (1.3 M params at 256x256)",
+             {"input": (3, 256, 256)}, {"input": "float32"}, _BOTH, "mobilevit_xxs"),
+    ZooEntry("deepspeech_small", "DeepSpeech 2, small: two strided 2-D convolutions with a clipped ReLU over 2 s "
+             "of a 161-bin spectrogram, 3 bidirectional LSTM layers of 256, per-frame logits of 29 characters "
+             "(6.6 M params)",
+             {"spectrogram": (1, 161, 200)}, {"spectrogram": "float32"}, _BOTH, "deepspeech_small"),
+    ZooEntry("crnn_sed", "CRNN sound-event detector: three 3x3 convolution blocks pooled over 64 mel bands, 2 "
+             "bidirectional GRU layers of 128 over 256 frames, per-frame activities of 10 events (0.6 M params)",
+             {"mel": (1, 64, 256)}, {"mel": "float32"}, _BOTH, "crnn_sed"),
     ZooEntry("chain4", "Dispatch-overhead probe: 4 fully connected layers 16-16 with tanh (8 graph nodes, 1 k "
              "params)", {"input": (16,)}, {"input": "float32"}, _BOTH, "chain4"),
     ZooEntry("chain64", "Dispatch-overhead probe: 64 fully connected layers 16-16 with tanh (128 graph nodes, "

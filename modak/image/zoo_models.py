@@ -147,10 +147,13 @@ class ResNet(nn.Module):
         layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The trunk's last feature map (stride 32), before pooling and the classifier."""
         x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
 # --- MobileNetV2 (width 1.0, torchvision layout) ----------------------------------------------------------
@@ -160,18 +163,20 @@ def _make_divisible(value: float, divisor: int = 8) -> int:
     return rounded + divisor if rounded < 0.9 * value else rounded
 
 
-def _conv_bn_relu6(inp: int, oup: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
+def _conv_bn_relu6(inp: int, oup: int, kernel: int = 3, stride: int = 1, groups: int = 1,
+                   activation: type[nn.Module] = nn.ReLU6) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(inp, oup, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
-                         nn.BatchNorm2d(oup), nn.ReLU6())
+                         nn.BatchNorm2d(oup), activation())
 
 
 class InvertedResidual(nn.Module):
-    def __init__(self, inp: int, oup: int, stride: int, expand_ratio: int) -> None:
+    def __init__(self, inp: int, oup: int, stride: int, expand_ratio: int,
+                 activation: type[nn.Module] = nn.ReLU6) -> None:
         super().__init__()
         hidden = round(inp * expand_ratio)
         self.use_residual = stride == 1 and inp == oup
-        layers: list[nn.Module] = [_conv_bn_relu6(inp, hidden, 1)] if expand_ratio != 1 else []
-        layers += [_conv_bn_relu6(hidden, hidden, 3, stride, groups=hidden),
+        layers: list[nn.Module] = [_conv_bn_relu6(inp, hidden, 1, activation=activation)] if expand_ratio != 1 else []
+        layers += [_conv_bn_relu6(hidden, hidden, 3, stride, groups=hidden, activation=activation),
                    nn.Conv2d(hidden, oup, 1, bias=False), nn.BatchNorm2d(oup)]
         self.conv = nn.Sequential(*layers)
 
@@ -719,6 +724,157 @@ class M5(nn.Module):
         return self.classifier(self.features(x).mean(2))
 
 
+# --- DETR with a ResNet-18 trunk: a transformer encoder over the stride-32 feature map, object queries --------
+
+class CrossAttentionLayer(nn.Module):
+    """A pre-norm decoder layer: self-attention among the queries, attention from the queries to the encoder's
+    memory, a GELU feed-forward."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int, queries: int, memory: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.queries, self.memory = heads, hidden // heads, queries, memory
+        self.self_attention = VitLayer(hidden, heads, ffn, queries)
+        self.query_norm = nn.LayerNorm(hidden)
+        self.query = nn.Linear(hidden, hidden)
+        self.key_value = nn.Linear(hidden, 2 * hidden)
+        self.projection = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        x = self.self_attention(x)
+        q = self.query(self.query_norm(x)).reshape(-1, self.queries, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.key_value(memory).reshape(-1, self.memory, 2, self.heads, self.head_dim).permute(
+            2, 0, 3, 1, 4).unbind(0)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        context = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2)
+        return x + self.projection(context.reshape(-1, self.queries, self.heads * self.head_dim))
+
+
+class Detr(nn.Module):
+    """DETR (Carion et al. 2020) with a ResNet-18 trunk and pre-norm layers: a 1x1 projection of the stride-32
+    features, learned positions, encoder layers, object queries decoded against the memory, class logits (with
+    the no-object class) and sigmoid boxes from a 3-layer MLP, concatenated per query."""
+
+    def __init__(self, channels: int, height: int, width: int, hidden: int = 256, heads: int = 8, ffn: int = 1024,
+                 encoders: int = 2, decoders: int = 2, queries: int = 50, classes: int = 91) -> None:
+        super().__init__()
+        self.backbone = ResNet(BasicBlock, [2, 2, 2, 2], channels)
+        tokens = (height // 32) * (width // 32)
+        self.projection = nn.Conv2d(512, hidden, 1)
+        self.positions = nn.Parameter(torch.randn(1, tokens, hidden) * 0.02)
+        self.encoder = nn.Sequential(*(VitLayer(hidden, heads, ffn, tokens) for _ in range(encoders)))
+        self.queries = nn.Parameter(torch.randn(1, queries, hidden) * 0.02)
+        self.decoder = nn.ModuleList(CrossAttentionLayer(hidden, heads, ffn, queries, tokens)
+                                     for _ in range(decoders))
+        self.norm = nn.LayerNorm(hidden)
+        self.classes = nn.Linear(hidden, classes + 1)
+        self.boxes = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                   nn.Linear(hidden, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        memory = self.encoder(self.projection(self.backbone.features(x)).flatten(2).transpose(1, 2) + self.positions)
+        # The queries are broadcast by an add (as ViT's class token), not an Expand of a batch-dependent shape.
+        queries = torch.zeros_like(memory[:, :1]) + self.queries
+        for layer in self.decoder:
+            queries = layer(queries, memory)
+        queries = self.norm(queries)
+        return torch.cat((self.classes(queries), torch.sigmoid(self.boxes(queries))), 2)
+
+
+# --- MobileViT-XXS: inverted residuals (SiLU) and MobileViT blocks (transformers over 2x2-unfolded patches) ---
+
+class MobileVitBlock(nn.Module):
+    """Local 3x3 then 1x1 convolutions, ``layers`` transformer layers across the pixels at the same place of each
+    2x2 patch, a 1x1 convolution back, and a 3x3 fusion with the block's input."""
+
+    def __init__(self, channels: int, dim: int, layers: int, height: int, width: int, heads: int = 4) -> None:
+        super().__init__()
+        self.dim, self.height, self.width = dim, height, width
+        self.local = nn.Sequential(_conv_bn_relu6(channels, channels, 3, activation=nn.SiLU),
+                                   nn.Conv2d(channels, dim, 1, bias=False))
+        tokens = (height // 2) * (width // 2)
+        self.transformer = nn.Sequential(*(VitLayer(dim, heads, 2 * dim, tokens) for _ in range(layers)),
+                                         nn.LayerNorm(dim))
+        self.back = _conv_bn_relu6(dim, channels, 1, activation=nn.SiLU)
+        self.fuse = _conv_bn_relu6(2 * channels, channels, 3, activation=nn.SiLU)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d, h, w = self.dim, self.height // 2, self.width // 2
+        y = self.local(x).reshape(-1, d, h, 2, w, 2).permute(0, 3, 5, 2, 4, 1).reshape(-1, h * w, d)
+        y = self.transformer(y).reshape(-1, 2, 2, h, w, d).permute(0, 5, 3, 1, 4, 2).reshape(-1, d, 2 * h, 2 * w)
+        return self.fuse(torch.cat((x, self.back(y)), 1))
+
+
+class MobileVit(nn.Module):
+    """MobileViT-XXS (Mehta & Rastegari 2022): a stride-2 stem, inverted residuals of expansion 2, three MobileViT
+    blocks (widths 64, 80, 96; 2, 4 and 3 layers) at strides 8, 16 and 32, a 1x1 expansion to 320, class logits."""
+
+    def __init__(self, channels: int, height: int, width: int, classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_conv_bn_relu6(channels, 16, 3, 2, activation=nn.SiLU),
+                                   InvertedResidual(16, 16, 1, 2, nn.SiLU)]
+        layers += [InvertedResidual(a, 24, s, 2, nn.SiLU) for a, s in ((16, 2), (24, 1), (24, 1))]
+        inp = 24
+        for stride, (oup, dim, depth) in zip((8, 16, 32), ((48, 64, 2), (64, 80, 4), (80, 96, 3))):
+            layers += [InvertedResidual(inp, oup, 2, 2, nn.SiLU),
+                       MobileVitBlock(oup, dim, depth, height // stride, width // stride)]
+            inp = oup
+        layers.append(_conv_bn_relu6(inp, 320, 1, activation=nn.SiLU))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(320, classes)
+        _init_vision(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).mean((2, 3)))
+
+
+# --- DeepSpeech2-small: 2-D convolutions over a spectrogram with clipped ReLU, bidirectional LSTMs -----------
+
+class DeepSpeech(nn.Module):
+    """DeepSpeech 2 (Amodei et al. 2016), small: two strided 2-D convolutions (41x11 and 21x11) with BatchNorm and
+    a ReLU clipped at 20 (Hardtanh), 3 bidirectional LSTM layers of 256, per-frame logits of 29 characters."""
+
+    def __init__(self, frequencies: int, hidden: int = 256, layers: int = 3, characters: int = 29) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(1, 32, (41, 11), (2, 2), (20, 5), bias=False), nn.BatchNorm2d(32),
+                                  nn.Hardtanh(0, 20),
+                                  nn.Conv2d(32, 32, (21, 11), (2, 1), (10, 5), bias=False), nn.BatchNorm2d(32),
+                                  nn.Hardtanh(0, 20))
+        features = 32 * (((frequencies + 1) // 2 + 1) // 2)  # 32 channels of the frequencies left
+        self.lstm = nn.LSTM(features, hidden, layers, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, characters)
+        _init_vision(self)
+
+    def forward(self, spectrogram: torch.Tensor) -> torch.Tensor:
+        x = self.conv(spectrogram)  # batch, channels, frequencies, frames
+        output, _ = self.lstm(x.flatten(1, 2).transpose(1, 2))
+        return self.head(output)
+
+
+# --- A CRNN sound-event detector: 2-D convolutions pooled over frequency, bidirectional GRUs, per-frame events ---
+
+class SoundEventCrnn(nn.Module):
+    """CRNN (Cakir et al. 2017): three 3x3 Conv + BatchNorm + ReLU blocks max-pooled over frequency only (by 4, 4
+    and 2), 2 bidirectional GRU layers of 128 over the frames, per-frame sigmoid activities of 10 event classes."""
+
+    POOLS = (4, 4, 2)
+
+    def __init__(self, mels: int, width: int = 64, hidden: int = 128, classes: int = 10) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        for i, pool in enumerate(self.POOLS):
+            blocks += [nn.Conv2d(1 if i == 0 else width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                       nn.ReLU(), nn.MaxPool2d((pool, 1))]
+        self.conv = nn.Sequential(*blocks)
+        self.gru = nn.GRU(width * (mels // math.prod(self.POOLS)), hidden, 2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, classes)
+        _init_vision(self)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = self.conv(mel)  # batch, channels, mel bands left, frames
+        output, _ = self.gru(x.flatten(1, 2).transpose(1, 2))
+        return torch.sigmoid(self.head(output))
+
+
 # --- Factories: per-sample input shapes in, module out -----------------------------------------------------
 
 Factory = Callable[[Shapes, Bounds], nn.Module]
@@ -884,3 +1040,27 @@ def m5_audio(shapes: Shapes, bounds: Bounds) -> nn.Module:
         raise ValueError(f"the audio needs at least 1772 samples (a stride-4 convolution and four poolings by 4), "
                          f"got {samples}")
     return M5(channels)
+
+
+@factory
+def detr_r18(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return Detr(*_image(shapes, 32, "the trunk's stride"))
+
+
+@factory
+def mobilevit_xxs(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return MobileVit(*_image(shapes, 64, "2x2 patches at stride 32"))
+
+
+@factory
+def deepspeech_small(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    return DeepSpeech(frequencies=shapes["spectrogram"][1])
+
+
+@factory
+def crnn_sed(shapes: Shapes, bounds: Bounds) -> nn.Module:
+    mels = shapes["mel"][1]
+    if mels % math.prod(SoundEventCrnn.POOLS):
+        raise ValueError(f"the mel bands must be a multiple of {math.prod(SoundEventCrnn.POOLS)} (pooled by 4, 4 "
+                         f"and 2), got {mels}")
+    return SoundEventCrnn(mels)
