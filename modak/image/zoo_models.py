@@ -163,8 +163,8 @@ def _make_divisible(value: float, divisor: int = 8) -> int:
     return rounded + divisor if rounded < 0.9 * value else rounded
 
 
-def _conv_bn_relu6(inp: int, oup: int, kernel: int = 3, stride: int = 1, groups: int = 1,
-                   activation: type[nn.Module] = nn.ReLU6) -> nn.Sequential:
+def _conv_bn_act(inp: int, oup: int, kernel: int = 3, stride: int = 1, groups: int = 1,
+                 activation: type[nn.Module] = nn.ReLU6) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(inp, oup, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
                          nn.BatchNorm2d(oup), activation())
 
@@ -175,8 +175,8 @@ class InvertedResidual(nn.Module):
         super().__init__()
         hidden = round(inp * expand_ratio)
         self.use_residual = stride == 1 and inp == oup
-        layers: list[nn.Module] = [_conv_bn_relu6(inp, hidden, 1, activation=activation)] if expand_ratio != 1 else []
-        layers += [_conv_bn_relu6(hidden, hidden, 3, stride, groups=hidden, activation=activation),
+        layers: list[nn.Module] = [_conv_bn_act(inp, hidden, 1, activation=activation)] if expand_ratio != 1 else []
+        layers += [_conv_bn_act(hidden, hidden, 3, stride, groups=hidden, activation=activation),
                    nn.Conv2d(hidden, oup, 1, bias=False), nn.BatchNorm2d(oup)]
         self.conv = nn.Sequential(*layers)
 
@@ -192,13 +192,13 @@ class MobileNetV2(nn.Module):
         super().__init__()
         inp = _make_divisible(32 * width)
         self.last_channel = _make_divisible(1280 * max(1.0, width))
-        features: list[nn.Module] = [_conv_bn_relu6(channels, inp, stride=2)]
+        features: list[nn.Module] = [_conv_bn_act(channels, inp, stride=2)]
         for t, c, n, s in self.SETTINGS:
             oup = _make_divisible(c * width)
             for i in range(n):
                 features.append(InvertedResidual(inp, oup, s if i == 0 else 1, t))
                 inp = oup
-        features.append(_conv_bn_relu6(inp, self.last_channel, 1))
+        features.append(_conv_bn_act(inp, self.last_channel, 1))
         self.features = nn.Sequential(*features)
         self.classifier = nn.Linear(self.last_channel, classes)  # no dropout: training steps must be deterministic
         _init_vision(self)
@@ -727,8 +727,8 @@ class M5(nn.Module):
 # --- DETR with a ResNet-18 trunk: a transformer encoder over the stride-32 feature map, object queries --------
 
 class CrossAttentionLayer(nn.Module):
-    """A pre-norm decoder layer: self-attention among the queries, attention from the queries to the encoder's
-    memory, a GELU feed-forward."""
+    """A pre-norm decoder layer: self-attention among the queries with its GELU feed-forward (a ViT layer), then
+    attention from the queries to the encoder's memory (DETR's own layer puts the feed-forward last)."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, queries: int, memory: int) -> None:
         super().__init__()
@@ -789,13 +789,13 @@ class MobileVitBlock(nn.Module):
     def __init__(self, channels: int, dim: int, layers: int, height: int, width: int, heads: int = 4) -> None:
         super().__init__()
         self.dim, self.height, self.width = dim, height, width
-        self.local = nn.Sequential(_conv_bn_relu6(channels, channels, 3, activation=nn.SiLU),
+        self.local = nn.Sequential(_conv_bn_act(channels, channels, 3, activation=nn.SiLU),
                                    nn.Conv2d(channels, dim, 1, bias=False))
         tokens = (height // 2) * (width // 2)
         self.transformer = nn.Sequential(*(VitLayer(dim, heads, 2 * dim, tokens) for _ in range(layers)),
                                          nn.LayerNorm(dim))
-        self.back = _conv_bn_relu6(dim, channels, 1, activation=nn.SiLU)
-        self.fuse = _conv_bn_relu6(2 * channels, channels, 3, activation=nn.SiLU)
+        self.back = _conv_bn_act(dim, channels, 1, activation=nn.SiLU)
+        self.fuse = _conv_bn_act(2 * channels, channels, 3, activation=nn.SiLU)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d, h, w = self.dim, self.height // 2, self.width // 2
@@ -810,7 +810,7 @@ class MobileVit(nn.Module):
 
     def __init__(self, channels: int, height: int, width: int, classes: int = 1000) -> None:
         super().__init__()
-        layers: list[nn.Module] = [_conv_bn_relu6(channels, 16, 3, 2, activation=nn.SiLU),
+        layers: list[nn.Module] = [_conv_bn_act(channels, 16, 3, 2, activation=nn.SiLU),
                                    InvertedResidual(16, 16, 1, 2, nn.SiLU)]
         layers += [InvertedResidual(a, 24, s, 2, nn.SiLU) for a, s in ((16, 2), (24, 1), (24, 1))]
         inp = 24
@@ -818,7 +818,7 @@ class MobileVit(nn.Module):
             layers += [InvertedResidual(inp, oup, 2, 2, nn.SiLU),
                        MobileVitBlock(oup, dim, depth, height // stride, width // stride)]
             inp = oup
-        layers.append(_conv_bn_relu6(inp, 320, 1, activation=nn.SiLU))
+        layers.append(_conv_bn_act(inp, 320, 1, activation=nn.SiLU))
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(320, classes)
         _init_vision(self)
