@@ -159,13 +159,26 @@ def test_budget_without_kernels_is_refused(capsys: pytest.CaptureFixture[str]):
     assert "--budget" in capsys.readouterr().err
 
 
-def test_new_machine_quick_prints_the_curve_of_probe_minutes(capsys: pytest.CaptureFixture[str]):
+def test_new_machine_quick_prints_the_curve_of_probe_minutes_per_seed_and_their_spread(
+        capsys: pytest.CaptureFixture[str]):
     from benchmarks.models.new_machine import MARKS_MIN, QUICK_MODELS, main
 
-    assert main(["perfmodels/cpu-ci-icelake-2c.csv", "--quick"]) == 0
+    assert main(["perfmodels/cpu-ci-icelake-2c.csv", "--quick", "--seeds", "0", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("probe: ") and f"of {len(QUICK_MODELS)} models" in lines[0]
-    table = lines[2:]
-    assert len(table) == len(MARKS_MIN)
-    layers = [int(line.split()[1]) for line in table]
-    assert layers == sorted(layers) and layers[-1] >= 1  # later marks fit on more of the probe's layers
+    marks = len(MARKS_MIN)
+    for seed, first in ((0, 0), (1, marks + 2)):
+        assert lines[first].startswith(f"probe (seed {seed}): ") and f"of {len(QUICK_MODELS)} models" in lines[first]
+        layers = [int(line.split()[1]) for line in lines[first + 2:first + 2 + marks]]
+        assert layers == sorted(layers) and layers[-1] >= 1  # later marks fit on more of the probe's layers
+    spread = lines[2 * (marks + 2):]
+    assert spread[0] == "spread over seeds 0, 1:" and len(spread) == 2 + marks
+
+
+def test_the_spread_over_seeds_is_each_marks_lowest_median_and_highest_mape():
+    from benchmarks.models.new_machine import Point, spread
+
+    curves = [[Point(2.0, 10, 50, 30, 168, 20.0), Point(15.0, 90, 400, 60, 168, 11.0)],
+              [Point(2.0, 12, 55, 0, 168, None), Point(15.0, 80, 380, 50, 168, 30.0)],
+              [Point(2.0, 11, 52, 20, 168, 40.0), Point(15.0, 85, 390, 55, 168, 14.0)]]
+    assert spread(curves) == [(2.0, (0, 30), (20.0, 30.0, 40.0)), (15.0, (50, 60), (11.0, 14.0, 30.0))]
+    assert spread([curves[1][:1]]) == [(2.0, (0, 0), None)]

@@ -2,14 +2,20 @@
 leave-one-model-out on this machine's campaign rows with the kernel model fit on the probe's rows only (no
 whole-model row of any machine is learned from).
 
-The probe runs once (:func:`modak.bench.kprobe.probe_kernels`, into a throw-away store); the curve refits the
-kernel model on the whole models and layers measured within the first 2, 5, 10 and 15 minutes. A held-out model's
-own rows (its whole steps, and the probe's layers drawn from it) are dropped from the fit, so a campaign model is predicted from the other
-models' layers only. Each campaign row of an ONNX runtime on the CPU (inference, status ok) is composed from the
-kernels its runtime plans (:func:`modak.workload.kernels.planned_kernels`); a row whose kinds the fit does not
-cover is counted as uncovered. Printed: minutes, layers, kernel rows, covered rows, MAPE.
+The probe runs once per seed (:func:`modak.bench.kprobe.probe_kernels`, into a throw-away store); the curve
+refits the kernel model on the whole models and layers measured within the first 2, 5, 10 and 15 minutes. A
+held-out model's own rows (its whole steps, and the probe's layers drawn from it) are dropped from the fit, so a
+campaign model is predicted from the other models' layers only. Each campaign row of an ONNX runtime on the CPU
+(inference, status ok) is composed from the kernels its runtime plans (:func:`modak.workload.kernels.planned_kernels`);
+a row whose kinds the fit does not cover is counted as uncovered.
+Printed: minutes, layers, kernel rows, covered rows, MAPE.
+
+With several ``--seeds``, the probes run back to back first (the only part that measures), then each is scored;
+the spread over the seeds (median, lowest, highest MAPE per mark) is printed last: one probe's adaptive draw is one
+sample of what a new machine's user gets.
 
     python -m benchmarks.models.new_machine perfmodels/cpu-<this machine>.csv --budget 15
+    python -m benchmarks.models.new_machine perfmodels/cpu-<this machine>.csv --seeds 1 2 3
     python -m benchmarks.models.new_machine CAMPAIGN.csv --quick   # a tiny probe: a smoke test, not a figure
 """
 
@@ -98,6 +104,22 @@ def row_candidate_of(row: Measurement) -> Candidate:
                      row.threads)
 
 
+def spread(curves: Sequence[Sequence[Point]]) -> list[tuple[float, tuple[int, int], tuple[float, float, float] | None]]:
+    """Per mark of ``curves`` (one per seed): the minutes, the fewest and most rows covered, and the lowest, median
+    and highest MAPE of the seeds that covered any (None where none did)."""
+    marks = []
+    for points in zip(*curves):
+        mapes = [p.mape for p in points if p.mape is not None]
+        covered = [p.covered for p in points]
+        marks.append((points[0].minutes, (min(covered), max(covered)),
+                      (min(mapes), statistics.median(mapes), max(mapes)) if mapes else None))
+    return marks
+
+
+def _percent(mape: float | None) -> str:
+    return f"{mape:6.1f}%" if mape is not None else "      -"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from modak import api
     from modak.predict.roofline import RooflinePredictor
@@ -105,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("campaign", type=Path, nargs="+", help="this machine's campaign rows (CSV)")
     parser.add_argument("--budget", type=float, default=max(MARKS_MIN), metavar="MIN", help="probe minutes (15)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
+                        help="one probe per seed (its draw of zoo models and layers), the spread printed last (0)")
     parser.add_argument("--quick", action="store_true",
                         help=f"a {QUICK_BUDGET_MIN}-minute probe of {', '.join(QUICK_MODELS)} on onnxruntime only")
     args = parser.parse_args(argv)
@@ -115,19 +139,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [r for r in rows if r.model in QUICK_MODELS]
     marks = [budget * m / max(MARKS_MIN) for m in MARKS_MIN] if args.quick else [m for m in MARKS_MIN if m <= budget]
     roofline = RooflinePredictor()
-    with tempfile.TemporaryDirectory(prefix="modak-new-machine-") as scratch, \
-            PerfStore(Path(scratch) / "probe.sqlite") as store:
-        done = probe_kernels(lambda job: api.plan_loaded(api.load(job, "local"), roofline), store, budget,
-                             QUICK_MODELS if args.quick else None, runtimes)
-    assert all(r.model.startswith(PROBE_MODEL_PREFIX) or r.model in dict(done.wholes) for r in done.rows)
-    print(f"probe: {len(done.wholes)} whole models, {len(done.measured)} of {done.drawn_from} layers, "
-          f"{len(done.rows)} kernel rows; "
-          f"campaign: {len(rows)} rows of {len({r.model for r in rows})} models")
-    print(f"{'minutes':>8} {'layers':>7} {'rows':>6} {'covered':>8} {'MAPE':>7}")
-    for point in curve(done, rows, marks):
-        mape = f"{point.mape:6.1f}%" if point.mape is not None else "      -"
-        print(f"{point.minutes:8.2f} {point.layers:7d} {point.rows:6d} {point.covered:5d}/{point.campaign:<3d}"
-              f" {mape}")
+    probes = []
+    for seed in args.seeds:
+        with tempfile.TemporaryDirectory(prefix="modak-new-machine-") as scratch, \
+                PerfStore(Path(scratch) / "probe.sqlite") as store:
+            done = probe_kernels(lambda job: api.plan_loaded(api.load(job, "local"), roofline), store, budget,
+                                 QUICK_MODELS if args.quick else None, runtimes, seed)
+        assert all(r.model.startswith(PROBE_MODEL_PREFIX) or r.model in dict(done.wholes) for r in done.rows)
+        probes.append((seed, done))
+    curves = []
+    for seed, done in probes:
+        print(f"probe{f' (seed {seed})' if len(probes) > 1 else ''}: {len(done.wholes)} whole models, "
+              f"{len(done.measured)} of {done.drawn_from} layers, {len(done.rows)} kernel rows; "
+              f"campaign: {len(rows)} rows of {len({r.model for r in rows})} models")
+        print(f"{'minutes':>8} {'layers':>7} {'rows':>6} {'covered':>8} {'MAPE':>7}")
+        curves.append(curve(done, rows, marks))
+        for point in curves[-1]:
+            print(f"{point.minutes:8.2f} {point.layers:7d} {point.rows:6d} {point.covered:5d}/{point.campaign:<3d}"
+                  f" {_percent(point.mape)}")
+    if len(curves) > 1:
+        print(f"spread over seeds {', '.join(map(str, args.seeds))}:")
+        print(f"{'minutes':>8} {'covered':>11} {'median':>7} {'lowest':>7} {'highest':>7}")
+        for minutes, covered, mapes in spread(curves):
+            print(f"{minutes:8.2f} {covered[0]:5d}-{covered[1]:<5d} {_percent(mapes[1] if mapes else None)}"
+                  f" {_percent(mapes[0] if mapes else None)} {_percent(mapes[2] if mapes else None)}")
     return 0
 
 
