@@ -115,7 +115,7 @@ def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
     """``modak model eval --json``: one entry per (split, predictor); a metric over several seeds is their mean,
     with its [min, max] in ``spread``; a metric with nothing to score is null."""
     from modak.documents import rounded
-    from modak.predict.evaluate import FAMILIES, METRICS, grouped, seed_spread
+    from modak.predict.evaluate import FAMILIES, METRICS, SUBSET_METRICS, grouped, seed_spread
 
     def value(number: float) -> float | None:
         return None if math.isnan(number) else rounded(number)
@@ -130,6 +130,10 @@ def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
                         "workloads": first.workloads,
                         "no_stock": first.no_stock,
                         **{field: value(mean) for field, (mean, _, _) in spreads.items()},
+                        "by_answerer": {part.answerer: {"rows": part.rows, **{
+                            field: value(seed_spread([float(getattr(parts[i], field)) for parts in
+                                                      (run.by_answerer for run in runs)])[0])
+                            for field in SUBSET_METRICS}} for i, part in enumerate(first.by_answerer)},
                         "spread": {field: [value(low), value(high)] for field, (_, low, high) in spreads.items()
                                    if len(runs) > 1 and not math.isnan(low)}})
     return document({"rows": evaluation.rows, "models": evaluation.models, "machines": list(evaluation.machines),
@@ -150,7 +154,7 @@ def print_scores(scores: Iterable[Scores]) -> None:
     """Per split, a table of the predictors side by side; a metric over several seeds reads mean [min–max]."""
     from rich.table import Table
 
-    from modak.predict.evaluate import METRICS, grouped, seed_spread
+    from modak.predict.evaluate import METRICS, SUBSET_METRICS, grouped, seed_spread
 
     def cell(values: list[float], fmt: str) -> str:
         mean, low, high = seed_spread(values)
@@ -176,6 +180,13 @@ def print_scores(scores: Iterable[Scores]) -> None:
                           *(str(dict(runs[0].answered).get(answerer, "-")) for runs in columns.values()))
         for field, label, fmt in METRICS:
             table.add_row(label, *(cell([getattr(s, field) for s in runs], fmt) for runs in columns.values()))
+        labels = {field: (label, fmt) for field, label, fmt in METRICS}
+        for i, part in enumerate(next(iter(columns.values()))[0].by_answerer):
+            for field in SUBSET_METRICS:
+                label, fmt = labels[field]
+                table.add_row(f"  on the rows {part.answerer} answered: {label}",
+                              *(cell([getattr(s.by_answerer[i], field) for s in runs], fmt)
+                                for runs in columns.values()))
         out.print(table)
     seeded = {predictor: len(runs) for (_, predictor), runs in groups.items() if len(runs) > 1}
     for predictor, seeds in seeded.items():

@@ -5,6 +5,7 @@ document against model-eval.schema.json."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,8 +15,14 @@ from modak import cli
 from modak.candidates.catalog import load_catalog
 from modak.image.kernels import Kernel
 from modak.image.zoo import zoo_names
-from modak.measurements.kernels import (CEILINGS, KernelRow, Reconciliation, probed_from, write_kernel_csv,
-                                        write_reconcile_csv)
+from modak.measurements.kernels import (
+    CEILINGS,
+    KernelRow,
+    Reconciliation,
+    probed_from,
+    write_kernel_csv,
+    write_reconcile_csv,
+)
 from modak.measurements.store import Measurement, write_csv
 from modak.predict import evaluate as evaluation
 from modak.predict import training
@@ -26,10 +33,13 @@ from modak.predict.evaluate import (
     LEAVE_ONE_TARGET_OUT,
     Prediction,
     PredictorEntry,
+    Subset,
+    answerers,
     evaluate,
     family,
     kernels_and_forest,
     score,
+    subset,
 )
 from modak.predict.kernels import KernelModel
 from modak.predict.training import ok_rows, shipped_rows
@@ -105,6 +115,26 @@ def test_accuracy_metrics_on_a_fixed_table() -> None:
     assert result.kendall_tau_median == pytest.approx((1 + 1 / 3) / 2)  # the median of the two workloads' tau
     assert result.interval_coverage == 0.5
     assert (result.workloads, result.hit_rate) == (2, 1.0)  # both picks are the measured best
+
+
+def test_each_predictor_is_scored_on_the_rows_each_model_of_the_combined_entry_answered() -> None:
+    """Rows measured 1, 2, 4, 8 ms. The combined entry answers rows 0 and 1 by kernels (errors 5%, 20%) and rows 2
+    and 3 by the forest (errors 30%, 5%); a forest alone predicts rows 0, 1, 3 (errors 40%, 0%, 7.5%): on the
+    kernels' rows it is scored on both, on the forest's rows on the one it predicted."""
+    rows = [row(t) for t in (1e-3, 2e-3, 4e-3, 8e-3)]
+    combined = {0: Prediction(1.05e-3, (1e-3, 1.1e-3), by="kernels"),
+                1: Prediction(2.4e-3, (2.5e-3, 3e-3), by="kernels"),
+                2: Prediction(2.8e-3, by="forest"), 3: Prediction(8.4e-3, by="forest")}
+    alone = {0: Prediction(1.4e-3, (1e-3, 2e-3)), 1: Prediction(2e-3, (1e-3, 3e-3)), 3: Prediction(8.6e-3)}
+    parts = answerers([alone, combined])
+    assert parts == {"forest": {2, 3}, "kernels": {0, 1}} and answerers([alone]) == {}
+    kernels = subset("kernels", rows, combined, parts["kernels"])
+    assert (kernels.rows, kernels.within_10, kernels.within_25, kernels.interval_coverage) == (2, 0.5, 1.0, 0.5)
+    assert kernels.mape == pytest.approx((0.05 + 0.2) / 2)
+    assert subset("kernels", rows, alone, parts["kernels"]) == Subset("kernels", 2, pytest.approx(0.2), 0.5, 0.5, 1.0)
+    forest = subset("forest", rows, alone, parts["forest"])
+    assert (forest.rows, forest.mape, forest.within_10) == (1, pytest.approx(0.075), 1.0)
+    assert math.isnan(forest.interval_coverage)  # no interval to be inside
 
 
 @pytest.fixture
@@ -244,6 +274,12 @@ def test_model_eval_shows_the_kernel_model_beside_the_forest_on_the_same_rows(fe
         forest, both = entries[(split, "forest")], entries[(split, "kernels+forest")]
         assert (both["rows"], both["uncovered"]) == (forest["rows"], forest["uncovered"])  # like for like
         assert sum(both["answered"].values()) == both["rows"] and forest["answered"] == {}
+        # Both are scored on the rows each model of the combined entry answered: the same rows, side by side.
+        assert set(both["by_answerer"]) == set(forest["by_answerer"]) == set(both["answered"])
+        for answerer, count in both["answered"].items():
+            assert both["by_answerer"][answerer]["rows"] == forest["by_answerer"][answerer]["rows"] == count
+        assert sum(part["mape"] * part["rows"] for part in both["by_answerer"].values()) == \
+            pytest.approx(both["mape"] * both["rows"], rel=1e-3)  # the parts make up the whole
     assert entries[(LEAVE_ONE_MODEL_OUT, "kernels+forest")]["answered"]["kernels"] > 0
     # Holding out the family of mlp and ncf leaves one model's kernel rows: too few to calibrate, the forest answers.
     assert entries[(FAMILY_HELD_OUT, "kernels+forest")]["answered"].get("kernels", 0) < \
@@ -252,6 +288,7 @@ def test_model_eval_shows_the_kernel_model_beside_the_forest_on_the_same_rows(fe
     assert cli.main(["model", "eval", "--seeds", "1", "--store", str(few_shipped_rows)]) == 0
     out = capsys.readouterr().out
     assert "answered by kernels" in out and "answered by forest" in out
+    assert "on the rows kernels answered: MAPE" in out and "on the rows forest answered: within ±10%" in out
 
 
 def test_a_rows_planned_kernels_come_from_its_zoo_models_graph() -> None:

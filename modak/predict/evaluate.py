@@ -68,6 +68,19 @@ _FAMILY_OF = {model: name for name, models in FAMILIES.items() for model in mode
 
 
 @dataclass(frozen=True)
+class Subset:
+    """A predictor's accuracy on the held-out rows one model of a combined entry answered: the rows it predicted of
+    them, MAPE, the shares within ±10% and ±25%, and the share in its 80% interval (NaN: no interval)."""
+
+    answerer: str
+    rows: int
+    mape: float
+    within_10: float
+    within_25: float
+    interval_coverage: float
+
+
+@dataclass(frozen=True)
 class Scores:
     """Metrics of one split for one predictor (fit with ``seed``; None: nothing random)."""
 
@@ -95,6 +108,9 @@ class Scores:
     captured_p10: float
     pick_speedup: float  # geometric mean of stock / pick over the same workloads
     no_stock: int  # workloads without a measured stock row (no captured speedup)
+    # On the rows each model of the split's combined entry answered (the same rows for every entry): this
+    # predictor's accuracy there, so that a fallback's share does not hide how the model in front of it does
+    by_answerer: tuple[Subset, ...] = ()
 
     @property
     def miss_rate(self) -> float:
@@ -324,13 +340,42 @@ def evaluate(rows: list[Measurement], predictors: Sequence[PredictorEntry] | Non
             for entry, into in zip(predictors, predicted):
                 answers = entry.predict(entry.fit(train), [r for _, r in test])
                 into.update((i, answer) for (i, _), answer in zip(test, answers) if answer is not None)
+        parts = answerers(predicted)
         for entry, into in zip(predictors, predicted):
-            results.append(score(split, entry.name, rows, {i: p.step_s for i, p in into.items()},
-                                 scored - len(into),
-                                 {i: p.interval for i, p in into.items() if p.interval is not None}, entry.seed,
-                                 catalog, {i: p.trees for i, p in into.items()},
-                                 Counter(p.by for p in into.values() if p.by is not None)))
+            scores = score(split, entry.name, rows, {i: p.step_s for i, p in into.items()}, scored - len(into),
+                           {i: p.interval for i, p in into.items() if p.interval is not None}, entry.seed,
+                           catalog, {i: p.trees for i, p in into.items()},
+                           Counter(p.by for p in into.values() if p.by is not None))
+            results.append(replace(scores, by_answerer=tuple(subset(answerer, rows, into, indices)
+                                                             for answerer, indices in parts.items())))
     return results
+
+
+def answerers(predicted: Sequence[Mapping[int, Prediction]]) -> dict[str, set[int]]:
+    """The rows each model answered, of the first entry (in ``predicted``, one mapping per entry) whose predictions
+    say which model answered (a combined entry's); empty where no entry says."""
+    for into in predicted:
+        if any(p.by is not None for p in into.values()):
+            parts: dict[str, set[int]] = {}
+            for i, p in into.items():
+                parts.setdefault(p.by or "", set()).add(i)
+            return dict(sorted(parts.items()))
+    return {}
+
+
+def subset(answerer: str, rows: Sequence[Measurement], predicted: Mapping[int, Prediction],
+           indices: Iterable[int]) -> Subset:
+    """The accuracy of ``predicted`` on the rows ``indices`` (those it predicted of them)."""
+    own = [i for i in indices if i in predicted]
+    errors = [abs(predicted[i].step_s - rows[i].step_s) / rows[i].step_s for i in own]
+    intervals = [(rows[i].step_s, interval) for i in own if (interval := predicted[i].interval) is not None]
+
+    def mean(values: Sequence[float]) -> float:
+        return statistics.mean(values) if values else math.nan
+
+    return Subset(answerer, len(own), mean(errors), mean([e <= WITHIN[0] for e in errors]),
+                  mean([e <= WITHIN[1] for e in errors]),
+                  mean([low <= measured <= high for measured, (low, high) in intervals]))
 
 
 def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
@@ -421,6 +466,7 @@ def seed_spread(values: Iterable[float]) -> tuple[float, float, float]:
     return (statistics.mean(finite), min(finite), max(finite)) if finite else (math.nan, math.nan, math.nan)
 
 
+SUBSET_METRICS = ("mape", "within_10", "within_25", "interval_coverage")  # the fields of a Subset's accuracy
 METRICS: tuple[tuple[str, str, str], ...] = (  # (Scores field, label, format), as tables and documents show them
     ("mape", "MAPE", ".1%"),
     ("within_10", "within ±10%", ".1%"),
