@@ -160,10 +160,15 @@ def test_budget_without_kernels_is_refused(capsys: pytest.CaptureFixture[str]):
 
 
 def test_new_machine_quick_prints_the_curve_of_probe_minutes_per_seed_and_their_spread(
-        capsys: pytest.CaptureFixture[str]):
+        capsys: pytest.CaptureFixture[str], tmp_path: Path):
     from benchmarks.models.new_machine import MARKS_MIN, QUICK_MODELS, main
+    from modak.measurements.store import PerfStore
 
-    assert main(["perfmodels/cpu-ci-icelake-2c.csv", "--quick", "--seeds", "0", "1"]) == 0
+    kept = tmp_path / "probes"
+    assert main(["perfmodels/cpu-ci-icelake-2c.csv", "--quick", "--seeds", "0", "1", "--keep", str(kept)]) == 0
+    for seed in (0, 1):  # each probe's rows kept for a later look
+        with PerfStore(kept / f"probe-seed{seed}.sqlite") as store:
+            assert store.kernel_rows() and store.reconciliations()
     lines = capsys.readouterr().out.splitlines()
     marks = len(MARKS_MIN)
     for seed, first in ((0, 0), (1, marks + 2)):

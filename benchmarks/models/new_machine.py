@@ -2,12 +2,12 @@
 leave-one-model-out on this machine's campaign rows with the kernel model fit on the probe's rows only (no
 whole-model row of any machine is learned from).
 
-The probe runs once per seed (:func:`modak.bench.kprobe.probe_kernels`, into a throw-away store); the curve
-refits the kernel model on the whole models and layers measured within the first 2, 5, 10 and 15 minutes. A
-held-out model's own rows (its whole steps, and the probe's layers drawn from it) are dropped from the fit, so a
-campaign model is predicted from the other models' layers only. Each campaign row of an ONNX runtime on the CPU
-(inference, status ok) is composed from the kernels its runtime plans (:func:`modak.workload.kernels.planned_kernels`);
-a row whose kinds the fit does not cover is counted as uncovered.
+The probe runs once per seed (:func:`modak.bench.kprobe.probe_kernels`, into a throw-away store, or ``--keep``'s);
+the curve refits the kernel model on the whole models and layers measured within the first 2, 5, 10 and 15
+minutes. A held-out model's own rows (its whole steps, and the probe's layers drawn from it) are dropped from the
+fit, so a campaign model is predicted from the other models' layers only. Each campaign row of an ONNX runtime on
+the CPU (inference, status ok) is composed from the kernels its runtime plans
+(:func:`modak.workload.kernels.planned_kernels`); a row whose kinds the fit does not cover is counted as uncovered.
 Printed: minutes, layers, kernel rows, covered rows, MAPE.
 
 With several ``--seeds``, the probes run back to back first (the only part that measures), then each is scored;
@@ -129,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=max(MARKS_MIN), metavar="MIN", help="probe minutes (15)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
                         help="one probe per seed (its draw of zoo models and layers), the spread printed last (0)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep each probe's store as DIR/probe-seed<SEED>.sqlite (default: thrown away)")
     parser.add_argument("--quick", action="store_true",
                         help=f"a {QUICK_BUDGET_MIN}-minute probe of {', '.join(QUICK_MODELS)} on onnxruntime only")
     args = parser.parse_args(argv)
@@ -139,10 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [r for r in rows if r.model in QUICK_MODELS]
     marks = [budget * m / max(MARKS_MIN) for m in MARKS_MIN] if args.quick else [m for m in MARKS_MIN if m <= budget]
     roofline = RooflinePredictor()
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     probes = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="modak-new-machine-") as scratch, \
-                PerfStore(Path(scratch) / "probe.sqlite") as store:
+                PerfStore((args.keep or Path(scratch)) / f"probe-seed{seed}.sqlite") as store:
             done = probe_kernels(lambda job: api.plan_loaded(api.load(job, "local"), roofline), store, budget,
                                  QUICK_MODELS if args.quick else None, runtimes, seed)
         assert all(r.model.startswith(PROBE_MODEL_PREFIX) or r.model in dict(done.wholes) for r in done.rows)
