@@ -10,18 +10,23 @@ Side by side, interleaved, in one run:
 - **warm**: both cached (the steady state: the cache is keyed by the training data and the ONNX file, so it
   stays valid until a `modak bench` adds rows or the model file changes), with `--json` and with the table.
 
+``--phases N`` then times the warm plan's steps inside one process, N fresh processes, and prints each step's
+median: the imports of the parsers and of the spec models, loading the job, the planner's imports, the predictor,
+the plan and its JSON (what the process spends beyond `python -c pass`, step by step).
+
 The job's model is a user ONNX file (ResNet-50 exported once from the zoo, copied beside the job); the target is
 the shipped machine's (perfmodels/targets/ci-epyc-2c-b.yaml), so no probe runs. modak's modules are byte-compiled
 first, as `pip install` leaves them (with PYTHONDONTWRITEBYTECODE set, as on CI machines, every start would
 otherwise compile them from source again). Target: warm <= 8x `python -c pass` (#40).
 
-    python -m benchmarks.tools.plan_speed [--runs 7]
+    python -m benchmarks.tools.plan_speed [--runs 7] [--phases 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
+import json
 import os
 import shutil
 import statistics
@@ -51,6 +56,39 @@ precision: [fp32, bf16]
 """
 
 
+# The warm plan's steps, as `modak plan JOB --json` takes them, timed in one process (one JSON line of ms).
+PHASES = """\
+import time
+marks = [("start", time.perf_counter())]
+def mark(name):
+    marks.append((name, time.perf_counter()))
+import os, sys, io, json, contextlib
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")  # as modak.cli.main sets it
+import yaml
+mark("import PyYAML")
+import pydantic
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+mark("import pydantic (what a model needs)")
+import modak.spec.models
+mark("the spec models (classes; defaults build validators)")
+import modak.cli, modak.api as api, modak.spec.loader
+mark("import the CLI, API and loader")
+loaded = api.load(sys.argv[1], sys.argv[2])
+mark("load and validate the job and target")
+import modak.plan, modak.predict.default, modak.predict.kernels, modak.workload.source, modak.workload.kernels
+mark("import the planner")
+predictor = api.predictor("default")
+mark("the predictor (recipes, cached fits)")
+plan = api.plan_loaded(loaded, predictor)
+mark("the plan")
+from modak.output import print_json
+with contextlib.redirect_stdout(io.StringIO()):
+    print_json(plan.to_dict())
+mark("JSON output")
+print(json.dumps({b[0]: 1000 * (b[1] - a[1]) for a, b in zip(marks, marks[1:])}))
+"""
+
+
 def wall(command: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
@@ -60,6 +98,8 @@ def wall(command: list[str], env: dict[str, str]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--phases", type=int, default=0, metavar="N",
+                        help="then the warm plan's steps timed inside N fresh processes (medians)")
     args = parser.parse_args()
     compileall.compile_dir(ROOT / "modak", quiet=1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,6 +137,9 @@ def main() -> int:
                 times[name].append(wall(command, env))
                 if clears:
                     wall(command, env)  # leave the caches warm for the next variant
+        phases = [json.loads(subprocess.run([sys.executable, "-c", PHASES, job, str(TARGET)], check=True,
+                                            capture_output=True, text=True, env=env).stdout)
+                  for _ in range(args.phases)]
     floor = statistics.median(times["python -c pass"])
     print(f"zoo export of ResNet-50 (first plan of the zoo job, once): {export:.1f} s")
     print(f"{'what (median of ' + str(args.runs) + ', interleaved)':<46} {'seconds':>8} {'min':>7} {'max':>7} "
@@ -109,6 +152,11 @@ def main() -> int:
     warm = statistics.median(times["modak plan --json, warm caches"])
     print(f"cold / warm: {cold / warm:.1f}x; a new model's reports add {reports - warm:.2f} s")
     print(f"target warm <= 8x python -c pass: {'met' if warm <= 8 * floor else 'NOT met'} ({warm / floor:.1f}x)")
+    if phases:
+        print(f"the warm plan's steps in one process (ms, median of {len(phases)}):")
+        for name in phases[0]:
+            print(f"  {name:<54} {statistics.median(p[name] for p in phases):7.1f}")
+        print(f"  {'in all':<54} {statistics.median(sum(p.values()) for p in phases):7.1f}")
     return 0
 
 
