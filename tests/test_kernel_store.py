@@ -437,6 +437,50 @@ def test_a_profiled_launch_is_stored_against_its_timed_row(tmp_path: Path) -> No
         assert len(store.kernel_rows()) == 1 and len(store.reconciliations()) == 1
 
 
+def test_an_inflated_profiled_launch_is_launched_again_and_the_least_inflated_kept(tmp_path: Path) -> None:
+    """A profiled step well past the timed median ran beside other work: it is launched again (up to
+    PROFILE_TRIES launches), and the fastest launch's kernels are stored; one within the allowance is not."""
+    from modak.api import load
+    from modak.bench.harness import (PROFILE_ALLOWANCE_S, PROFILE_INFLATION, PROFILE_TRIES, BenchSettings, Session,
+                                     inflated, measurement_row)
+    from modak.plan import make_plan
+    from modak.predict.roofline import RooflinePredictor
+    from modak.workload.source import load_analysis
+
+    loaded = load(CNN)
+    plan = make_plan(loaded, *load_analysis(loaded), RooflinePredictor())
+    quiet, busy, failing = [r.candidate for r in plan.ranked if r.candidate.runtime == "onnxruntime"][:3]
+    op = plan.workload.ops[0].name
+
+    def report(step: float, kernel: float) -> dict:
+        timed = KernelTime(Kernel("FusedConv", "conv", (op,), ()), kernel)
+        profile = Profile("onnxruntime-profiler", 10, step, (timed,))
+        return {"status": "ok", "profile": dataclasses.asdict(profile)}
+
+    step = 0.002
+    edge = PROFILE_INFLATION * step + PROFILE_ALLOWANCE_S
+    launches = {quiet.name: [report(edge * 0.99, 0.001)],
+                busy.name: [report(3 * step, 0.003), report(2 * step, 0.002), report(5 * step, 0.005)],
+                failing.name: [{"status": "error", "error": "boom"}]}
+    seen: list[str] = []
+
+    class Scripted:
+        def run(self, tasks: list) -> list[dict]:
+            seen.extend(t.name for t in tasks)
+            return [launches[t.name].pop(0) for t in tasks]
+
+    rows = {c.name: measurement_row(plan, c, {"status": "ok", "step_median_s": step}) for c in (quiet, busy, failing)}
+    with PerfStore(tmp_path / "s.sqlite") as store, \
+            Session(plan, store, BenchSettings(kernel_steps=10), Scripted(), tmp_path / "work") as session:
+        done = session.profile([quiet, busy, failing], rows)
+        assert sorted(seen) == sorted([quiet.name, failing.name, *[busy.name] * PROFILE_TRIES])
+        assert done[busy.name]["profiled_step_s"] == 2 * step and done[busy.name]["kernel_s"] == 0.002
+        assert done[quiet.name]["profiled_step_s"] == edge * 0.99 and done[failing.name]["status"] == "error"
+        assert sorted(r.profiled_step_s for r in store.reconciliations()) == [edge * 0.99, 2 * step]
+    assert inflated(report(edge * 1.01, 0.001), step) and not inflated(report(edge * 0.99, 0.001), step)
+    assert not inflated({"status": "error"}, step) and not inflated(report(1.0, 0.001), None)
+
+
 @pytest.mark.slow
 def test_bench_kernels_profiles_after_the_timed_rounds(tmp_path: Path) -> None:
     store = tmp_path / "perf.sqlite"

@@ -49,8 +49,10 @@ ROUND_SIZE = 4  # layers per adaptive round (predicted before they are measured)
 PROBE_STEPS = 5  # profiled steps per layer
 # Whole zoo models (name, batch) profiled first, on each runtime: what a step adds to its kernels (dispatch, the
 # profiler's cost, the calibration) is learned from whole steps, which a one-layer session is not.
+# Enough that a model held out still leaves its runtime MIN_CALIBRATION steps (perfmodels/README.md, "The seventh
+# round").
 WHOLE_MODELS = (("mnist_cnn", 8), ("mlp", 64), ("squeezenet", 1), ("mobilenet_v2", 1), ("resnet18", 1),
-                ("bert_small", 1))
+                ("bert_small", 1), ("efficientnet_b0", 1), ("gpt_small", 1), ("unet_small", 1))
 WHOLE_SHARE = 0.2  # the share of the budget after which no whole model is started
 
 
@@ -182,9 +184,10 @@ def measure_job(runtime: str, plan: Plan, folder: Path,
                 steps: int = PROBE_STEPS) -> tuple[list[KernelRow], list[Reconciliation]]:
     """A probe's job measured through the launcher as ``modak bench --kernels`` measures a candidate: ``plan``, the
     plan of its job (:func:`write_job`) on target ``local``, each candidate of ``runtime`` on the CPU at the
-    machine's thread count (the plan's) at each precision of its job once timed (briefly) and once profiled; the
-    kernel rows and reconciliations (none where a launch failed)."""
-    from modak.bench.harness import BenchSettings, Session, store_profile
+    machine's thread count (the plan's) at each precision of its job once timed (briefly) and once profiled
+    (again while inflated: :meth:`modak.bench.harness.Session.profile`); the kernel rows and reconciliations
+    (none where a launch failed)."""
+    from modak.bench.harness import BenchSettings, Session
     from modak.candidates.candidate import Precision
 
     threads = max((r.candidate.threads or 0 for r in plan.ranked), default=0)
@@ -201,11 +204,7 @@ def measure_job(runtime: str, plan: Plan, folder: Path,
     try:
         with Session(plan, scratch, settings, workdir=folder / "work") as session:
             rows = session.run_round(chosen)
-            for candidate in chosen:
-                if rows[candidate.name].status in ("ok", "contended"):  # contended: busy after its retry
-                    task = session.task(candidate, profile=True)
-                    report = session.dispatcher.run([task])[0]
-                    store_profile(scratch, plan, candidate, rows[candidate.name], report)
+            session.profile(chosen, rows, statuses=("ok", "contended"))  # contended: busy after its retry
         return scratch.kernel_rows(), scratch.reconciliations()
     finally:
         scratch.close()
