@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, get_args
 
 from modak.api import PredictorName
-from modak.bench.dispatch import dispatch_names
 from modak.errors import EXIT_FAILURE, EXIT_INTERRUPTED, InputError, ModakError
 from modak.paths import refusal
 from modak.render.sharing import SHARING_MODES
@@ -20,6 +19,19 @@ from modak.spec.names import ENGINE_NAMES
 PREDICTOR_HELP = ("default: the kernel model where the runtime's planned kernels are covered, then the learned "
                   "model where measured data covers the runtime, then the roofline; learned: the same without the "
                   "kernel model; roofline: the analytic model alone")
+
+
+class _DispatchNames:
+    """``--dispatch``'s choices (:func:`modak.bench.dispatch.dispatch_names`), read when argparse first asks: the
+    bench's modules load only for a command that takes the option."""
+
+    def __iter__(self) -> Iterator[str]:
+        from modak.bench.dispatch import dispatch_names
+
+        return iter(dispatch_names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in tuple(self)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--budget", type=float, dest="race_budget", action=_Deprecated, metavar="SECONDS",
                      help="deprecated alias of --race-budget (in `bench`, --budget is seconds per launch)")
     sub.add_argument("--trials", type=int, default=8, help="candidates raced, at most (default 8)")
-    sub.add_argument("--dispatch", choices=dispatch_names(), default="local",
+    sub.add_argument("--dispatch", choices=_DispatchNames(), default="local",
                      help="run launches here (default) or as job arrays of that scheduler on the target's partition")
     sub.add_argument("--min-seconds", type=float, default=1.0, help="timed seconds per launch, at least (1)")
     sub.add_argument("--seed", type=int, default=None, help="seed of the rounds' order (default: random)")
