@@ -23,7 +23,8 @@ PREDICTOR_HELP = ("default: the kernel model where the runtime's planned kernels
 
 class _DispatchNames:
     """``--dispatch``'s choices (:func:`modak.bench.dispatch.dispatch_names`), read when argparse first asks: the
-    bench's modules load only for a command that takes the option."""
+    bench's modules load only for a command that takes the option (its metavar is a name, so building the parser
+    does not list them)."""
 
     def __iter__(self) -> Iterator[str]:
         from modak.bench.dispatch import dispatch_names
@@ -127,8 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--budget", type=float, dest="race_budget", action=_Deprecated, metavar="SECONDS",
                      help="deprecated alias of --race-budget (in `bench`, --budget is seconds per launch)")
     sub.add_argument("--trials", type=int, default=8, help="candidates raced, at most (default 8)")
-    sub.add_argument("--dispatch", choices=_DispatchNames(), default="local",
-                     help="run launches here (default) or as job arrays of that scheduler on the target's partition")
+    sub.add_argument("--dispatch", choices=_DispatchNames(), default="local", metavar="NAME",  # no list: lazy
+                     help="%(choices)s: run launches here (local, the default) or as job arrays of that scheduler "
+                          "on the target's partition")
     sub.add_argument("--min-seconds", type=float, default=1.0, help="timed seconds per launch, at least (1)")
     sub.add_argument("--seed", type=int, default=None, help="seed of the rounds' order (default: random)")
     sub.add_argument("--json", action="store_true", help="print the race as JSON")
