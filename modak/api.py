@@ -234,9 +234,15 @@ def analyze(job: str | Path, target: str | Path | None = None) -> WorkloadProfil
 
 def schemas() -> dict[str, dict]:
     """The JSON Schemas of the Job and Target specs, by kind (``job``, ``target``)."""
+    import msgspec
+
     from modak.spec.models import Job, Target
 
-    return {"job": Job.model_json_schema(), "target": Target.model_json_schema()}
+    def schema(model: type) -> dict:
+        (root,), definitions = msgspec.json.schema_components([model])
+        return {**definitions.pop(model.__name__), "$defs": definitions}
+
+    return {"job": schema(Job), "target": schema(Target)}
 
 
 def tune(plan: Plan, settings: TuneSettings, dispatch: str = "local", store: Path | None = None,
@@ -372,12 +378,13 @@ def probe(quick: bool = False, name: str | None = None, output: Path | None = No
     from modak.hardware.probe import probe as measure
     from modak.hardware.probe import probe_comment, to_target
     from modak.paths import write_atomic
+    from modak.spec.loader import validate
     from modak.spec.models import Target
 
     result = measure(quick=quick)
     name = name or "".join(c if c.isalnum() or c in "._-" else "-" for c in platform.node()) or "this-machine"
     target = to_target(result, name)
-    Target.model_validate(target)  # what we write must load
+    validate(target, Target)  # what we write must load
     cached = store_probe(result)
     if output:
         write_atomic(output, probe_comment(result) + yaml.safe_dump(target, sort_keys=False))

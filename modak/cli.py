@@ -36,9 +36,6 @@ class _DispatchNames:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # modak registers no pydantic plugin: skip pydantic's scan of every installed distribution's entry points for
-    # one at each model's first use (a user's own setting wins)
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     parser = _parser()
     args = parser.parse_args(argv)
     try:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.documents import document, duration, rounded
@@ -362,7 +364,7 @@ def choose_batch(loaded: LoadedJob, plan_at: Callable[[LoadedJob], Plan]) -> Pla
 def with_batch(loaded: LoadedJob, batch: int) -> LoadedJob:
     """``loaded`` with the job's ``model.batch_size`` set to ``batch``."""
     job = loaded.job
-    return replace(loaded, job=job.model_copy(update={"model": job.model.model_copy(update={"batch_size": batch})}))
+    return replace(loaded, job=msgspec.structs.replace(job, model=msgspec.structs.replace(job.model, batch_size=batch)))
 
 
 def step_memory_gb(workload: WorkloadProfile) -> float:

@@ -21,9 +21,9 @@ from modak.measurements.store import read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "data" / "gpu_session.py"
-# What the GPU machine lacks (pydantic, archspec, hatchling) and what images must not need (test_layers.py's
+# What the GPU machine lacks (msgspec, archspec, hatchling) and what images must not need (test_layers.py's
 # NOT_IN_IMAGE): the rehearsal's run phase cannot import them.
-HOST_ONLY = {"pydantic", "archspec", "hatchling", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker",
+HOST_ONLY = {"msgspec", "archspec", "hatchling", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker",
              "spython", "rich"}
 BLOCKER = f"""import sys
 

@@ -207,7 +207,8 @@ def test_csv_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 # --- regressions found by the fuzzer (tests/test_fuzz.py) --------------------------------------------------------
 
 def test_unknown_key_with_brackets_is_located(tmp_path: Path) -> None:
-    """A key like pydantic's union markers ('list[...]') was dropped from the error location: IndexError."""
+    """A key with brackets, like the markers in a validator's error paths ('list[...]', '[...]'), was dropped from
+    the error location: IndexError."""
     job = tmp_path / "job.yaml"
     job.write_text(HEADER + f"target: {TARGET}\nmodel: {{zoo: mnist_cnn, input_shape: [x]}}\n'a[b]': 1\n")
     with pytest.raises(InputError) as info:

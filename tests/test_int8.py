@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import yaml
@@ -19,7 +20,8 @@ from modak.hardware.ceilings import target_ceilings
 from modak.measurements.store import PerfStore
 from modak.quantize import gate
 from modak.spec.document import SpecDocument
-from modak.spec.models import Precision, Target
+from modak.spec.loader import validate
+from modak.spec.models import CpuPeaks, Precision, Target
 from tests.test_ci_step import assert_valid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,15 +179,14 @@ def test_bench_measures_int8_on_the_quantized_model(tmp_path: Path) -> None:
                                                        ("x86_64", None)])
 def test_int8_peak_on_cpus_with_and_without_dot_product_instructions(microarchitecture: str,
                                                                      factor: int | None) -> None:
-    target = Target.model_validate({"apiVersion": "modak/v1", "kind": "Target", "name": "t", "memory": {"size_gb": 8},
-                                    "cpu": {"microarchitecture": microarchitecture, "cores_per_socket": 4}})
+    target = validate({"apiVersion": "modak/v1", "kind": "Target", "name": "t", "memory": {"size_gb": 8},
+                                    "cpu": {"microarchitecture": microarchitecture, "cores_per_socket": 4}}, Target)
     cpu = target_ceilings(target, SpecDocument(Path("t.yaml"))).cpu
     if factor is None:
         assert not cpu.supports(Precision.int8)
     else:
         assert cpu.peak_gflops[Precision.int8] == pytest.approx(factor * cpu.peak_gflops[Precision.fp32])
-    measured = Target.model_validate({**target.model_dump(), "cpu": {**target.cpu.model_dump(),
-                                                                     "peaks": {"int8_gops": 123.0}}})
+    measured = msgspec.structs.replace(target, cpu=msgspec.structs.replace(target.cpu, peaks=CpuPeaks(int8_gops=123.0)))
     assert target_ceilings(measured, SpecDocument(Path("t.yaml"))).cpu.peak_gflops[Precision.int8] == 123.0
 
 

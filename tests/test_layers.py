@@ -36,7 +36,7 @@ LAYERS = {
     "cli": 12, "__main__": 13,
 }
 IN_IMAGE = {"", "errors", "paths", "image", "runtime"}  # what modak copies into images (render.package.IMAGE_PACKAGE)
-NOT_IN_IMAGE = {"pydantic", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker", "spython", "rich"}
+NOT_IN_IMAGE = {"msgspec", "yaml", "sklearn", "scipy", "matplotlib", "jinja2", "docker", "spython", "rich"}
 
 
 def _modules() -> dict[str, Path]:

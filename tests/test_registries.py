@@ -13,10 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
+import msgspec
 import pytest
 import yaml
 
 from modak.api import load as load_job
+from modak.api import schemas
 from modak.build.engines import ENGINES, BuildLog, Engine, ImageInfo, RunResult, make_engine
 from modak.build.pipeline import LOCK_LABEL, BuildOptions, build_job
 from modak.build.submit import submit, wait
@@ -28,7 +30,6 @@ from modak.render.ir import build_description
 from modak.render.render import render
 from modak.schedulers import SCHEDULERS, Scheduler, Submission, scheduler
 from modak.spec.models import Scheduler as SchedulerSpec
-from modak.spec.models import Target
 from modak.spec.names import ENGINE_NAMES
 from modak.workload.source import load_analysis
 from tests.support.onnx_graphs import write_onnx
@@ -125,8 +126,8 @@ def _plan(folder: Path) -> Plan:
 def _on(plan: Plan, kind: str) -> Plan:
     """``plan`` with its target's scheduler.kind set to ``kind`` (a name the spec, built before it, does not know)."""
     target = plan.loaded.target
-    settings = target.scheduler.model_copy(update={"kind": kind})
-    return replace(plan, loaded=replace(plan.loaded, target=target.model_copy(update={"scheduler": settings})))
+    settings = msgspec.structs.replace(target.scheduler, kind=kind)
+    return replace(plan, loaded=replace(plan.loaded, target=msgspec.structs.replace(target, scheduler=settings)))
 
 
 def _choices(command: str, option: str) -> tuple[str, ...]:
@@ -137,9 +138,10 @@ def _choices(command: str, option: str) -> tuple[str, ...]:
 
 def test_scheduler_names_come_from_the_registry() -> None:
     assert SCHEDULERS.names() == ("slurm", "pbs", "none")
-    assert get_args(SchedulerSpec.model_fields["kind"].annotation) == SCHEDULERS.names()
-    schema = Target.model_json_schema()
-    assert schema["$defs"]["Scheduler"]["properties"]["kind"]["enum"] == list(SCHEDULERS.names())
+    kind = next(f for f in msgspec.structs.fields(SchedulerSpec) if f.name == "kind")
+    assert get_args(kind.type) == SCHEDULERS.names()
+    schema = schemas()["target"]
+    assert sorted(schema["$defs"]["Scheduler"]["properties"]["kind"]["enum"]) == sorted(SCHEDULERS.names())
     assert _choices("tune", "--dispatch") == ("local", "slurm")  # the schedulers that run job arrays
     for name in SCHEDULERS.names():
         assert (data_dir("templates") / scheduler(name).template).is_file(), name
@@ -147,8 +149,8 @@ def test_scheduler_names_come_from_the_registry() -> None:
 
 def test_engine_names_have_one_home_and_every_one_is_registered() -> None:
     assert sorted(ENGINES.names()) == sorted(ENGINE_NAMES)
-    schema = Target.model_json_schema()
-    assert schema["$defs"]["Container"]["properties"]["engine"]["enum"] == list(ENGINE_NAMES)
+    schema = schemas()["target"]
+    assert sorted(schema["$defs"]["Container"]["properties"]["engine"]["enum"]) == sorted(ENGINE_NAMES)
     assert _choices("build", "--engine") == ENGINE_NAMES
     assert [make_engine(name).name for name in ENGINE_NAMES] == list(ENGINE_NAMES)
 

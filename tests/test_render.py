@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from spython.main.parse.parsers import SingularityParser
@@ -644,11 +645,11 @@ def test_a_base_image_without_default_is_an_input_error(tmp_path: Path, monkeypa
 def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:
     plan, _ = slurm_case(tmp_path)
     loaded = plan.loaded
-    job = loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a:b")})
+    job = msgspec.structs.replace(loaded.job, data=DataSpec(location="/scratch/a:b"))
     with pytest.raises(InputError) as error:
         resolve_files(job, loaded.target, loaded.job_doc, loaded.target_doc)
     assert error.value.field == "data.location"
-    job = loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a", output="/scratch/b:c")})
+    job = msgspec.structs.replace(loaded.job, data=DataSpec(location="/scratch/a", output="/scratch/b:c"))
     with pytest.raises(InputError) as error:
         resolve_files(job, loaded.target, loaded.job_doc, loaded.target_doc)
     assert error.value.field == "data.output"
@@ -657,7 +658,7 @@ def test_data_location_must_fit_the_bind_syntax(tmp_path: Path) -> None:
 def test_a_relative_results_folder_is_the_job_files_and_needs_its_own_mount(tmp_path: Path) -> None:
     plan, _ = slurm_case(tmp_path)
     loaded = plan.loaded
-    job = loaded.job.model_copy(update={"data": DataSpec(location="/scratch/a", output="results")})
+    job = msgspec.structs.replace(loaded.job, data=DataSpec(location="/scratch/a", output="results"))
     data = resolve_files(job, loaded.target, loaded.job_doc, loaded.target_doc).data
     assert data is not None and data.output == str(tmp_path / "results") and data.output_mount == "/output"
     with pytest.raises(ValueError, match="output_mount /data/ is the data set's mount"):

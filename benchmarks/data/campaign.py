@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import yaml
 
 from benchmarks.tools.zoo_jobs import zoo_plan
@@ -38,9 +39,9 @@ def grid_catalog(grid: dict[str, dict[str, list]], runtimes: set[str] | None) ->
     for name, recipe in load_catalog().items():
         if name not in grid or (runtimes and name not in runtimes):
             continue
-        parameters = tuple(p.model_copy(update={"values": tuple(grid[name][p.name])}) if p.name in grid[name] else p
+        parameters = tuple(msgspec.structs.replace(p, values=tuple(grid[name][p.name])) if p.name in grid[name] else p
                            for p in recipe.parameters)
-        catalog[name] = recipe.model_copy(update={"parameters": parameters})
+        catalog[name] = msgspec.structs.replace(recipe, parameters=parameters)
     return catalog
 
 

@@ -34,6 +34,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
+
 from modak.bench.harness import BenchSettings
 from benchmarks.tools.zoo_jobs import measure_plans, measure_side_by_side, stock_candidate, zoo_plan
 from modak.measurements.store import PerfStore, read_csv
@@ -147,7 +149,7 @@ def wait_policies(plan: Plan, target: Target, target_doc: SpecDocument, rounds: 
         print(f"{'':<22} no candidate with a wait_policy")
         return
     passive = replace(spin, params=tuple((k, "passive" if k == "wait_policy" else v) for k, v in spin.params))
-    shared = target.model_copy(update={"scheduler": target.scheduler.model_copy(update={"allocation": "shared"})})
+    shared = msgspec.structs.replace(target, scheduler=msgspec.structs.replace(target.scheduler, allocation="shared"))
     workload = plan.workload
     on_shared = zoo_plan(workload.model_name, workload.batch_size, "inference", ["fp32", "bf16"], shared, target_doc,
                          predictor=predictor).choice.candidate

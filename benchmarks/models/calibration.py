@@ -34,6 +34,7 @@ from modak.measurements.store import Measurement, PerfStore, read_csv, write_csv
 from modak.predict.training import LOCAL_WEIGHT, ok_rows, shipped_rows
 from modak.predict.learned import LearnedPredictor, example_from_row
 from modak.spec.document import SpecDocument
+from modak.spec.loader import validate
 from modak.spec.models import Target
 
 WORKLOADS = ("mobilenet_v2:inference:8", "resnet18:inference:8", "mlp:inference:64", "mnist_cnn:training:64")
@@ -49,7 +50,7 @@ def measure(workloads: list[tuple[str, str, int]], name: str) -> list[Measuremen
     config = yaml.safe_load(CONFIG.read_text())
     catalog = grid_catalog(config["grid"], None)
     result = probe()
-    target = Target.model_validate(to_target(result, name))
+    target = validate(to_target(result, name), Target)
     print(f"new machine: {target.cpu.sockets * target.cpu.cores_per_socket} core(s), "
           f"{target.cpu.peaks.fp32_gflops} GFLOP/s fp32, {target.cpu.peaks.memory_bandwidth_gbs} GB/s", flush=True)
     doc = SpecDocument(Path(f"<probe {name}>"))

@@ -1,7 +1,7 @@
 """Wall time of `modak plan` (process start included) on a ResNet-50 ONNX job with the learned model.
 
 Side by side, interleaved, in one run:
-- `python -c pass` (the floor), and importing the libraries any spec parser of this design needs (pydantic, PyYAML);
+- `python -c pass` (the floor), and importing the libraries any spec parser of this design needs (msgspec, PyYAML);
 - **cold**: the learned model's and the kernel model's cached fits and the cached analysis removed before each
   run, so the plan fits both models with scikit-learn and analyzes the graph with onnx, as every plan did before
   those caches;
@@ -63,14 +63,12 @@ marks = [("start", time.perf_counter())]
 def mark(name):
     marks.append((name, time.perf_counter()))
 import os, sys, io, json, contextlib
-os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")  # as modak.cli.main sets it
 import yaml
 mark("import PyYAML")
-import pydantic
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
-mark("import pydantic (what a model needs)")
+import msgspec
+mark("import msgspec")
 import modak.spec.models
-mark("the spec models (classes; defaults build validators)")
+mark("the spec models (classes and their defaults)")
 import modak.cli, modak.api as api, modak.spec.loader
 mark("import the CLI, API and loader")
 loaded = api.load(sys.argv[1], sys.argv[2])
@@ -116,7 +114,7 @@ def main() -> int:
         job = str(folder / "job.yaml")
         variants: dict[str, tuple[list[str], str | None]] = {  # command, and which caches it clears first
             "python -c pass": ([sys.executable, "-c", "pass"], None),
-            "python: import pydantic, yaml (the parsers)": ([sys.executable, "-c", "import pydantic, yaml"], None),
+            "python: import msgspec, yaml (the parsers)": ([sys.executable, "-c", "import msgspec, yaml"], None),
             "modak plan --json, cold (fits + analysis)": (modak + [job, "--json"], "cold"),
             "modak plan --json, a new model (reports)": (modak + [job, "--json"], "reports"),
             "modak plan --json, warm caches": (modak + [job, "--json"], None),

@@ -15,7 +15,7 @@ from modak.plan import Plan, choose_batch, make_plan
 from modak.predict.base import Predictor
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.document import SpecDocument
-from modak.spec.loader import LoadedJob
+from modak.spec.loader import LoadedJob, validate
 from modak.spec.models import AUTO_BATCH, Job, Target
 from modak.spec.resolve import resolve_files
 from modak.workload.source import load_analysis
@@ -26,9 +26,8 @@ def zoo_plan(model: str, batch: int | str, task: str, precision: list[str], targ
              **job_fields: object) -> Plan:
     """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks); ``batch`` ``auto``: the
     plan of the batch size :func:`modak.plan.choose_batch` chooses."""
-    job = Job.model_validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}",
-                              "task": task, "model": {"zoo": model, "batch_size": batch}, "precision": precision,
-                              **job_fields})
+    job = validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}", "task": task,
+                    "model": {"zoo": model, "batch_size": batch}, "precision": precision, **job_fields}, Job)
     job_doc = SpecDocument(target_doc.path)
     loaded = LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
 

@@ -36,6 +36,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from modak.advise.contention import (
     OVERSUBSCRIPTION_COST,
     SPIN_PENALTY,
@@ -241,11 +243,11 @@ class Planner:
 
     def __init__(self, plan_on: Callable[[LoadedJob], Plan]) -> None:
         self.plan_on = plan_on  # plans a loaded job (:func:`modak.api.plan_loaded` with the predictor chosen)
-        self._plans: dict[tuple[str, str], Plan | str] = {}
+        self._plans: dict[tuple[str, bytes], Plan | str] = {}
 
     def plan(self, job: PackJob, target: Target) -> Plan | str:
         """``job`` planned on ``target``; a string (why) when no candidate can run there."""
-        key = (job.label, target.model_dump_json())
+        key = (job.label, msgspec.json.encode(target))
         if key not in self._plans:
             try:
                 self._plans[key] = self.plan_on(replace(job.loaded, target=target))
@@ -258,7 +260,7 @@ def share_target(target: Target, suffix: str, **scheduler: Any) -> Target:
     """``target`` with scheduler settings changed (``cores_per_job``, ``allocation``), named for the share."""
     settings = {"co_runners": 0, **scheduler}
     name = f"{target.name}-{suffix}"[:63].rstrip("._-")
-    return target.model_copy(update={"name": name, "scheduler": target.scheduler.model_copy(update=settings)})
+    return msgspec.structs.replace(target, name=name, scheduler=msgspec.structs.replace(target.scheduler, **settings))
 
 
 def mig_target(target: Target, plan: Plan, profile: MigProfile) -> Target:
@@ -268,11 +270,11 @@ def mig_target(target: Target, plan: Plan, profile: MigProfile) -> Target:
     f = profile.compute_fraction
     peaks = {key: gpu.peak_gflops[p] / 1000 * f for p, key in
              ((p, f"{p.value}_tops" if p.value == "int8" else f"{p.value}_tflops") for p in gpu.peak_gflops)}
-    gpus = target.gpus.model_copy(update={
-        "count": 1, "memory_gb": profile.memory_gb,
-        "peaks": GpuPeaks(**peaks, memory_bandwidth_gbs=gpu.bandwidth_gbs * profile.memory_fraction)})
+    gpus = msgspec.structs.replace(
+        target.gpus, count=1, memory_gb=profile.memory_gb,
+        peaks=GpuPeaks(**peaks, memory_bandwidth_gbs=gpu.bandwidth_gbs * profile.memory_fraction))
     name = f"{target.name}-mig-{profile.name}"[:63].rstrip("._-")
-    return target.model_copy(update={"name": name, "gpus": gpus})
+    return msgspec.structs.replace(target, name=name, gpus=gpus)
 
 
 def core_splits(cores: int, jobs: int) -> list[tuple[int, ...]]:

@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from msgspec import Meta, Struct, field
 
 from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_key
 from modak.errors import InputError
@@ -18,63 +18,63 @@ from modak.spec.models import Allocation, Name, Precision, Requirement, Task
 # How the learned model sees a parameter: one column per value, log(1 + value), the candidate's share of the
 # cores (the parameter named threads, which the planner resolves to a thread count), or not at all.
 FeatureKind = Literal["categorical", "numeric", "threads", "none"]
-Fraction = Annotated[float, Field(gt=0, le=1)]
+Fraction = Annotated[float, Meta(gt=0, le=1)]
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-AptPackage = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]
+AptPackage = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]
 
 
-class _Recipe(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Recipe(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Base: unknown fields are errors, instances are immutable."""
 
 
-class ContainerNeeds(_Recipe):
+class ContainerNeeds(_Recipe, frozen=True, kw_only=True):
     """What an image needs for this runtime on one device kind."""
 
-    base: Name = Field(description="Logical base image; a target's container.base_images maps it to a mirror.")
+    base: Annotated[Name, Meta(description="Logical base image; a target's container.base_images maps it to a mirror.")]
     apt: tuple[AptPackage, ...] = ()
     pip: tuple[Requirement, ...] = ()
-    pip_index_url: str | None = Field(None, description="Extra index the pins come from (e.g. a CUDA wheel index).")
+    pip_index_url: Annotated[str | None, Meta(description=
+        "Extra index the pins come from (e.g. a CUDA wheel index).")] = None
 
 
-class Parameter(_Recipe):
+class Parameter(_Recipe, frozen=True, kw_only=True):
     """A tunable parameter: its values, where it applies, and how a value changes the analytic model."""
 
     name: Name
-    values: tuple[ParamValue, ...] = Field(min_length=1)
+    values: Annotated[tuple[ParamValue, ...], Meta(min_length=1)]
     devices: tuple[DeviceKind, ...] = ("cpu", "gpu")
     tasks: tuple[Task, ...] = (Task.inference, Task.training)
-    precisions: tuple[Precision, ...] | None = Field(
-        None, description="Only enumerate at these precisions (e.g. the int8 quantization method); default: all.")
-    needs_op_class: str | None = Field(None, description="Only enumerate when the workload has ops of this class.")
-    effects: dict[str, dict[str, float]] = Field(
-        default_factory=dict,
-        description="value -> {term: factor}; terms: compute.<op_class>, compute, memory, overhead, compile.")
-    env: dict[str, dict[str, str]] = Field(
-        default_factory=dict, description="value -> environment variables the entrypoint exports.")
-    apt: dict[str, tuple[AptPackage, ...]] = Field(default_factory=dict, description="value -> extra apt packages.")
-    allocation: dict[Allocation, ParamValue] = Field(
-        default_factory=dict, description="kind of allocation (the target's scheduler.allocation) -> the one value "
-                                          "enumerated there: the others cannot win on it and are left out.")
-    feature: FeatureKind = Field(
-        description="How the learned model sees the parameter; default numeric if every value is an integer, "
-                    "else categorical.")
+    precisions: Annotated[tuple[Precision, ...] | None, Meta(description=
+        "Only enumerate at these precisions (e.g. the int8 quantization method); default: all.")] = None
+    needs_op_class: Annotated[str | None, Meta(description=
+        "Only enumerate when the workload has ops of this class.")] = None
+    effects: Annotated[dict[str, dict[str, float]], Meta(description=
+        "value -> {term: factor}; terms: compute.<op_class>, compute, memory, "
+        "overhead, compile.")] = field(default_factory=dict)
+    env: Annotated[dict[str, dict[str, str]], Meta(description=
+        "value -> environment variables the entrypoint exports.")] = field(default_factory=dict)
+    apt: Annotated[dict[str, tuple[AptPackage, ...]], Meta(description=
+        "value -> extra apt packages.")] = field(default_factory=dict)
+    allocation: Annotated[dict[Allocation, ParamValue], Meta(description=
+        "kind of allocation (the target's scheduler.allocation) -> the one value "
+        "enumerated there: the others cannot win on it and are left out.")] = field(default_factory=dict)
+    given_feature: Annotated[FeatureKind | None, Meta(
+        description="How the learned model sees the parameter; default numeric if every value is an integer, else "
+                    "categorical.")] = field(default=None, name="feature")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _default_feature(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "feature" not in data:
-            return {**data, "feature": "numeric" if _integers(data.get("values", ())) else "categorical"}
-        return data
-
-    @model_validator(mode="after")
-    def _check_feature(self) -> Parameter:
+    def __post_init__(self) -> None:
         if self.feature == "threads" and self.name != "threads":
             raise ValueError("feature 'threads' is for the parameter named threads")
         if self.feature == "numeric" and not _integers(self.values):
             raise ValueError("a numeric feature needs integer values")
         if any(value not in self.values for value in self.allocation.values()):
             raise ValueError("allocation names a value the parameter does not list")
-        return self
+
+    @property
+    def feature(self) -> FeatureKind:
+        """How the learned model sees the parameter: as the recipe says, else numeric if every value is an integer,
+        else categorical."""
+        return self.given_feature or ("numeric" if _integers(self.values) else "categorical")
 
     def values_for(self, allocation: Allocation) -> tuple[ParamValue, ...]:
         """The values enumerated on a kind of allocation: the one ``allocation`` names for it, else all."""
@@ -85,34 +85,35 @@ def _integers(values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
-class Tuning(_Recipe):
+class Tuning(_Recipe, frozen=True, kw_only=True):
     """How a tuning budget (trials) buys compute efficiency, and what each trial costs."""
 
     parameter: Name
-    seconds_per_trial: float = Field(gt=0)
-    efficiency: dict[int, float] = Field(description="trial budget -> factor on compute efficiency.")
+    seconds_per_trial: Annotated[float, Meta(gt=0)]
+    efficiency: Annotated[dict[int, float], Meta(description="trial budget -> factor on compute efficiency.")]
 
 
-class DevicePerformance(_Recipe):
+class DevicePerformance(_Recipe, frozen=True, kw_only=True):
     """Priors of the analytic roofline model for one device kind (replaced by the learned model)."""
 
-    compute_efficiency: dict[str, Fraction] = Field(description="op class -> fraction of peak; 'default' required.")
+    compute_efficiency: Annotated[dict[str, Fraction], Meta(description=
+        "op class -> fraction of peak; 'default' required.")]
     memory_efficiency: Fraction
-    fusion: Annotated[float, Field(ge=0, le=1)] = Field(
-        0.0, description="Fraction of elementwise/normalization traffic removed by operator fusion.")
-    node_overhead_us: Annotated[float, Field(ge=0)] = Field(description="Dispatch cost per graph node of a forward "
-                                                                          "pass (µs).")
-    call_overhead_us: Annotated[float, Field(ge=0)] = Field(description="Dispatch cost per inference call (µs).")
-    training_node_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
-        None, description="Per forward graph node of a training step: forward, backward and update (µs); "
-                          "default 3 x node_overhead_us.")
-    training_call_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
-        None, description="Per training step (µs); default call_overhead_us.")
-    compile_seconds: Annotated[float, Field(ge=0)] = 0.0
-    compile_seconds_per_node: Annotated[float, Field(ge=0)] = 0.0
+    fusion: Annotated[float, Meta(ge=0, le=1, description=
+        "Fraction of elementwise/normalization traffic removed by operator fusion.")] = 0.0
+    node_overhead_us: Annotated[float, Meta(ge=0, description=
+        "Dispatch cost per graph node of a forward pass (µs).")]
+    call_overhead_us: Annotated[float, Meta(ge=0, description="Dispatch cost per inference call (µs).")]
+    training_node_overhead_us: Annotated[Annotated[float, Meta(ge=0)] | None, Meta(description=
+        "Per forward graph node of a training step: forward, backward and update (µs); default 3 x "
+        "node_overhead_us.")] = None
+    training_call_overhead_us: Annotated[Annotated[float, Meta(ge=0)] | None, Meta(description=
+        "Per training step (µs); default call_overhead_us.")] = None
+    compile_seconds: Annotated[float, Meta(ge=0)] = 0.0
+    compile_seconds_per_node: Annotated[float, Meta(ge=0)] = 0.0
 
 
-class Recipe(_Recipe):
+class Recipe(_Recipe, frozen=True, kw_only=True):
     """One runtime or graph compiler."""
 
     name: Name
@@ -124,9 +125,9 @@ class Recipe(_Recipe):
     container: dict[DeviceKind, ContainerNeeds]
     parameters: tuple[Parameter, ...] = ()
     tuning: Tuning | None = None
-    stock: bool = Field(False, description="The framework's stock deployment (its first precision, every "
+    stock: Annotated[bool, Meta(description="The framework's stock deployment (its first precision, every "
                                            "parameter at its first value) is what the plan keeps when the "
-                                           "fastest candidates may be over 10% slower than it.")
+                                           "fastest candidates may be over 10% slower than it.")] = False
     performance: dict[DeviceKind, DevicePerformance]
     notes: str = ""
 

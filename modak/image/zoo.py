@@ -1,6 +1,6 @@
 """The model zoo: reference architectures defined in code with seeded random weights (nothing is downloaded).
 
-In-image code (no pydantic, PyYAML or build tooling): the image builds a zoo model from its entry at start.
+In-image code (no msgspec, PyYAML or build tooling): the image builds a zoo model from its entry at start.
 Importing this module does not import torch; building or feeding a model does. The ONNX export of a zoo model
 (which the analysis reads) is host-side: :mod:`modak.workload.zoo`.
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -9,17 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import yaml
-from pydantic import BaseModel, ValidationError
 
 from modak.errors import InputError, did_you_mean
 from modak.limits import MAX_SPEC_BYTES, MAX_STRING_CHARS, MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES, read_bounded
 from modak.paths import data_dir
 from modak.spec.document import Loc, SpecDocument, dotted
-from modak.spec.models import AUTO_BATCH, Job, Metric, Target, Task
+from modak.spec.models import AUTO_BATCH, PATTERN_MESSAGE, PATTERN_MESSAGES, Job, Metric, Target, Task
 from modak.spec.resolve import ResolvedFiles, resolve_files
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound=msgspec.Struct)
 LOCAL = "local"  # a target (file name or `cpu:` value) that is the machine modak runs on: modak.hardware.local
 LocalMachine = Callable[[], dict[str, Any]]  # the cpu, memory (and gpus) sections describing the local machine
 
@@ -63,7 +65,7 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
         if local_machine is None:
             raise job_doc.error(("target",), "target 'local' is not available here")
         document = {"apiVersion": "modak/v1", "kind": "Target", "name": LOCAL, **local_machine()}
-        target, target_doc = Target.model_validate(document), SpecDocument(Path.cwd() / LOCAL)
+        target, target_doc = validate(document, Target), SpecDocument(Path.cwd() / LOCAL)
     else:
         target, target_doc = load_spec(target_file, Target, local_machine)
     return LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
@@ -104,9 +106,15 @@ def load_spec(path: str | Path, model: type[M], local_machine: LocalMachine | No
             raise doc.error(("cpu",), "'cpu: local' is not available here")
         data = {**local_machine(), **{k: v for k, v in data.items() if k != "cpu"}}
     try:
-        return model.model_validate(data), doc
-    except ValidationError as exc:
-        raise _first_error(exc, doc, model, data) from None
+        return validate(data, model), doc
+    except msgspec.ValidationError as exc:
+        raise _located(exc, doc, model, data) from None
+
+
+def validate(data: Any, model: type[M]) -> M:
+    """``data`` (plain YAML/JSON values, or specs) as a ``model``: every field's type and constraints and the
+    model's own checks; a problem raises :class:`msgspec.ValidationError` (the loader locates it in its file)."""
+    return msgspec.convert(data, model)
 
 
 def read_catalog(name: str) -> Any:
@@ -230,64 +238,133 @@ def _check_string(node: yaml.ScalarNode, path: Path, loc: Loc, budget: _Budget) 
     raise InputError(problem, path, node.start_mark.line + 1, dotted(loc) or None)
 
 
-def _first_error(exc: ValidationError, doc: SpecDocument, model: type[BaseModel], data: Any) -> InputError:
-    """The first validation error, located and phrased for a person."""
-    # An unknown field is usually a typo that also causes a "missing" error: report the typo first.
-    errors = sorted(exc.errors(),
-                    key=lambda e: (e["type"] != "extra_forbidden", doc.line_of(_clean_loc(e["loc"], data)) or 0))
-    error = errors[0]
-    loc = _clean_loc(error["loc"], data)
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        known = _field_names(model, loc[:-1])
-        return doc.error(loc, f"unknown field{did_you_mean(str(loc[-1]), known, cutoff=0.6)}")
-    if kind == "missing":
-        return doc.error(loc, "required field is missing")
-    message = error["msg"]
-    if kind == "string_pattern_mismatch":
-        message = (f"invalid value {error['input']!r}: this field ends up in image tags, labels or scheduler "
-                   "directives, so only letters, digits and . _ - (and / : @ in references) are allowed")
-    elif kind in ("literal_error", "enum"):
-        message = f"expected {message.removeprefix('Input should be ')}, got {error.get('input')!r}"
-    elif kind == "value_error":
-        message = message.removeprefix("Value error, ")
+# msgspec's message: what is wrong, then where (`` - at `$.a.b[0]` ``; a mapping's key: `` - at `key` in `$.a` ``).
+_WHERE = re.compile(r"^(?P<message>.*?)(?: - at (?P<key>`key` in )?`(?P<path>\$[^`]*)`)?$", re.DOTALL)
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
+_FIELD = re.compile(r"^Object (contains unknown|missing required) field `(?P<name>[^`]*)`$")
+_PATTERN = re.compile(r"^Expected `str` matching regex (?P<pattern>.*)$", re.DOTALL)  # the pattern's repr()
+_PATTERN_MESSAGES = {repr(pattern): message for pattern, message in PATTERN_MESSAGES.items()}
+
+
+def _located(exc: msgspec.ValidationError, doc: SpecDocument, model: type[msgspec.Struct], data: Any) -> InputError:
+    """The validation error, located in ``doc`` and phrased for a person. An unknown field is reported first, the
+    earliest in the file: it is usually a typo that causes the other errors (a required field missing)."""
+    unknown = sorted(_unknown_fields(model, data, ()), key=lambda loc: doc.line_of(loc) or 0)
+    if unknown:
+        loc = unknown[0]
+        fields = _field_names(_annotation_at(model, loc[:-1]))
+        return doc.error(loc, f"unknown field{did_you_mean(str(loc[-1]), fields, cutoff=0.6)}")
+    where = _WHERE.match(str(exc))
+    assert where is not None  # the pattern matches any text
+    message = where["message"]
+    loc, annotation, value = _follow(model, data, where["path"] or "$", bool(where["key"]))
+    if field := _FIELD.match(message):  # a missing one (the unknown ones are found above)
+        return doc.error(loc + (field["name"],), "required field is missing")
+    if pattern := _PATTERN.match(message):
+        known = _PATTERN_MESSAGES.get(pattern["pattern"])
+        message = f"{known}, got {value!r}" if known else f"invalid value {value!r}: {PATTERN_MESSAGE}"
+    elif message.startswith("Invalid enum value"):
+        message = f"expected {_alternatives(annotation)}, got {value!r}"
+    elif message.startswith("Expected "):
+        message = "expected " + message.removeprefix("Expected ").replace("`", "")
+        if ", got " not in message:
+            message += f", got {value!r}"
     return doc.error(loc, message)
 
 
-def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
-    """An error location as a path into ``data``: pydantic's union-branch markers (e.g. ``list[...]``,
-    ``constrained-int``) are dropped unless ``data`` has such a key there (a key may contain anything)."""
-    path: list[str | int] = []
-    for part in loc:
-        if (isinstance(data, dict) and part in data
-                or isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)):
-            data = data[part]
-        elif isinstance(part, str) and ("[" in part or "function-" in part or part.startswith("constrained-")):
-            continue
+def _follow(model: Any, data: Any, path: str, key: bool) -> tuple[Loc, Any, Any]:
+    """msgspec's error ``path`` into ``data`` as a location, with the annotation and the value found there. A
+    mapping's entry (``[...]``, or its key where ``key``) is the first of its entries that fails alone."""
+    loc: list[str | int] = []
+    annotation: Any = model
+    steps: list[Any] = [m[1] or (int(m[2]) if m[2].isdigit() else ...) for m in _STEP.finditer(path)]
+    for step in steps + ([...] if key else []):
+        if step is ...:
+            mapping = _mapping_of(annotation)
+            step = next((k for k in data if _fails({k: data[k]}, mapping)), None) if isinstance(data, dict) else None
+            if step is None:
+                break
+        loc.append(step)
+        annotation = _descend(annotation, step)
+        if isinstance(data, dict):
+            data = data.get(step)
         else:
-            data = None  # a missing field: nothing below it
-        path.append(part)
-    return tuple(path)
+            data = data[step] if isinstance(data, list) and isinstance(step, int) and 0 <= step < len(data) else None
+    return tuple(loc), annotation, data
 
 
-def _field_names(model: type[BaseModel], loc: Loc) -> list[str]:
-    """Field names of the model reached by following ``loc`` from ``model``."""
-    current: Any = model
+def _unknown_fields(annotation: Any, data: Any, loc: Loc) -> list[Loc]:
+    """Every key of ``data`` that no spec model on its way has as a field."""
+    found: list[Loc] = []
+    models = [m for m in _flatten(annotation) if isinstance(m, type) and issubclass(m, msgspec.Struct)]
+    if isinstance(data, dict) and models:
+        known = set(_field_names(annotation))
+        for key, value in data.items():
+            found += [loc + (key,)] if key not in known else _unknown_fields(_descend(annotation, key), value,
+                                                                             loc + (key,))
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            found += _unknown_fields(_descend(annotation, key if isinstance(key, str) else str(key)), value,
+                                     loc + (key,))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            found += _unknown_fields(_descend(annotation, index), value, loc + (index,))
+    return found
+
+
+def _annotation_at(model: Any, loc: Loc) -> Any:
+    annotation = model
     for part in loc:
-        current = _descend(current, part)
-        if current is None:
-            return []
-    models = [t for t in _flatten(current) if isinstance(t, type) and issubclass(t, BaseModel)]
-    return [name for m in models for name in m.model_fields]
+        annotation = _descend(annotation, part)
+    return annotation
+
+
+def _fails(data: Any, annotation: Any) -> bool:
+    try:
+        msgspec.convert(data, annotation)
+    except msgspec.ValidationError:
+        return True
+    return False
+
+
+def _mapping_of(annotation: Any) -> Any:
+    """The ``dict[...]`` alternative of ``annotation`` (``dict[str, Any]`` if it has none)."""
+    return next((a for a in _flatten(annotation) if typing.get_origin(a) is dict), dict[str, Any])
+
+
+_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+          tuple: "a list", dict: "a mapping"}
+
+
+def _alternatives(annotation: Any) -> str:
+    """What ``annotation`` accepts, for a person: its literal values and kinds of value."""
+    words: list[str] = []
+    for option in _flatten(annotation):
+        if typing.get_origin(option) is typing.Literal:
+            words += [repr(v) for v in typing.get_args(option)]
+        elif isinstance(option, type) and issubclass(option, enum.Enum):
+            words += [repr(member.value) for member in option]
+        elif isinstance(option, type) and issubclass(option, msgspec.Struct):
+            words.append("a mapping")
+        elif (kind := _KINDS.get(typing.get_origin(option) or option)) is not None:
+            words.append(kind)
+    return " or ".join(", ".join(words).rsplit(", ", 1)) if words else "another value"
+
+
+def _field_names(annotation: Any) -> list[str]:
+    """Field names of the spec models ``annotation`` may be."""
+    return [f.encode_name for m in _flatten(annotation) if isinstance(m, type) and issubclass(m, msgspec.Struct)
+            for f in msgspec.structs.fields(m)]
 
 
 def _descend(annotation: Any, part: str | int) -> Any:
     for option in _flatten(annotation):
-        if isinstance(option, type) and issubclass(option, BaseModel) and isinstance(part, str):
-            if part in option.model_fields:
-                return option.model_fields[part].annotation
+        if isinstance(option, type) and issubclass(option, msgspec.Struct) and isinstance(part, str):
+            for f in msgspec.structs.fields(option):
+                if f.encode_name == part:
+                    return f.type
         origin = typing.get_origin(option)
-        if origin is list and isinstance(part, int):
+        if origin in (list, tuple) and isinstance(part, int):
             return typing.get_args(option)[0]
         if origin is dict and isinstance(part, str):
             return typing.get_args(option)[1]

@@ -6,54 +6,48 @@ safe alphabet (names, image references, scheduler fields) or escaped by the rend
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
+from msgspec import Meta, Struct, field
 
 from modak.schedulers import SCHEDULERS
 from modak.spec.names import EngineName
 
 # A name that is safe as an image tag, a file name, a Slurm job name and a label value.
-Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 # An OCI image reference (registry/path:tag@digest) without whitespace or shell metacharacters.
-ImageRef = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$", max_length=255)]
+ImageRef = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$", max_length=255)]
 # Scheduler fields (partition, account, qos) are written into #SBATCH/#PBS directives.
-SchedulerWord = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=64)]
-TimeLimit = Annotated[str, StringConstraints(pattern=r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")]
-Url = Annotated[str, StringConstraints(pattern=r"^https?://[^\s'\"`$\\]+$")]
+SchedulerWord = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$", max_length=64)]
+TimeLimit = Annotated[str, Meta(pattern=r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")]
+Url = Annotated[str, Meta(pattern=r"^https?://[^\s'\"`$\\]+$")]
 # A pip requirement: letters, digits and the operators of PEP 508 version specifiers, no URLs or options.
 _REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*[ ]*([<>=!~]=?[ ]*[A-Za-z0-9.*+!\-]+[ ]*,?[ ]*)*$"
-Requirement = Annotated[str, StringConstraints(pattern=_REQUIREMENT)]
-
-
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("cannot contain the NUL character (\\x00): no path or program argument can")
-    return value
+Requirement = Annotated[str, Meta(pattern=_REQUIREMENT)]
 
 
 # Free text that becomes a path or a program argument (it is quoted where written, but NUL cannot be passed on).
-Text = Annotated[str, AfterValidator(_no_nul)]
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-# A target's scheduler.kind: a registered scheduler (modak.schedulers); a Literal of their names for pydantic (its
+Text = Annotated[str, Meta(pattern=r"^[^\x00]*$")]
+PositiveInt = Annotated[int, Meta(gt=0)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+# A target's scheduler.kind: a registered scheduler (modak.schedulers); a Literal of their names for validation (the
 # errors and the JSON Schema's enum list them), a string for static type checkers.
 if TYPE_CHECKING:
     SchedulerKind = str
 else:
     SchedulerKind = Literal[SCHEDULERS.names()]
 Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: are a job's cores its own?
+Interconnect = Literal["ethernet", "roce", "infiniband", "omnipath", "slingshot", "none"]  # network.interconnect
 InputDtype = Literal["float32", "int64"]  # the element type of a user model's input (model.input_dtype)
 AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.plan.choose_batch)
 
 
-class Strict(BaseModel):
-    """Base: unknown fields are errors, instances are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+class Strict(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Base: unknown fields are errors, instances are immutable. Fields are checked where data becomes a spec
+    (:func:`modak.spec.loader.validate`), not by the constructor."""
 
 
 class Task(str, Enum):
@@ -85,65 +79,74 @@ class Device(str, Enum):
 # importable name (mypkg.models).
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _MODULE = rf"([A-Za-z0-9_./-]+\.py|{_IDENTIFIER}(\.{_IDENTIFIER})*)"
-PythonName = Annotated[str, StringConstraints(pattern=rf"^{_IDENTIFIER}$", max_length=128)]
-PythonModule = Annotated[str, StringConstraints(pattern=rf"^{_MODULE}$", max_length=255)]
+PythonName = Annotated[str, Meta(pattern=rf"^{_IDENTIFIER}$", max_length=128)]
+PythonModule = Annotated[str, Meta(pattern=rf"^{_MODULE}$", max_length=255)]
 BUILTIN_LOSSES = ("cross_entropy", "mse")  # job.loss built-ins: class labels / targets shaped like the outputs
+# A built-in loss or module:function.
+Loss = Annotated[str, Meta(pattern=rf"^({'|'.join(BUILTIN_LOSSES)}|{_MODULE}:{_IDENTIFIER})$", max_length=255)]
+# What the loader says of a string that does not match its field's pattern, by pattern (default: PATTERN_MESSAGE).
+PATTERN_MESSAGES = {
+    get_args(Text)[1].pattern: "cannot contain the NUL character (\\x00): no path or program argument can",
+    get_args(Loss)[1].pattern: f"expected a built-in loss ({', '.join(BUILTIN_LOSSES)}) or module:function "
+                               f"(model.py:my_loss, mypkg.losses:my_loss)",
+}
+PATTERN_MESSAGE = ("this field ends up in image tags, labels or scheduler directives, so only letters, digits and "
+                   ". _ - (and / : @ in references) are allowed")
 
 
-def _loss(value: str) -> str:
-    if value not in BUILTIN_LOSSES and not re.fullmatch(rf"{_MODULE}:{_IDENTIFIER}", value):
-        raise ValueError(f"expected a built-in loss ({', '.join(BUILTIN_LOSSES)}) or module:function (model.py:"
-                         f"my_loss, mypkg.losses:my_loss), got {value!r}")
-    return value
-
-
-Loss = Annotated[str, StringConstraints(max_length=255), AfterValidator(_loss)]
-
-
-class PyTorchModel(Strict):
+class PyTorchModel(Strict, frozen=True, kw_only=True):
     """The user's own ``torch.nn.Module``: a factory in their code, called only in a child process with a time and
     memory limit (:mod:`modak.workload.usercode`)."""
 
-    module: PythonModule = Field(description="A Python file relative to the job file (model.py), or an importable "
-                                             "module name (mypkg.models; the job file's folder is searched first).")
-    factory: PythonName = Field(description="The callable in `module` that returns the torch.nn.Module.")
-    kwargs: dict[str, JsonValue] = Field(default_factory=dict, description="Keyword arguments of the factory.")
-    weights: Text | None = Field(None, description="A state_dict file relative to the job file, loaded with "
-                                                   "torch.load(weights_only=True) and load_state_dict(strict=True).")
+    module: Annotated[PythonModule, Meta(description=
+        "A Python file relative to the job file (model.py), or an importable module name (mypkg.models; the job "
+        "file's folder is searched first).")]
+    factory: Annotated[PythonName, Meta(description="The callable in `module` that returns the torch.nn.Module.")]
+    kwargs: Annotated[dict[str, Any], Meta(description=
+        "Keyword arguments of the factory (JSON values).")] = field(default_factory=dict)
+    weights: Annotated[Text | None, Meta(description=
+        "A state_dict file relative to the job file, loaded with torch.load(weights_only=True) and "
+        "load_state_dict(strict=True).")] = None
+
+    def __post_init__(self) -> None:
+        try:
+            json.dumps(self.kwargs, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"kwargs must be JSON values (strings, numbers, booleans, null, lists, mappings): {exc}") \
+                from None
 
 
-class ModelSpec(Strict):
+class ModelSpec(Strict, frozen=True, kw_only=True):
     """The network: an ONNX file, a zoo architecture, the user's own PyTorch module or a ``torch.export`` program,
     with its input and batch size."""
 
-    onnx: Text | None = Field(None, description="Path to an ONNX file, relative to the job file.")
-    zoo: Name | None = Field(None, description="Name of a modak zoo architecture (see `modak zoo`).")
-    pytorch: PyTorchModel | None = Field(None, description="The user's own PyTorch module (its factory and weights); "
-                                                           "needs input_shape.")
-    exported: Text | None = Field(None, description="A torch.export program (.pt2, torch.export.save), relative to "
-                                                    "the job file; needs none of the user's code.")
-    input_shape: list[PositiveInt] | dict[str, list[PositiveInt]] | None = Field(
-        None, description="Per-sample input shape without the batch dimension; a mapping for several inputs.")
-    input_dtype: InputDtype | dict[str, InputDtype] | None = Field(
-        None, description="The user's own model (pytorch, exported): its inputs' element type, float32 (default) or "
-                          "int64 (token ids, embedding rows); a mapping for several inputs.")
-    input_high: PositiveInt | dict[str, PositiveInt] | None = Field(
-        None, description="The user's own model: the exclusive upper bound of its int64 inputs (the vocabulary size, "
-                          "an embedding table's rows); a mapping for several inputs.")
-    batch_size: PositiveInt | Literal["auto"] = Field(
-        1, description="Samples per step, or 'auto' (inference with objective throughput): the plan predicts every "
-                       "power of two from 1 to 256 and takes the batch with the most samples per second within "
-                       "constraints.max_latency_ms and the device's memory.")
+    onnx: Annotated[Text | None, Meta(description="Path to an ONNX file, relative to the job file.")] = None
+    zoo: Annotated[Name | None, Meta(description="Name of a modak zoo architecture (see `modak zoo`).")] = None
+    pytorch: Annotated[PyTorchModel | None, Meta(description="The user's own PyTorch module (its factory and weights); "
+                                                           "needs input_shape.")] = None
+    exported: Annotated[Text | None, Meta(description="A torch.export program (.pt2, torch.export.save), relative to "
+                                                    "the job file; needs none of the user's code.")] = None
+    input_shape: Annotated[list[PositiveInt] | dict[str, list[PositiveInt]] | None, Meta(description=
+        "Per-sample input shape without the batch dimension; a mapping for several inputs.")] = None
+    input_dtype: Annotated[InputDtype | dict[str, InputDtype] | None, Meta(description=
+        "The user's own model (pytorch, exported): its inputs' element type, float32 (default) or int64 "
+        "(token ids, embedding rows); a mapping for several inputs.")] = None
+    input_high: Annotated[PositiveInt | dict[str, PositiveInt] | None, Meta(description=
+        "The user's own model: the exclusive upper bound of its int64 inputs (the vocabulary size, an "
+        "embedding table's rows); a mapping for several inputs.")] = None
+    batch_size: Annotated[PositiveInt | Literal["auto"], Meta(description=
+        "Samples per step, or 'auto' (inference with objective throughput): the plan predicts every power of two "
+        "from 1 to 256 and takes the batch with the most samples per second within constraints.max_latency_ms "
+        "and the device's memory.")] = 1
 
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
+    def __post_init__(self) -> None:
         if sum(source is not None for source in (self.onnx, self.zoo, self.pytorch, self.exported)) != 1:
             raise ValueError("give exactly one of 'onnx' (a file), 'zoo' (an architecture name), 'pytorch' (your "
                              "module and factory) or 'exported' (a torch.export .pt2 file)")
         if self.pytorch is not None and self.input_shape is None:
             raise ValueError("a PyTorch model needs input_shape (per sample, without the batch dimension)")
         if self.input_dtype is None and self.input_high is None:
-            return self
+            return
         if self.onnx is not None or self.zoo is not None:
             raise ValueError("input_dtype and input_high describe the user's own model (pytorch, exported): an ONNX "
                              "file and a zoo architecture carry their inputs' types")
@@ -153,7 +156,6 @@ class ModelSpec(Strict):
         if unbounded:
             raise ValueError("int64 inputs need input_high (their exclusive upper bound, e.g. the vocabulary size): "
                              f"none for {', '.join(unbounded)}")
-        return self
 
     def input_types(self, names: Sequence[str]) -> dict[str, tuple[str, int | None]]:
         """Element type and exclusive upper bound (int64 inputs) of each of the user's model's inputs ``names``."""
@@ -171,30 +173,29 @@ def input_types(dtype: str | Mapping[str, str] | None, high: int | Mapping[str, 
     return {name: (kind, bound if kind == "int64" else None) for name, (kind, bound) in types.items()}
 
 
-class Objective(Strict):
+class Objective(Strict, frozen=True, kw_only=True):
     """What to optimize. ``time_to_solution`` amortizes compile/tune time over ``steps``."""
 
     metric: Metric = Metric.throughput
-    steps: PositiveInt | None = Field(None, description="Steps (batches) the job runs; needed for time_to_solution.")
+    steps: Annotated[PositiveInt | None, Meta(description=
+        "Steps (batches) the job runs; needed for time_to_solution.")] = None
 
-    @model_validator(mode="after")
-    def _steps_for_tts(self) -> Objective:
+    def __post_init__(self) -> None:
         if self.metric is Metric.time_to_solution and self.steps is None:
             raise ValueError("metric 'time_to_solution' needs 'steps' (how many batches the job runs)")
-        return self
 
 
-class Constraints(Strict):
+class Constraints(Strict, frozen=True, kw_only=True):
     max_image_size_gb: PositiveFloat | None = None
-    max_compile_seconds: Annotated[float, Field(ge=0)] | None = None
-    max_latency_ms: PositiveFloat | None = Field(
-        None, description="Largest predicted time of one step (one batch), in milliseconds: slower candidates are "
-                          "left out; with model.batch_size auto it bounds the batch.")
-    runtimes: list[Name] | None = Field(None, description="Allowed runtime names (see recipes/runtimes).")
-    max_slowdown: Annotated[float, Field(ge=1)] | None = Field(
-        None, description="Largest predicted slowdown this job accepts when `modak pack` co-locates it with other "
-                          "jobs (its step time sharing a node or GPU over its step time alone on the target), e.g. "
-                          "1.3; without it, any slowdown that raises the group's throughput is accepted.")
+    max_compile_seconds: Annotated[float, Meta(ge=0)] | None = None
+    max_latency_ms: Annotated[PositiveFloat | None, Meta(description=
+        "Largest predicted time of one step (one batch), in milliseconds: slower candidates are left out; "
+        "with model.batch_size auto it bounds the batch.")] = None
+    runtimes: Annotated[list[Name] | None, Meta(description="Allowed runtime names (see recipes/runtimes).")] = None
+    max_slowdown: Annotated[Annotated[float, Meta(ge=1)] | None, Meta(description=
+        "Largest predicted slowdown this job accepts when `modak pack` co-locates it with other jobs (its "
+        "step time sharing a node or GPU over its step time alone on the target), e.g. 1.3; without it, any "
+        "slowdown that raises the group's throughput is accepted.")] = None
 
 
 class AccuracyMetric(str, Enum):
@@ -202,94 +203,93 @@ class AccuracyMetric(str, Enum):
     relative_error = "relative_error"
 
 
-class Calibration(Strict):
+class Calibration(Strict, frozen=True, kw_only=True):
     """Sample inputs that int8 quantization calibrates on and the accuracy gate compares int8 with fp32 on."""
 
-    data: str | None = Field(
-        None, description="Folder of sample inputs, relative to the job file: .npz files holding one array per "
-                          "input name, or .npy files for a single-input model; an array is one sample (the "
-                          "input's per-sample shape) or a stack of samples ([n, *shape]); files are read in name "
-                          "order. Without it, modak calibrates and checks on seeded random inputs.")
-    samples: PositiveInt = Field(64, description="Samples to use (the first ones of the folder, or random ones).")
+    data: Annotated[str | None, Meta(description=
+        "Folder of sample inputs, relative to the job file: .npz files holding one array per input name, or "
+        ".npy files for a single-input model; an array is one sample (the input's per-sample shape) or a "
+        "stack of samples ([n, *shape]); files are read in name order. Without it, modak calibrates and "
+        "checks on seeded random inputs.")] = None
+    samples: Annotated[PositiveInt, Meta(description=
+        "Samples to use (the first ones of the folder, or random ones).")] = 64
 
 
-class Accuracy(Strict):
+class Accuracy(Strict, frozen=True, kw_only=True):
     """How far an int8 candidate's outputs may move from fp32 on the calibration samples."""
 
-    metric: AccuracyMetric | None = Field(
-        None, description="top1_agreement: the argmax of the first output per sample agrees with fp32 (drop = 1 - "
-                          "agreement); relative_error: max |int8 - fp32| / max |fp32| over all outputs (drop = the "
-                          "error). Default: top1_agreement when the first output has several values per sample "
-                          "(a classifier), else relative_error.")
-    max_drop: Annotated[float, Field(ge=0, le=1)] | None = Field(
-        None, description="Largest drop allowed; default 0.01 for top1_agreement, 0.1 for relative_error.")
+    metric: Annotated[AccuracyMetric | None, Meta(description=
+        "top1_agreement: the argmax of the first output per sample agrees with fp32 (drop = 1 - agreement); "
+        "relative_error: max |int8 - fp32| / max |fp32| over all outputs (drop = the error). Default: "
+        "top1_agreement when the first output has several values per sample (a classifier), else "
+        "relative_error.")] = None
+    max_drop: Annotated[Annotated[float, Meta(ge=0, le=1)] | None, Meta(description=
+        "Largest drop allowed; default 0.01 for top1_agreement, 0.1 for relative_error.")] = None
 
 
-class UserCode(Strict):
+class UserCode(Strict, frozen=True, kw_only=True):
     """The user's own entry point and requirements, added to the image."""
 
-    command: list[Text] = Field(default_factory=list, description="Command run instead of modak's runner (exec form).")
-    requirements: list[Requirement] = Field(default_factory=list)
-    files: list[Text] = Field(default_factory=list,
-                              description="Files or folders (relative to the job file) copied to /opt/app.")
+    command: Annotated[list[Text], Meta(description=
+        "Command run instead of modak's runner (exec form).")] = field(default_factory=list)
+    requirements: list[Requirement] = field(default_factory=list)
+    files: Annotated[list[Text], Meta(description=
+        "Files or folders (relative to the job file) copied to /opt/app.")] = field(default_factory=list)
 
 
-ContainerPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")]
+ContainerPath = Annotated[str, Meta(pattern=r"^/[A-Za-z0-9_./-]*$")]
 
 
-class DataSpec(Strict):
-    location: Text = Field(description="Host path of the data set, bind-mounted read-only at `mount`.")
+class DataSpec(Strict, frozen=True, kw_only=True):
+    location: Annotated[Text, Meta(description="Host path of the data set, bind-mounted read-only at `mount`.")]
     mount: ContainerPath = "/data"
-    output: Text | None = Field(
-        None, description="Host folder the job writes its results to (created if missing), bind-mounted read-write "
-                          "at `output_mount`; an inference job's script then runs batch inference over `mount` "
-                          "into it by default (modak run).")
+    output: Annotated[Text | None, Meta(description=
+        "Host folder the job writes its results to (created if missing), bind-mounted read-write at "
+        "`output_mount`; an inference job's script then runs batch inference over `mount` into it by default "
+        "(modak run).")] = None
     output_mount: ContainerPath = "/output"
 
-    @model_validator(mode="after")
-    def _distinct_mounts(self) -> DataSpec:
+    def __post_init__(self) -> None:
         if self.output is not None and self.output_mount.rstrip("/") == self.mount.rstrip("/"):
             raise ValueError(f"output_mount {self.output_mount} is the data set's mount; give the results their own")
-        return self
 
 
-class Scaling(Strict):
+class Scaling(Strict, frozen=True, kw_only=True):
     """Data-parallel training across GPUs and nodes (`modak scale`): how many workers the job script requests."""
 
-    min_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
-        0.8, description="Smallest parallel efficiency to accept: one worker's step time over the predicted step "
-                         "time with N workers at the same per-worker batch (weak scaling). The job runs on the "
-                         "largest N that keeps it.")
-    max_workers: PositiveInt | None = Field(
-        None, description="Most workers to consider (GPUs; nodes for a CPU job, one process each); default all "
-                          "the target has (nodes x gpus.count). Beyond one node, whole nodes only (rounded down).")
-    gradient_dtype: Literal["fp32", "bf16", "fp16"] = Field(
-        "fp32", description="What the gradients are all-reduced in. fp32 (default) under autocast, which keeps "
-                            "parameters and their gradients in fp32 (modak.runtime.torch does); bf16/fp16 when the "
-                            "training script compresses them (e.g. DDP's bf16_compress_hook) or trains a half "
-                            "model. Halves the bytes each step exchanges.")
-    measured: dict[PositiveInt, PositiveFloat] = Field(
-        default_factory=dict, description="Measured seconds per step by worker count, e.g. {1: 0.210, 2: 0.236} "
-                                          "(same per-worker batch): the model fits its parameters to them, as "
-                                          "`modak scale --measured` does, before choosing the worker count.")
+    min_efficiency: Annotated[float, Meta(gt=0, le=1, description=
+        "Smallest parallel efficiency to accept: one worker's step time over the predicted step time with N "
+        "workers at the same per-worker batch (weak scaling). The job runs on the largest N that keeps it.")] = 0.8
+    max_workers: Annotated[PositiveInt | None, Meta(description=
+        "Most workers to consider (GPUs; nodes for a CPU job, one process each); default all the target has "
+        "(nodes x gpus.count). Beyond one node, whole nodes only (rounded down).")] = None
+    gradient_dtype: Annotated[Literal["fp32", "bf16", "fp16"], Meta(description=
+        "What the gradients are all-reduced in. fp32 (default) under autocast, which keeps parameters and "
+        "their gradients in fp32 (modak.runtime.torch does); bf16/fp16 when the training script compresses "
+        "them (e.g. DDP's bf16_compress_hook) or trains a half model. Halves the bytes each step exchanges.")] = "fp32"
+    measured: Annotated[dict[PositiveInt, PositiveFloat], Meta(description=
+        "Measured seconds per step by worker count, e.g. {1: 0.210, 2: 0.236} (same "
+        "per-worker batch): the model fits its parameters to them, as `modak scale "
+        "--measured` does, before choosing the worker count.")] = field(default_factory=dict)
 
 
-class Job(Strict):
+class Job(Strict, frozen=True, kw_only=True):
     """A data scientist's job: what to run and what to optimize."""
 
     apiVersion: Literal["modak/v1"]
     kind: Literal["Job"]
     name: Name
-    target: Text | None = Field(None, description="Target file, relative to the job file (or use --target); 'local' "
-                                                   "is the machine modak runs on, from its cached `modak probe`.")
+    target: Annotated[Text | None, Meta(description=
+        "Target file, relative to the job file (or use --target); 'local' is the machine modak runs on, from "
+        "its cached `modak probe`.")] = None
     task: Task
     model: ModelSpec
-    loss: Loss | None = Field(
-        None, description="Training only: the loss the step measures: a built-in (cross_entropy on class labels, "
-                          "mse against targets shaped like the outputs) or `module:function` (a .py file relative to "
-                          "the job file, or an importable module) called as function(outputs, batch). Default: the "
-                          "mean square of the outputs (random data, the work of a real step).")
-    precision: list[Precision] = Field(default_factory=lambda: [Precision.fp32], min_length=1)
+    loss: Annotated[Loss | None, Meta(description=
+        "Training only: the loss the step measures: a built-in (cross_entropy on class labels, mse against "
+        "targets shaped like the outputs) or `module:function` (a .py file relative to the job file, or an "
+        "importable module) called as function(outputs, batch). Default: the mean square of the outputs "
+        "(random data, the work of a real step).")] = None
+    precision: Annotated[list[Precision], Meta(min_length=1)] = field(default_factory=lambda: [Precision.fp32])
     frameworks: Literal["any"] | list[Name] = "any"
     device: Device = Device.any
     objective: Objective = Objective()
@@ -298,13 +298,12 @@ class Job(Strict):
     data: DataSpec | None = None
     calibration: Calibration = Calibration()
     accuracy: Accuracy = Accuracy()
-    scaling: Scaling | None = Field(
-        None, description="Training only: scale out data-parallel (see `modak scale`); the job script then "
-                          "requests the largest worker count that keeps min_efficiency, and launches one process "
-                          "per worker with torchrun.")
+    scaling: Annotated[Scaling | None, Meta(description=
+        "Training only: scale out data-parallel (see `modak scale`); the job script then requests the largest "
+        "worker count that keeps min_efficiency, and launches one process per worker with torchrun.")] = None
 
 
-class CpuPeaks(Strict):
+class CpuPeaks(Strict, frozen=True, kw_only=True):
     """Measured CPU ceilings for the whole node (e.g. from `modak probe`)."""
 
     fp32_gflops: PositiveFloat | None = None
@@ -312,27 +311,28 @@ class CpuPeaks(Strict):
     fp16_gflops: PositiveFloat | None = None
     int8_gops: PositiveFloat | None = None
     memory_bandwidth_gbs: PositiveFloat | None = None
-    core_memory_bandwidth_gbs: PositiveFloat | None = Field(
-        None, description="Stream triad of one core alone (`modak probe`'s one-thread triad): the bandwidth a job "
-                          "given part of a node (scheduler.cores_per_job) draws per core, up to the node's.")
+    core_memory_bandwidth_gbs: Annotated[PositiveFloat | None, Meta(description=
+        "Stream triad of one core alone (`modak probe`'s one-thread triad): the bandwidth a job given part of "
+        "a node (scheduler.cores_per_job) draws per core, up to the node's.")] = None
 
 
-class Cpu(Strict):
-    microarchitecture: str = Field(description="archspec microarchitecture name, e.g. zen4, icelake, neoverse_v1.")
+class Cpu(Strict, frozen=True, kw_only=True):
+    microarchitecture: Annotated[str, Meta(description=
+        "archspec microarchitecture name, e.g. zen4, icelake, neoverse_v1.")]
     sockets: PositiveInt = 1
     cores_per_socket: PositiveInt
     threads_per_core: PositiveInt = 1
-    frequency_ghz: PositiveFloat | None = Field(None,
-                                                description="Sustained all-core clock; catalog default if absent.")
+    frequency_ghz: Annotated[PositiveFloat | None, Meta(description=
+        "Sustained all-core clock; catalog default if absent.")] = None
     peaks: CpuPeaks = CpuPeaks()
 
 
-class Memory(Strict):
+class Memory(Strict, frozen=True, kw_only=True):
     size_gb: PositiveFloat
-    bandwidth_gbs: PositiveFloat | None = Field(None, description="Node memory bandwidth (stream triad).")
+    bandwidth_gbs: Annotated[PositiveFloat | None, Meta(description="Node memory bandwidth (stream triad).")] = None
 
 
-class GpuPeaks(Strict):
+class GpuPeaks(Strict, frozen=True, kw_only=True):
     fp32_tflops: PositiveFloat | None = None
     tf32_tflops: PositiveFloat | None = None
     bf16_tflops: PositiveFloat | None = None
@@ -341,104 +341,101 @@ class GpuPeaks(Strict):
     memory_bandwidth_gbs: PositiveFloat | None = None
 
 
-class Gpus(Strict):
-    model: str = Field(description="GPU model; peaks come from recipes/hardware/gpus.yaml unless given.")
+class Gpus(Strict, frozen=True, kw_only=True):
+    model: Annotated[str, Meta(description="GPU model; peaks come from recipes/hardware/gpus.yaml unless given.")]
     count: PositiveInt = 1
     memory_gb: PositiveFloat | None = None
     peaks: GpuPeaks = GpuPeaks()
 
 
-class Network(Strict):
+class Network(Strict, frozen=True, kw_only=True):
     """How the nodes are connected; the scaling model's alpha and beta (recipes/hardware/interconnects.yaml
     gives the defaults per interconnect)."""
 
-    interconnect: Literal["ethernet", "roce", "infiniband", "omnipath", "slingshot", "none"] = Field(
-        "ethernet", description="ethernet (TCP), roce (RDMA over Converged Ethernet), infiniband, omnipath, "
-                                "slingshot, or none (the nodes are not connected: jobs scale within one node).")
-    bandwidth_gbps: PositiveFloat | None = Field(
-        None, description="Each node's network bandwidth per direction, Gbit/s (a 200 Gbit/s HDR port: 200).")
-    latency_us: PositiveFloat | None = Field(
-        None, description="Latency of one step of a collective across the network, microseconds (default: "
-                          "NCCL's tuning constant, 14).")
-    efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
-        None, description="The share of bandwidth_gbps a collective's data moves at (nccl-tests' all_reduce busbw "
-                          "/ line rate; default: 0.54 for ethernet, TCP sockets; 1 for the RDMA networks).")
+    interconnect: Annotated[Interconnect, Meta(description=
+        "ethernet (TCP), roce (RDMA over Converged Ethernet), infiniband, omnipath, slingshot, or none "
+        "(the nodes are not connected: jobs scale within one node).")] = "ethernet"
+    bandwidth_gbps: Annotated[PositiveFloat | None, Meta(description=
+        "Each node's network bandwidth per direction, Gbit/s (a 200 Gbit/s HDR port: 200).")] = None
+    latency_us: Annotated[PositiveFloat | None, Meta(description=
+        "Latency of one step of a collective across the network, microseconds (default: NCCL's tuning "
+        "constant, 14).")] = None
+    efficiency: Annotated[Annotated[float, Meta(gt=0, le=1)] | None, Meta(description=
+        "The share of bandwidth_gbps a collective's data moves at (nccl-tests' all_reduce busbw / line rate; "
+        "default: 0.54 for ethernet, TCP sockets; 1 for the RDMA networks).")] = None
 
 
-class Scheduler(Strict):
+class Scheduler(Strict, frozen=True, kw_only=True):
     kind: SchedulerKind = "none"
-    allocation: Allocation = Field(
-        "exclusive", description="exclusive: a job's cores are its own (Slurm/PBS core binding, --exclusive, "
-                                 "Kubernetes' static CPU manager); shared: other work runs on them (oversubscribed "
-                                 "nodes, a CPU quota without pinning, workstations). Parameters such as wait_policy "
-                                 "keep only the value that can win on it.")
-    cores_per_job: PositiveInt | None = Field(
-        None, description="Cores of a node one job gets (Slurm --cpus-per-task, PBS ncpus, a cpuset), when jobs get "
-                          "part of a node; default: all of its cores. Compute ceilings scale with the share, memory "
-                          "bandwidth with the cores at cpu.peaks.core_memory_bandwidth_gbs each, up to the node's "
-                          "(see modak.hardware.ceilings).")
-    co_runners: Annotated[int, Field(ge=0)] = Field(
-        0, description="CPU-bound processes (one busy thread each) that run on the job's cores beside it, time-"
-                       "sliced by the operating system: `modak whatif` predicts the job's step with the sharing "
-                       "model of `modak pack`. Needs allocation: shared.")
+    allocation: Annotated[Allocation, Meta(description=
+        "exclusive: a job's cores are its own (Slurm/PBS core binding, --exclusive, Kubernetes' static "
+        "CPU manager); shared: other work runs on them (oversubscribed nodes, a CPU quota without "
+        "pinning, workstations). Parameters such as wait_policy keep only the value that can win on "
+        "it.")] = "exclusive"
+    cores_per_job: Annotated[PositiveInt | None, Meta(description=
+        "Cores of a node one job gets (Slurm --cpus-per-task, PBS ncpus, a cpuset), when jobs get part of a "
+        "node; default: all of its cores. Compute ceilings scale with the share, memory bandwidth with the "
+        "cores at cpu.peaks.core_memory_bandwidth_gbs each, up to the node's (see modak.hardware.ceilings).")] = None
+    co_runners: Annotated[int, Meta(ge=0, description=
+        "CPU-bound processes (one busy thread each) that run on the job's cores beside it, time-sliced by the "
+        "operating system: `modak whatif` predicts the job's step with the sharing model of `modak pack`. Needs "
+        "allocation: shared.")] = 0
     partition: SchedulerWord | None = None
     account: SchedulerWord | None = None
     qos: SchedulerWord | None = None
     time_limit: TimeLimit = "01:00:00"
 
-    @model_validator(mode="after")
-    def _co_runners_share(self) -> Scheduler:
+    def __post_init__(self) -> None:
         if self.co_runners and self.allocation != "shared":
             raise ValueError("co_runners needs allocation: shared (exclusive cores run nothing else)")
-        return self
 
 
-class Container(Strict):
+class Container(Strict, frozen=True, kw_only=True):
     engine: EngineName = "podman"
-    registry: ImageRef | None = Field(None, description="Registry/namespace images are pushed to.")
-    base_images: dict[Name, ImageRef] = Field(
-        default_factory=dict, description="Site mirrors for the logical base images of recipes (e.g. debian, cuda).")
-    templates: Text | None = Field(
-        None, description="Folder of site templates, relative to the target file: a template there replaces "
-                          "modak's of the same relative path (e.g. dockerfile/Dockerfile.j2) and can extend it "
-                          "as modak/<path>.")
+    registry: Annotated[ImageRef | None, Meta(description="Registry/namespace images are pushed to.")] = None
+    base_images: Annotated[dict[Name, ImageRef], Meta(description=
+        "Site mirrors for the logical base images of recipes (e.g. debian, cuda).")] = field(default_factory=dict)
+    templates: Annotated[Text | None, Meta(description=
+        "Folder of site templates, relative to the target file: a template there replaces modak's of the same "
+        "relative path (e.g. dockerfile/Dockerfile.j2) and can extend it as modak/<path>.")] = None
 
 
-class PythonPackages(Strict):
+class PythonPackages(Strict, frozen=True, kw_only=True):
     index_url: Url | None = None
-    extra_index_urls: list[Url] = Field(default_factory=list)
-    wheelhouse: Text | None = Field(None, description="Folder of wheels, relative to the target file.")
-    ca_bundle: Text | None = Field(None,
-                                   description="CA bundle for TLS-intercepting proxies, used only while building.")
-    recipe_indexes: bool = Field(
-        True, description="Use the extra indexes runtime recipes name (e.g. PyTorch's CPU wheel index); false on "
-                          "sites that cannot reach them (serve those wheels from index_url or the wheelhouse).")
+    extra_index_urls: list[Url] = field(default_factory=list)
+    wheelhouse: Annotated[Text | None, Meta(description="Folder of wheels, relative to the target file.")] = None
+    ca_bundle: Annotated[Text | None, Meta(description=
+        "CA bundle for TLS-intercepting proxies, used only while building.")] = None
+    recipe_indexes: Annotated[bool, Meta(description=
+        "Use the extra indexes runtime recipes name (e.g. PyTorch's CPU wheel index); false on sites that "
+        "cannot reach them (serve those wheels from index_url or the wheelhouse).")] = True
 
 
-class Cost(Strict):
+class Cost(Strict, frozen=True, kw_only=True):
     """What running on the target costs: `modak whatif` prices each target's time to solution with it."""
 
-    per_node_hour: Annotated[float, Field(ge=0)] = Field(
-        description="Price of one node for one hour; a job given part of a node (scheduler.cores_per_job) pays "
-                    "its share of the cores.")
-    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = Field(
-        "EUR", description="ISO 4217 code of the price's currency; targets compared by cost must use the same.")
+    per_node_hour: Annotated[float, Meta(ge=0, description=
+        "Price of one node for one hour; a job given part of a node (scheduler.cores_per_job) pays its share of the "
+        "cores.")]
+    currency: Annotated[str, Meta(pattern=r"^[A-Z]{3}$", description=
+        "ISO 4217 code of the price's currency; targets compared by cost must use the same.")] = "EUR"
 
 
-class Target(Strict):
+class Target(Strict, frozen=True, kw_only=True):
     """A platform engineer's description of where jobs run."""
 
     apiVersion: Literal["modak/v1"]
     kind: Literal["Target"]
     name: Name
     nodes: PositiveInt = 1
-    cpu: Cpu = Field(description="The nodes' CPU. In a target file, 'cpu: local' takes this section (and memory, "
-                                  "unless given) from the cached `modak probe` of the machine modak runs on.")
+    cpu: Annotated[Cpu, Meta(description=
+        "The nodes' CPU. In a target file, 'cpu: local' takes this section (and memory, unless given) from the "
+        "cached `modak probe` of the machine modak runs on.")]
     memory: Memory
     gpus: Gpus | None = None
     network: Network = Network()
     scheduler: Scheduler = Scheduler()
     container: Container = Container()
     python: PythonPackages = PythonPackages()
-    cost: Cost | None = Field(None, description="Price of the target's nodes (optional): `modak whatif` adds cost "
-                                                "and the Pareto front of time against cost.")
+    cost: Annotated[Cost | None, Meta(description="Price of the target's nodes (optional): `modak whatif` adds cost "
+                                                "and the Pareto front of time against cost.")] = None
