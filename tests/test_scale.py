@@ -255,7 +255,7 @@ def test_bad_options_are_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     ("inference", "scaling: data-parallel scaling is for training jobs"),
     ("no-command", "scaling: scaling runs the job's own training script"),
     ("efficiency", "scaling.min_efficiency"),
-    ("network-efficiency", "target.yaml:11: network.efficiency: Input should be less than or equal to 1"),
+    ("network-efficiency", "target.yaml:11: network.efficiency: expected a number <= 1.0, got 1.5"),
     ("measured", "scaling.measured: measured point 3=0.2: 3 workers are neither part of one node nor whole nodes"),
 ])
 def test_spec_checks_of_scaling(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str) -> None:

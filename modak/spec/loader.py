@@ -244,6 +244,9 @@ _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
 _FIELD = re.compile(r"^Object (contains unknown|missing required) field `(?P<name>[^`]*)`$")
 _PATTERN = re.compile(r"^Expected `str` matching regex (?P<pattern>.*)$", re.DOTALL)  # the pattern's repr()
 _PATTERN_MESSAGES = {repr(pattern): message for pattern, message in PATTERN_MESSAGES.items()}
+_TYPE = re.compile(r"`([a-z| ]+)`")  # msgspec's names of kinds of value, e.g. `int | null`
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false", "null": "null",
+               "array": "a list", "object": "a mapping"}
 
 
 def _located(exc: msgspec.ValidationError, doc: SpecDocument, model: type[msgspec.Struct], data: Any) -> InputError:
@@ -266,7 +269,8 @@ def _located(exc: msgspec.ValidationError, doc: SpecDocument, model: type[msgspe
     elif message.startswith("Invalid enum value"):
         message = f"expected {_alternatives(annotation)}, got {value!r}"
     elif message.startswith("Expected "):
-        message = "expected " + message.removeprefix("Expected ").replace("`", "")
+        message = _TYPE.sub(lambda m: " or ".join(_TYPE_WORDS.get(t, t) for t in m[1].split(" | ")),
+                            message.replace("Expected ", "expected ", 1))
         if ", got " not in message:
             message += f", got {value!r}"
     return doc.error(loc, message)
