@@ -55,9 +55,9 @@ def test_bench_rejects_unknown_candidate(tmp_path: Path) -> None:
 
 
 def test_store_csv_round_trip(tmp_path: Path) -> None:
+    from modak.api import load as load_job
     from modak.bench.harness import measurement_row
     from modak.plan import make_plan
-    from modak.api import load as load_job
     from modak.workload.source import load_analysis
 
     loaded = load_job(CNN)

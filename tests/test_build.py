@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import urllib.error
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +38,15 @@ from modak.build.credentials import split_ref
 from modak.build.engines import BuildLog, DockerEngine, Step, parse_self_test
 from modak.build.pipeline import LOCK_LABEL, OUT_DIR_LOCK, out_dir_lock, tuned_artifacts
 from modak.build.submit import Submission, wait
-from modak.errors import (EXIT_BAD_INPUT, EXIT_BUILD_FAILED, EXIT_ENGINE_UNAVAILABLE, EXIT_INTERRUPTED,
-                          EXIT_PUSH_FAILED, EngineUnavailable, SubmitFailed)
+from modak.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BUILD_FAILED,
+    EXIT_ENGINE_UNAVAILABLE,
+    EXIT_INTERRUPTED,
+    EXIT_PUSH_FAILED,
+    EngineUnavailable,
+    SubmitFailed,
+)
 from modak.schedulers import scheduler
 from tests.support.onnx_graphs import write_onnx
 from tests.support.signals import sigint_default
@@ -902,8 +909,8 @@ def test_split_ref(ref: str, expected: tuple[str, str]) -> None:
 
 def test_tuned_tvm_database_is_found(tmp_path: Path) -> None:
     """For TVM, the MetaSchedule database `modak bench` left for this model and batch goes into the image."""
-    from modak.plan import make_plan
     from modak.api import load as load_job
+    from modak.plan import make_plan
     from modak.workload.source import load_analysis
 
     folder = tmp_path / "spec"
@@ -924,10 +931,10 @@ def test_tuned_tvm_database_is_found(tmp_path: Path) -> None:
 def test_smoke_test_checks_the_runtime(cnn: Built, engine: DockerEngine, tmp_path: Path) -> None:
     """The smoke test really runs the image: the example's image, checked against a plan that chose another
     runtime, fails with exit code 6 and keeps the run's output."""
+    from modak.api import load as load_job
     from modak.build.pipeline import smoke_test
     from modak.errors import EXIT_SMOKE_FAILED, SmokeTestFailed
     from modak.plan import make_plan
-    from modak.api import load as load_job
     from modak.workload.source import load_analysis
 
     built = cnn.data["choice"]["runtime"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from modak.api import load as load_job
 from modak.bench.harness import launch_command, launch_environment
 from modak.candidates.catalog import load_catalog
 from modak.image.deployment import Deployment, DeploymentError, allocation_cpus, resolve_threads
@@ -18,7 +19,6 @@ from modak.plan import Plan, make_plan
 from modak.predict.roofline import RooflinePredictor
 from modak.render.ir import build_description
 from modak.render.render import render
-from modak.api import load as load_job
 from modak.workload.source import load_analysis
 
 LOCATIONS = {"MODAK_PLAN", "MODAK_MODEL", "MODAK_WORKDIR", "PYTHONPATH", "PWD", "OLDPWD", "SHLVL", "_"}

@@ -66,10 +66,10 @@ def test_submission_errors_name_the_command(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_bench_measures_through_slurm(tmp_path: Path) -> None:
+    from modak.api import load as load_job
     from modak.bench.harness import BenchSettings, bench, select_candidates
     from modak.measurements.store import PerfStore
     from modak.plan import make_plan
-    from modak.api import load as load_job
     from modak.workload.source import load_analysis
 
     loaded = load_job(CNN)

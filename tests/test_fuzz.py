@@ -17,11 +17,20 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.fuzzing import (EXAMPLES, HOSTILE, MARKER, PAYLOADS, cases, check_rendered, example_seeds, mutated,
-                                   run_case)
 from modak.errors import InputError
 from modak.render.render import def_sh, def_text, dockerfile_sh, dockerfile_str, oneline, sh, word
 from modak.spec.loader import parse_yaml
+from tests.support.fuzzing import (
+    EXAMPLES,
+    HOSTILE,
+    MARKER,
+    PAYLOADS,
+    cases,
+    check_rendered,
+    example_seeds,
+    mutated,
+    run_case,
+)
 
 STRINGS = st.one_of(st.text(), st.sampled_from(HOSTILE), st.text(alphabet="'\"\\$`{}%\n\r\t\x00 !;|&()<>*?[]#~="))
 BASH_SAFE = STRINGS.map(lambda s: s.replace("\x00", ""))  # bash cannot hold NUL in a word

@@ -13,11 +13,11 @@ from types import ModuleType
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the dry run plans ten jobs and measures through the launcher (about a minute)
-
 from modak import api
 from modak.bench.harness import aggregate_row
 from modak.measurements.store import read_csv
+
+pytestmark = pytest.mark.slow  # the dry run plans ten jobs and measures through the launcher (about a minute)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "data" / "gpu_session.py"

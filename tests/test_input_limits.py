@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from modak import api, limits
+from modak.cli import main
 from modak.errors import InputError
 from modak.measurements.store import COLUMNS, read_csv
-from modak.cli import main
 from modak.spec.loader import load_job, parse_yaml
 from modak.workload import analysis
 from modak.workload.source import resolve_model

@@ -441,8 +441,15 @@ def test_an_inflated_profiled_launch_is_launched_again_and_the_least_inflated_ke
     """A profiled step well past the timed median ran beside other work: it is launched again (up to
     PROFILE_TRIES launches), and the fastest launch's kernels are stored; one within the allowance is not."""
     from modak.api import load
-    from modak.bench.harness import (PROFILE_ALLOWANCE_S, PROFILE_INFLATION, PROFILE_TRIES, BenchSettings, Session,
-                                     inflated, measurement_row)
+    from modak.bench.harness import (
+        PROFILE_ALLOWANCE_S,
+        PROFILE_INFLATION,
+        PROFILE_TRIES,
+        BenchSettings,
+        Session,
+        inflated,
+        measurement_row,
+    )
     from modak.plan import make_plan
     from modak.predict.roofline import RooflinePredictor
     from modak.workload.source import load_analysis

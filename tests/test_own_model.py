@@ -21,7 +21,6 @@ from modak.spec.loader import load_job
 from tests.support.specs import CPU_TARGET, MIXER_MODULE
 
 
-
 def job_text(model: str, task: str = "inference", extra: str = "") -> str:
     return (f"apiVersion: modak/v1\nkind: Job\nname: own\ntarget: target.yaml\ntask: {task}\nmodel:\n{model}"
             f"  batch_size: 4\n{extra}")

@@ -19,8 +19,14 @@ from jsonschema import Draft202012Validator
 
 import modak
 from modak import api
-from modak.advise.contention import (Load, bandwidth_slowdowns, gpu_time_sliced_slowdowns, mps_percentages,
-                                     mps_slowdowns, time_sliced_slowdowns)
+from modak.advise.contention import (
+    Load,
+    bandwidth_slowdowns,
+    gpu_time_sliced_slowdowns,
+    mps_percentages,
+    mps_slowdowns,
+    time_sliced_slowdowns,
+)
 from modak.advise.pack import MIN_GAIN, core_splits, mig_profiles, slices_fit
 from modak.cli import main
 from modak.errors import InputError

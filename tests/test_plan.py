@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from modak.api import load as load_job
 from modak.candidates.catalog import load_catalog
 from modak.candidates.enumerate import Candidate
-from modak.image.deployment import resolve_threads
 from modak.errors import InputError
+from modak.hardware.ceilings import target_ceilings
+from modak.image.deployment import resolve_threads
 from modak.plan import make_plan, objective_seconds
 from modak.predict.base import FallbackPredictor, Prediction
 from modak.predict.roofline import RooflinePredictor, overhead_seconds, tuning_factor
-from modak.hardware.ceilings import target_ceilings
-from modak.api import load as load_job
 from modak.spec.models import Precision
 from modak.workload.analysis import OpStats, WorkloadProfile
 from modak.workload.source import load_analysis

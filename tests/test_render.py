@@ -27,13 +27,13 @@ from spython.main.parse.parsers import SingularityParser
 
 import modak
 import modak.render.render as render_module
+from modak.api import load as load_job
 from modak.errors import EXIT_BAD_INPUT, InputError
 from modak.paths import data_dir
 from modak.plan import Plan, make_plan
 from modak.predict.base import Prediction
 from modak.render.ir import BuildDescription, build_description
 from modak.render.render import OUTPUTS, render
-from modak.api import load as load_job
 from modak.spec.loader import LoadedJob
 from modak.spec.models import DataSpec
 from modak.spec.resolve import resolve_files
@@ -305,7 +305,8 @@ def test_a_docker_job_script_gives_the_results_folder_to_the_container_user(
             "#!/bin/sh\nif [ \"$1\" = info ]; then echo '[name=seccomp,profile=builtin name=rootless]'; exit; fi\n"
             "printf '%s\\0' \"$@\"\n")
     fake_id = tmp_path / "bin" / "id"
-    fake_id.write_text("#!/bin/sh\ncase \"$1\" in -u) echo %d;; -g) echo 100;; esac\n" % (0 if who.startswith("root") else 4242))
+    uid = 0 if who.startswith("root") else 4242
+    fake_id.write_text(f"#!/bin/sh\ncase \"$1\" in -u) echo {uid};; -g) echo 100;; esac\n")
     fake_id.chmod(0o755)
     chown = tmp_path / "bin" / "chown"  # records what the script gives the image's user
     chown.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'chowned'}\n")

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from modak.api import load as load_job
 from modak.bench.harness import measurement_row
 from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.default import default_predictor
 from modak.predict.roofline import RooflinePredictor
 from modak.report import data, render_report, write_report
-from modak.api import load as load_job
 from modak.workload.source import load_analysis, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,4 +215,4 @@ def test_report_data_follows_the_roofline() -> None:
 def _fixed():
     import datetime as dt
 
-    return dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    return dt.datetime(2025, 1, 1, tzinfo=dt.UTC)

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import modak.runtime
-from modak.runtime import measure as runner
 from modak.image.deployment import Deployment
 from modak.image.runtimes.base import TOLERANCE, FunctionSession, RunRequest
 from modak.image.zoo import get_entry
+from modak.runtime import measure as runner
 from modak.workload.zoo import export_onnx
 
 pytestmark = pytest.mark.slow  # every test runs the real runtimes
@@ -120,6 +120,7 @@ def test_openvino_streams_compile_matches_reference_every_time(tmp_path):
     for the compiled model's life); without the one-stream check, thirty prepares all right is a 4-20% chance."""
     needs("openvino")
     import onnxruntime
+
     from modak.image.runtimes import base, openvino
 
     request = zoo_request("openvino", "bert_small", params={"performance_hint": "THROUGHPUT"}, workdir=tmp_path,

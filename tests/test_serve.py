@@ -31,8 +31,12 @@ pytest.importorskip("prometheus_client")
 import modak  # noqa: E402
 from modak.image.deployment import Deployment  # noqa: E402
 from modak.image.runtimes.base import RunRequest  # noqa: E402
-from modak.runtime import Model, TensorSpec, open_model  # noqa: E402
-from modak.runtime import serve  # noqa: E402
+from modak.runtime import (  # noqa: E402
+    Model,
+    TensorSpec,
+    open_model,
+    serve,  # noqa: E402
+)
 from modak.runtime.serve.app import bind  # noqa: E402
 from modak.runtime.serve.settings import resolve  # noqa: E402
 from modak.runtime.serve.smoke import SELF_CHECK_SAMPLES  # noqa: E402

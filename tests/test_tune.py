@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modak.api import load as load_job
 from modak.bench.dispatch import LaunchTask
 from modak.bench.harness import BenchSettings
 from modak.bench.tune import TuneSettings, shortlist, tune
 from modak.measurements.store import PerfStore
 from modak.plan import make_plan, workload_identity, worth_tuning
-from modak.api import load as load_job
 from modak.workload.source import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -700,7 +700,7 @@ def _cpu_model() -> str:
 def _now() -> str:
     import datetime as dt
 
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def device_call(session: Path) -> str:

@@ -13,8 +13,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from modak.bench.harness import workload_columns
 from benchmarks.tools.zoo_jobs import zoo_plan
+from modak.bench.harness import workload_columns
 from modak.measurements.store import Measurement, read_csv, write_csv
 from modak.spec.loader import load_spec
 from modak.spec.models import Target

@@ -36,16 +36,17 @@ from pathlib import Path
 
 import msgspec
 
-from modak.bench.harness import BenchSettings
 from benchmarks.tools.zoo_jobs import measure_plans, measure_side_by_side, stock_candidate, zoo_plan
-from modak.measurements.store import PerfStore, read_csv
+from modak.bench.harness import BenchSettings
 from modak.candidates.enumerate import Candidate
+from modak.measurements.store import PerfStore, read_csv
 from modak.plan import Plan, RankedCandidate
 from modak.predict.base import Predictor
 from modak.predict.default import default_predictor
 from modak.spec.document import SpecDocument
 from modak.spec.loader import load_spec
 from modak.spec.models import AUTO_BATCH, Precision, Target
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -24,15 +24,15 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from benchmarks.data.campaign import CONFIG, grid_catalog
 
+from benchmarks.data.campaign import CONFIG, grid_catalog
+from benchmarks.tools.zoo_jobs import zoo_plan
 from modak.bench.harness import BenchSettings, bench
 from modak.candidates.catalog import load_catalog
-from benchmarks.tools.zoo_jobs import zoo_plan
 from modak.hardware.probe import probe, to_target
 from modak.measurements.store import Measurement, PerfStore, read_csv, write_csv
-from modak.predict.training import LOCAL_WEIGHT, ok_rows, shipped_rows
 from modak.predict.learned import LearnedPredictor, example_from_row
+from modak.predict.training import LOCAL_WEIGHT, ok_rows, shipped_rows
 from modak.spec.document import SpecDocument
 from modak.spec.loader import validate
 from modak.spec.models import Target

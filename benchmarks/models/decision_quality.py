@@ -16,13 +16,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.data.campaign import CONFIG, grid_catalog
-
 import numpy as np
 import yaml
+
+from benchmarks.data.campaign import CONFIG, grid_catalog
+from benchmarks.tools.zoo_jobs import measure_rounds, stock_candidate, zoo_plan
 from modak.bench.harness import BenchSettings
 from modak.candidates.enumerate import Candidate
-from benchmarks.tools.zoo_jobs import measure_rounds, stock_candidate, zoo_plan
 from modak.measurements.stats import Ratio, ratio
 from modak.measurements.store import PerfStore, read_csv
 from modak.predict.base import FallbackPredictor

@@ -25,8 +25,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.models.allocations import (WARM_UP_S, beside, job_runner, measure, round_ratio, within_verdict,
-                                          write_jobs, write_target)
+from benchmarks.models.allocations import (
+    WARM_UP_S,
+    beside,
+    job_runner,
+    measure,
+    round_ratio,
+    within_verdict,
+    write_jobs,
+    write_target,
+)
 from modak import api
 from modak.advise.pack import Arrangement, Planner, evaluate
 from modak.measurements.store import PerfStore

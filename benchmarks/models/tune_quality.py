@@ -48,6 +48,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.data.campaign import grid_catalog
+from benchmarks.tools.zoo_jobs import zoo_plan
 from modak.bench.harness import BenchSettings, bench, measurement_row
 from modak.bench.tune import TuneSettings, describe, tune
 from modak.measurements.stats import Ratio, ratio
@@ -61,7 +62,6 @@ from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_data
 from modak.spec.loader import load_spec
 from modak.spec.models import Target
-from benchmarks.tools.zoo_jobs import zoo_plan
 
 
 def held_out_predictor(model: str, store: Path) -> Predictor:

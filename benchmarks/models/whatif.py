@@ -23,8 +23,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.models.allocations import (BUSY_LOOP, beside, decided_tau, kendall_tau, measure, round_ratio,
-                                          within_verdict, write_jobs, write_target)
+from benchmarks.models.allocations import (
+    BUSY_LOOP,
+    beside,
+    decided_tau,
+    kendall_tau,
+    measure,
+    round_ratio,
+    within_verdict,
+    write_jobs,
+    write_target,
+)
 from modak import api
 from modak.measurements.store import PerfStore
 

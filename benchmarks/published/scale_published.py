@@ -24,8 +24,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from modak.scaling import MIB, Link, ScalingModel, default_overlap, fit, interconnects, network_link
 from modak.paths import data_dir
+from modak.scaling import MIB, Link, ScalingModel, default_overlap, fit, interconnects, network_link
 
 DATA = data_dir("perfmodels") / "published" / "data_parallel_scaling.csv"
 FIT_ON = "vgg16"  # the row of a setup the bandwidth is fitted to: the most communication-bound

@@ -23,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from modak import api
 from modak.build.engines import BuildLog, Engine, make_engine
 from modak.build.pipeline import BuildOptions, build_job
 from modak.plan import make_plan
 from modak.render.ir import build_description
 from modak.render.render import sh
-from modak import api
 from modak.workload.source import load_analysis
 
 GOAL_SECONDS = 10.0

@@ -52,7 +52,7 @@ def main() -> int:
             params = json.dumps(json.loads(row.params), sort_keys=True)
             chains.setdefault((row.runtime, row.device, row.task, params), {})[row.model] = row
     print(f"{'runtime':14s} {'task':9s} {'node µs [90% CI]':22s} {'call µs':>8s}  {'catalog node/call':>18s}  params")
-    for (runtime, device, task, params), pair in sorted(chains.items()):
+    for (runtime, _device, task, params), pair in sorted(chains.items()):
         if len(pair) < 2:
             print(f"{runtime:14s} {task:9s} only {', '.join(pair)} measured ok  {params}")
             continue
