@@ -426,6 +426,26 @@ def test_the_pytorch_image_runs_a_model_no_exporter_could_export(tmp_path: Path)
     assert result["status"] == "ok", result
 
 
+def test_the_users_module_file_is_imported_once_per_process(tmp_path: Path) -> None:
+    """A session opens the model, the measurement opens it again and its check a third time: the module's body (a
+    custom op registered with torch.library) must run once, as an import does; another file of the same name is
+    another module."""
+    from modak.image.runtimes.pytorch import _import_beside
+
+    log = tmp_path / "imports.log"
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "counted_model.py").write_text(
+            f"with open({str(log)!r}, 'a') as log:\n    log.write({folder!r} + '\\n')\n")
+    try:
+        first = _import_beside(tmp_path / "a", "counted_model.py")
+        assert _import_beside(tmp_path / "a", "counted_model.py") is first
+        assert _import_beside(tmp_path / "b", "counted_model.py") is not first
+        assert log.read_text().split() == ["a", "b"]
+    finally:
+        sys.modules.pop("counted_model", None)
+
+
 def specs_and_measurement(request: Any) -> tuple[list, list, dict]:
     """The model's input and output specs and one measurement, in a new interpreter (the test's caller spawns one):
     a module that registers a custom op (``torch.library``) is imported once per process, as in the image."""

@@ -142,7 +142,9 @@ def user_module(request: RunRequest) -> Any:
 
 
 def _import_beside(folder: Any, name: str) -> Any:
-    """The user's module ``name`` (a ``.py`` file name, or a dotted name of a package) from ``folder``."""
+    """The user's module ``name`` (a ``.py`` file name, or a dotted name of a package) from ``folder``, imported once
+    per process as Python imports a module: its body (which may register custom ops with ``torch.library``) runs
+    once however many sessions open the model."""
     import importlib
     import importlib.util
     import sys
@@ -153,6 +155,9 @@ def _import_beside(folder: Any, name: str) -> Any:
         return importlib.import_module(name)
     found = importlib.util.spec_from_file_location(Path(name).stem, Path(folder) / Path(name).name)
     assert found is not None and found.loader is not None
+    loaded = sys.modules.get(found.name)
+    if loaded is not None and getattr(loaded, "__file__", None) == found.origin:
+        return loaded
     module = importlib.util.module_from_spec(found)
     sys.modules[found.name] = module
     found.loader.exec_module(module)
