@@ -300,16 +300,13 @@ def _follow(model: Any, data: Any, path: str, key: bool) -> tuple[Loc, Any, Any]
 def _unknown_fields(annotation: Any, data: Any, loc: Loc) -> list[Loc]:
     """Every key of ``data`` that no spec model on its way has as a field."""
     found: list[Loc] = []
-    models = [m for m in _flatten(annotation) if isinstance(m, type) and issubclass(m, msgspec.Struct)]
-    if isinstance(data, dict) and models:
-        known = set(_field_names(annotation))
+    if isinstance(data, dict):
+        fields = _field_names(annotation)  # none: a mapping of any keys
         for key, value in data.items():
-            found += [loc + (key,)] if key not in known else _unknown_fields(_descend(annotation, key), value,
-                                                                             loc + (key,))
-    elif isinstance(data, dict):
-        for key, value in data.items():
-            found += _unknown_fields(_descend(annotation, key if isinstance(key, str) else str(key)), value,
-                                     loc + (key,))
+            if fields and key not in fields:
+                found.append(loc + (key,))
+            else:
+                found += _unknown_fields(_descend(annotation, str(key)), value, loc + (key,))
     elif isinstance(data, list):
         for index, value in enumerate(data):
             found += _unknown_fields(_descend(annotation, index), value, loc + (index,))
@@ -336,8 +333,8 @@ def _mapping_of(annotation: Any) -> Any:
     return next((a for a in _flatten(annotation) if typing.get_origin(a) is dict), dict[str, Any])
 
 
-_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
-          tuple: "a list", dict: "a mapping"}
+_KINDS = {kind: _TYPE_WORDS[name] for kind, name in ((int, "int"), (float, "float"), (str, "str"), (bool, "bool"),
+                                                      (list, "array"), (tuple, "array"), (dict, "object"))}
 
 
 def _alternatives(annotation: Any) -> str:
