@@ -7,9 +7,11 @@ threads; memory: bytes / the bandwidth share), fit non-negative to the kind's pr
 (:func:`prior_coefficients`). A small random forest then learns log(measured / prior) from the kernel's size
 relative to the machine (:func:`features`). The prior grows with the kernel's work and the correction is bounded by
 what it was fit on, so a kernel larger than its kind's profiles extrapolates along its roofline, not by a learned
-ratio. A kernel past :data:`EXTRAPOLATION_LIMIT` times its kind's largest profiled FLOPs or bytes is extrapolated;
-a step is not composed where extrapolated kernels hold more than :data:`EXTRAPOLATED_SHARE` of its kernel time. ``a``
-and ``b`` are relative to the ceilings, so they transfer to a machine with other ceilings.
+ratio. Only a share of the correction is applied (:data:`CORRECTION_SHARES`), chosen per kind on its own rows by
+folds of whole models (:func:`correction_share`): a correction that splits on one zoo's shapes may not transfer to a
+model unlike them. A kernel past :data:`EXTRAPOLATION_LIMIT` times its kind's largest profiled FLOPs or bytes is
+extrapolated; a step is not composed where extrapolated kernels hold more than :data:`EXTRAPOLATED_SHARE` of its
+kernel time. ``a`` and ``b`` are relative to the ceilings, so they transfer to a machine with other ceilings.
 
 A step is the sum over the kernels the runtime plans for it (:func:`modak.workload.kernels.planned_kernels`), plus a
 dispatch time per kernel (per runtime and device: the median over the profiled launches' reconciliations of
@@ -39,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from modak.candidates.candidate import DeviceKind
 from modak.candidates.catalog import Recipe
@@ -47,7 +49,7 @@ from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
 from modak.hardware.ceilings import TargetCeilings
 from modak.image.kernels import OP_CLASSES, Kernel
-from modak.measurements.kernels import KernelRow, Reconciliation, whole_step
+from modak.measurements.kernels import KernelRow, Reconciliation, probed_from, whole_step
 from modak.measurements.store import Measurement
 from modak.paths import cache_dir, write_atomic
 from modak.predict import forest, roofline
@@ -58,7 +60,15 @@ from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares
 from modak.spec.models import Precision, Task
 from modak.workload.analysis import WorkloadProfile
 
+if TYPE_CHECKING:
+    from sklearn.ensemble import RandomForestRegressor
+
 KERNEL_TREES = 30  # trees per kind's forest
+# The shares of a kind's correction it may apply (0: the prior alone), and the folds of whole models that choose one
+# on the kind's own rows; a kind profiled in fewer models than folds keeps the prior alone.
+CORRECTION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+SHARE_FOLDS = 3
+SHARE_TREES = 10  # trees per fold's forest: enough to choose among the shares, at a third of a fit's cost
 # A kernel the profiler timed at 0 (ONNX Runtime and OpenVINO report whole microseconds) took under its resolution:
 # it is learned as half of it.
 RESOLUTION_FLOOR_S = 0.5e-6
@@ -205,8 +215,8 @@ def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
 @dataclass(frozen=True)
 class KindModel:
     """The model of one (runtime, device, kernel kind): its prior's coefficients (fixed seconds per call, per compute
-    second, per memory second), the largest FLOPs and bytes it was fit on, the correction forest and the attributes
-    it has columns for."""
+    second, per memory second), the largest FLOPs and bytes it was fit on, the correction forest, the attributes
+    it has columns for and the share of the correction it applies (:func:`correction_share`)."""
 
     attribute_keys: tuple[str, ...]
     prior: tuple[float, float, float]
@@ -214,6 +224,7 @@ class KindModel:
     max_bytes: float
     forest: TreeEnsemble
     rows: int
+    share: float
 
     def prior_seconds(self, compute_s: float, memory_s: float) -> float:
         """The prior's seconds per call of a kernel with these roofline terms."""
@@ -316,31 +327,69 @@ def _launch_problem(row: KernelRow | Reconciliation) -> tuple[str, str] | None:
 
 
 def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindModel]:
-    """One model per (runtime, device, kernel kind) of ``rows``: the prior's coefficients, then a forest of
-    log(measured per call / prior)."""
-    import numpy as np
-    from sklearn.ensemble import RandomForestRegressor
-
+    """One model per (runtime, device, kernel kind) of ``rows`` (:func:`fit_kind`)."""
     by_kind: dict[KindKey, list[KernelRow]] = {}
     for row in rows:
         by_kind.setdefault((row.runtime, row.device, row.kernel.kind), []).append(row)
-    models = {}
-    for key, group in sorted(by_kind.items()):
-        keys = tuple(sorted({k for r in group for k in attribute_values(r.kernel.attributes)}))
-        kernels = [sized(row.kernel) for row in group]
-        X, terms = [], []
-        for row, kernel in zip(group, kernels):
-            columns, compute_s, memory_s = features(kernel, MachineCeilings.of_row(row), row_candidate(row), keys)
-            X.append(columns)
-            terms.append((compute_s, memory_s))
-        seconds = [per_call_seconds(row) for row in group]
-        prior = prior_coefficients(seconds, [c for c, _ in terms], [m for _, m in terms])
-        y = [math.log(t / prior_seconds(prior, c, m)) for t, (c, m) in zip(seconds, terms)]
-        fitted = RandomForestRegressor(n_estimators=KERNEL_TREES, min_samples_leaf=2, random_state=seed)
-        fitted.fit(np.array(X), np.array(y))
-        models[key] = KindModel(keys, prior, max(k.flops for k in kernels), max(k.bytes for k in kernels),
-                                TreeEnsemble.from_sklearn(fitted), len(group))
-    return models
+    return {key: fit_kind(group, seed) for key, group in sorted(by_kind.items())}
+
+
+def fit_kind(rows: Sequence[KernelRow], seed: int = 0) -> KindModel:
+    """The model of one kind's ``rows``: the prior's coefficients, a forest of log(measured per call / prior) and
+    the share of it to apply (:func:`correction_share`)."""
+    keys = tuple(sorted({k for r in rows for k in attribute_values(r.kernel.attributes)}))
+    kernels = [sized(row.kernel) for row in rows]
+    examples = [features(kernel, MachineCeilings.of_row(row), row_candidate(row), keys)
+                for row, kernel in zip(rows, kernels)]
+    seconds = [per_call_seconds(row) for row in rows]
+    prior, fitted = _prior_and_correction(examples, seconds, seed)
+    return KindModel(keys, prior, max(k.flops for k in kernels), max(k.bytes for k in kernels),
+                     TreeEnsemble.from_sklearn(fitted), len(rows), correction_share(rows, examples, seconds, seed))
+
+
+Example = tuple[list[float], float, float]  # a kernel's columns and roofline terms (:func:`features`)
+
+
+def _prior_and_correction(examples: Sequence[Example], seconds: Sequence[float], seed: int,
+                          trees: int = KERNEL_TREES) -> tuple[tuple[float, float, float], RandomForestRegressor]:
+    """The prior's coefficients on ``examples`` and a forest of ``trees`` of log(``seconds`` / prior) on their
+    columns."""
+    import numpy as np
+    from sklearn.ensemble import RandomForestRegressor
+
+    prior = prior_coefficients(seconds, [c for _, c, _ in examples], [m for _, _, m in examples])
+    y = [math.log(t / prior_seconds(prior, c, m)) for t, (_, c, m) in zip(seconds, examples)]
+    fitted = RandomForestRegressor(n_estimators=trees, min_samples_leaf=2, random_state=seed)
+    fitted.fit(np.array([columns for columns, _, _ in examples]), np.array(y))
+    return prior, fitted
+
+
+def correction_share(rows: Sequence[KernelRow], examples: Sequence[Example], seconds: Sequence[float],
+                     seed: int = 0) -> float:
+    """The share of its correction a kind applies, of :data:`CORRECTION_SHARES`: the one whose predictions of each
+    of :data:`SHARE_FOLDS` folds of the kind's models (a probed layer with the model it was cut from), fit on the
+    other folds with :data:`SHARE_TREES` trees, have the least mean |log error| weighted by the rows' time per step
+    (:func:`per_call_seconds` times calls; the smallest share of those within rounding of it); 0 for a kind
+    profiled in fewer models than folds."""
+    models = sorted({probed_from(row.model) for row in rows})
+    if len(models) < SHARE_FOLDS:
+        return 0.0
+    errors = [0.0] * len(CORRECTION_SHARES)
+    for fold in range(SHARE_FOLDS):
+        held = set(models[fold::SHARE_FOLDS])
+        test = [i for i, row in enumerate(rows) if probed_from(row.model) in held]
+        train = [i for i, row in enumerate(rows) if probed_from(row.model) not in held]
+        prior, fitted = _prior_and_correction([examples[i] for i in train], [seconds[i] for i in train], seed,
+                                              SHARE_TREES)
+        corrections = fitted.predict([examples[i][0] for i in test])
+        for i, correction in zip(test, corrections):
+            _, compute_s, memory_s = examples[i]
+            residual = math.log(seconds[i] / prior_seconds(prior, compute_s, memory_s))
+            for j, share in enumerate(CORRECTION_SHARES):
+                errors[j] += seconds[i] * rows[i].calls * abs(residual - share * correction)
+    weight = sum(t * row.calls for t, row in zip(seconds, rows))
+    means = [error / weight for error in errors]
+    return next(share for share, mean in zip(CORRECTION_SHARES, means) if math.isclose(mean, min(means), abs_tol=1e-9))
 
 
 @dataclass(frozen=True)
@@ -379,7 +428,7 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
             corrections.update(zip(rows, map(_mean_sd, zip(*model.forest.predict_trees(rows)))))
         for i, (columns, compute_s, memory_s) in examples.items():
             mean, spread = corrections[tuple(columns)]
-            results[i] = KernelEstimate(model.prior_seconds(compute_s, memory_s) * math.exp(mean),
+            results[i] = KernelEstimate(model.prior_seconds(compute_s, memory_s) * math.exp(model.share * mean),
                                         compute_s >= memory_s, not model.within(kernels[i]), spread)
     return results
 
@@ -546,7 +595,7 @@ class KernelModel:
         kinds = sorted(self.kinds.items())
         header = {
             "kinds": [[*key, list(model.attribute_keys), list(model.prior), model.max_flops, model.max_bytes,
-                       model.rows] for key, model in kinds],
+                       model.rows, model.share] for key, model in kinds],
             "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
             "profiling": [[*key, value] for key, value in sorted(self.profiling.items())],
             "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
@@ -621,10 +670,10 @@ class _SavedKinds(Mapping[KindKey, KindModel]):
 
     def __getitem__(self, key: KindKey) -> KindModel:
         if key not in self._decoded:
-            i, (_, _, _, keys, prior, max_flops, max_bytes, rows) = self._entries[key]
+            i, (_, _, _, keys, prior, max_flops, max_bytes, rows, share) = self._entries[key]
             self._decoded[key] = KindModel(
                 tuple(keys), (float(prior[0]), float(prior[1]), float(prior[2])), float(max_flops), float(max_bytes),
-                TreeEnsemble.from_arrays(self._arrays, f"kind{i}"), int(rows))
+                TreeEnsemble.from_arrays(self._arrays, f"kind{i}"), int(rows), float(share))
         return self._decoded[key]
 
     def __iter__(self) -> Iterator[KindKey]:
