@@ -15,6 +15,7 @@ Printed per group, per machine and per runtime, and for all answered rows: rows 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -34,7 +35,7 @@ SPLITS: dict[str, Callable[[str], str]] = {"family": family, "model": lambda mod
 Answer = tuple[str, str, str, float, float, float, float]  # machine, model, runtime, measured, step, low, high
 
 
-def held_out(group: str, split: str, machines: Sequence[str]) -> list[Answer]:
+def held_out(group: str, split: str, machines: tuple[str, ...]) -> list[Answer]:
     """The answered rows of ``group`` on ``machines``, by the kernel model fit without the group."""
     group_of = SPLITS[split]
     rows, recs, whole = _data(machines)
@@ -50,7 +51,8 @@ def held_out(group: str, split: str, machines: Sequence[str]) -> list[Answer]:
     return answers
 
 
-def _data(machines: Sequence[str]) -> tuple[list, list, list[Measurement]]:
+@functools.cache  # once per worker process, whichever groups it fits
+def _data(machines: tuple[str, ...]) -> tuple[list, list, list[Measurement]]:
     rows, recs, whole = [], [], []
     for machine in machines:
         rows += read_kernel_csv(PERFMODELS / KERNEL_CSV.format(machine=machine))
@@ -78,10 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="groups fit in parallel (1)")
     args = parser.parse_args(argv)
     group_of = SPLITS[args.split]
-    whole = _data(args.machines)[2]
+    machines = tuple(args.machines)
+    whole = _data(machines)[2]
     groups = sorted({group_of(r.model) for r in whole})
     with ProcessPoolExecutor(args.jobs) as pool:
-        results = dict(zip(groups, pool.map(partial(held_out, split=args.split, machines=args.machines), groups)))
+        results = dict(zip(groups, pool.map(partial(held_out, split=args.split, machines=machines), groups)))
     answers = [a for group in groups for a in results[group]]
     print(f"the kernel model alone, {args.split} held out, {', '.join(args.machines)}: {len(whole)} inference rows")
     print(f"{'':30s} {'answered':>9s} {'MAPE':>7s} {'±10%':>7s} {'±25%':>7s} {'80% int':>7s}")

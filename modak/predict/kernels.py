@@ -180,6 +180,9 @@ def roofline_seconds(kernel: Kernel, machine: MachineCeilings, candidate: Candid
                       machine.bandwidth_gbs * 1e9 * bandwidth_share)
 
 
+Example = tuple[list[float], float, float]  # a kernel's columns and roofline terms (:func:`features`)
+
+
 @functools.lru_cache(maxsize=4096)
 def attribute_values(attributes: str) -> Mapping[str, float]:
     """A kernel's numeric attributes (a number, or a list of numbers: the magnitude of their product), as log1p
@@ -194,7 +197,7 @@ def attribute_values(attributes: str) -> Mapping[str, float]:
 
 
 def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
-             attribute_keys: Sequence[str]) -> tuple[list[float], float, float]:
+             attribute_keys: Sequence[str]) -> Example:
     """The efficiency model's columns for ``kernel`` and its roofline terms (compute and memory seconds,
     :func:`roofline_seconds`).
 
@@ -345,9 +348,6 @@ def fit_kind(rows: Sequence[KernelRow], seed: int = 0) -> KindModel:
     prior, fitted = _prior_and_correction(examples, seconds, seed)
     return KindModel(keys, prior, max(k.flops for k in kernels), max(k.bytes for k in kernels),
                      TreeEnsemble.from_sklearn(fitted), len(rows), correction_share(rows, examples, seconds, seed))
-
-
-Example = tuple[list[float], float, float]  # a kernel's columns and roofline terms (:func:`features`)
 
 
 def _prior_and_correction(examples: Sequence[Example], seconds: Sequence[float], seed: int,
