@@ -48,6 +48,7 @@ from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import kernel_set
 from modak.spec.models import Precision
 from modak.workload.source import load_analysis
+from tests.support.kernel_models import only
 
 ROOT = Path(__file__).resolve().parents[1]
 CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
@@ -120,13 +121,13 @@ def predict_fixed(model: KernelModel, ceilings: TargetCeilings, kernels: tuple[K
 
 
 def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> None:
-    assert fixed.dispatch[("onnxruntime", "cpu")] == pytest.approx(0.3 * MS)  # median of 0.1 ... 0.5 ms
+    assert only(fixed).dispatch[("onnxruntime", "cpu")] == pytest.approx(0.3 * MS)  # median of 0.1 ... 0.5 ms
     # Out of fold every step composes to 4 + 0.5 + 2 x 0.3 = 5.1 ms; the residuals log(step / 5.1 ms), sorted:
     r = [math.log(s / 5.1) for s in STEPS_MS]
     q10, q90 = r[0] + 0.4 * (r[1] - r[0]), r[3] + 0.6 * (r[4] - r[3])  # deciles, linear between order statistics
-    assert fixed.calibration[("onnxruntime", "cpu", "")] == pytest.approx((q10, 0.0, q90), abs=1e-9)
+    assert only(fixed).calibration[("onnxruntime", "cpu", "")] == pytest.approx((q10, 0.0, q90), abs=1e-9)
     # Every launch had the same (no) parameters: their own calibration is the runtime's.
-    assert fixed.calibration[("onnxruntime", "cpu", "{}")] == fixed.calibration[("onnxruntime", "cpu", "")]
+    assert only(fixed).calibration[("onnxruntime", "cpu", "{}")] == only(fixed).calibration[("onnxruntime", "cpu", "")]
     # A step of 3 Conv and 2 Relu: 3 x 4 + 2 x 0.5 + 5 x 0.3 = 14.5 ms, times exp(median residual 0).
     p = predict_fixed(fixed, target("box", 1.0), (CONV, CONV, RELU, CONV, RELU))
     assert p is not None and p.predictor == PREDICTOR
@@ -167,11 +168,45 @@ def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: K
     p = predict_fixed(fixed, target("other", 2.0), (CONV, CONV, RELU, CONV, RELU))
     assert p is not None and p.predictor == TRANSFER_PREDICTOR
     assert p.step_seconds == pytest.approx(8 * MS)
-    q10, _, q90 = fixed.calibration[("onnxruntime", "cpu", "")]
+    q10, _, q90 = only(fixed).calibration[("onnxruntime", "cpu", "")]
     widen = (Z80 * NEW_MACHINE_SPREAD) ** 2
     assert p.low_seconds == pytest.approx(8 * MS / math.exp(math.sqrt(q10 ** 2 + widen)))
     assert p.high_seconds == pytest.approx(8 * MS * math.exp(math.sqrt(q90 ** 2 + widen)))
     assert p.term("new_machine_spread") == NEW_MACHINE_SPREAD
+
+
+def test_each_machine_kind_is_fit_apart_and_a_machine_of_neither_is_composed_by_the_nearest() -> None:
+    # A second kind beside the fixed table's: twice BOX's peak, its Conv at a quarter of BOX's efficiency (8 ms).
+    twin = MachineCeilings("cpu", "twin", 4, 200.0, None, 10.0)
+    rows, recs = fixed_table()
+    twin_rows = [kernel_row(CONV, 8 * MS, f"m{i}", "twin", ceilings=twin) for i in range(len(STEPS_MS))]
+    twin_rows += [kernel_row(RELU, 0.5 * MS, f"m{i}", "twin", ceilings=twin) for i in range(len(STEPS_MS))]
+    twin_recs = [reconciliation(f"m{i}", (step + 4) * MS, 8.5 * MS, 2, "twin", ceilings=twin)
+                 for i, step in enumerate(STEPS_MS)]
+    both = KernelModel.fit([*rows, *twin_rows], [*recs, *twin_recs])
+    alone = {"box": KernelModel.fit(rows, recs), "twin": KernelModel.fit(twin_rows, twin_recs)}
+    assert [m.key for m in both.machines] == [only(alone["box"]).key, only(alone["twin"]).key]
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+
+    def composed(model: KernelModel, machine: MachineCeilings) -> tuple[float, float, float, bool]:
+        c = model.compose((CONV, RELU), machine, candidate)
+        assert c is not None
+        return c.step_s, c.low_s, c.high_s, c.known_machine
+
+    # Each machine's steps by its own kind's model: the other's rows change nothing.
+    assert composed(both, BOX) == pytest.approx(composed(alone["box"], BOX))
+    assert composed(both, twin) == pytest.approx(composed(alone["twin"], twin))
+    assert composed(both, twin)[0] > 1.5 * composed(both, BOX)[0] and composed(both, twin)[3]
+    # Another probe of BOX (other ceilings, the same kind) is known; a machine of neither kind is composed by the
+    # nearest known machine's model, transferred: by name first, then by ceilings.
+    reprobed = replace(BOX, fp32_gflops=110.0)
+    assert composed(both, reprobed) == pytest.approx(composed(alone["box"], reprobed)) and composed(both, reprobed)[3]
+    near_twin = MachineCeilings("cpu", "other", 4, 190.0, None, 10.0)
+    assert composed(both, near_twin) == pytest.approx(composed(alone["twin"], near_twin))
+    assert not composed(both, near_twin)[3]
+    named_box = MachineCeilings("cpu", "box", 8, 190.0, None, 10.0)  # another kind (8 cores) of BOX's name
+    assert composed(both, named_box) == pytest.approx(composed(alone["box"], named_box))
+    assert not composed(both, named_box)[3]
 
 
 def test_a_plans_candidates_walk_each_distinct_kernel_row_once(fixed: KernelModel, monkeypatch) -> None:
@@ -198,19 +233,20 @@ def test_a_kind_whose_trees_disagree_widens_the_interval_by_its_share_of_the_ste
     from modak.predict.forest import TreeEnsemble
 
     step, candidate = (CONV, RELU), Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
-    times = kernel_seconds(fixed.kinds, "onnxruntime", "cpu", step, BOX, candidate)
+    times = kernel_seconds(only(fixed).kinds, "onnxruntime", "cpu", step, BOX, candidate)
     assert times is not None and [t.spread for t in times] == [0.0, 0.0]  # the fixed table's trees agree
     # Relu's forest replaced by two one-leaf trees 0.1 either side of its correction: the same step, a spread of 0.1.
     key = ("onnxruntime", "cpu", "Relu")
-    relu = fixed.kinds[key]
+    relu = only(fixed).kinds[key]
     correction = relu.forest.predict([features(sized(RELU), BOX, candidate, relu.attribute_keys)[0]])[0]
     split = TreeEnsemble(array("q", [0, 1]), array("q", [-1, -1]), array("q", [-1, -1]), array("q", [0, 0]),
                          array("d", [0.0, 0.0]), array("d", [correction - 0.1, correction + 0.1]), array("q", [0]))
-    spread = replace(fixed, kinds={**fixed.kinds, key: replace(relu, forest=split)})
+    box = only(fixed)
+    spread = replace(fixed, machines=(replace(box, kinds={**box.kinds, key: replace(relu, forest=split)}),))
     base, wide = (predict_fixed(m, target("box", 1.0), step) for m in (fixed, spread))
     assert base is not None and wide is not None and wide.step_seconds == pytest.approx(base.step_seconds)
     share = 0.1 * times[1].seconds / (times[0].seconds + times[1].seconds)  # weighted by Relu's share of the time
-    q10, _, q90 = fixed.calibration[("onnxruntime", "cpu", "")]
+    q10, _, q90 = only(fixed).calibration[("onnxruntime", "cpu", "")]
     assert base.high_seconds / base.step_seconds == pytest.approx(math.exp(q90))
     assert wide.high_seconds / wide.step_seconds == pytest.approx(math.exp(math.sqrt(q90 ** 2 + (Z80 * share) ** 2)))
     assert base.step_seconds / base.low_seconds == pytest.approx(math.exp(-q10))
@@ -221,11 +257,11 @@ def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fi
     pool = Kernel("MaxPool", "pooling", flops=1e5, bytes=1e6)
     assert predict_fixed(fixed, target("box", 1.0), (CONV, pool)) is None  # coverage: every kernel's kind
     assert predict_fixed(fixed, target("box", 1.0), ()) is None
-    assert fixed.precisions == {("onnxruntime", "cpu"): frozenset({"fp32"})}  # none profiled at int8: no answer
+    assert only(fixed).precisions == {("onnxruntime", "cpu"): frozenset({"fp32"})}  # none profiled at int8: no answer
     assert fixed.compose((CONV,), BOX, Candidate("onnxruntime", "cpu", Precision.int8, (), 4)) is None
     rows, recs = fixed_table()
     one = KernelModel.fit(rows[:2], recs[:1])  # one model: nothing out of fold
-    assert one.calibration == {} and predict_fixed(one, target("box", 1.0), (CONV,)) is None
+    assert only(one).calibration == {} and predict_fixed(one, target("box", 1.0), (CONV,)) is None
     loaded, source, workload = cnn()
     candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
     predictor = KernelPredictor(fixed, kernels_of=lambda *_: (CONV,))
@@ -235,7 +271,7 @@ def test_no_answer_for_an_unmodelled_kind_an_uncalibrated_runtime_or_training(fi
 
 
 def test_kernels_too_short_to_stand_out_of_the_profiler_are_not_composed(fixed: KernelModel) -> None:
-    assert fixed.profiling[("onnxruntime", "cpu")] == pytest.approx(PROFILER_S)
+    assert only(fixed).profiling[("onnxruntime", "cpu")] == pytest.approx(PROFILER_S)
     tiny = replace(RELU, flops=1.0, bytes=1e4)  # 1 us of memory time: 1.25 us per call, under 2 x 10 us
     assert predict_fixed(fixed, target("box", 1.0), (tiny, tiny)) is None
     # Beside a Conv the average kernel stands out, and the step is composed.
@@ -314,7 +350,7 @@ def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings()
     draw = random.Random(0)
     sizes = [2 ** e for e in range(4, 11)]
     rows = []
-    for i in range(240):
+    for i in range(480):  # 240 per machine
         name = "a" if i % 2 else "b"
         kernel = matmul(draw.choice(sizes), draw.choice(sizes), draw.choice(sizes))
         machine = machines[(name, "cpu")]
@@ -324,18 +360,20 @@ def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings()
         rows.append(kernel_row(kernel, bound / efficiency(kernel.flops), f"m{i % 12}", machine=name,
                                threads=threads, ceilings=machine))
     model = KernelModel.fit(rows, [])
-    assert model.calibration == {} and model.dispatch == {}
-    # New shapes on a machine of other ceilings, at threads it was never profiled with.
+    assert [m.key for m in model.machines] == [("cpu", "a", 4, False), ("cpu", "b", 8, False)]
+    # New shapes on a machine of other ceilings, at threads it was never profiled with, by each machine's model.
     unseen = MachineCeilings("cpu", "c", 6, 250.0, None, 20.0)
-    errors = []
-    for _ in range(60):
-        kernel = matmul(draw.randint(24, 900), draw.randint(24, 900), draw.randint(24, 900))
-        candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 3)
-        predicted = kernel_seconds(model.kinds, "onnxruntime", "cpu", [kernel], unseen, candidate)
-        assert predicted is not None
-        truth = max(roofline_seconds(kernel, unseen, candidate)) / efficiency(kernel.flops)
-        errors.append(abs(predicted[0].seconds / truth - 1))
-    assert statistics.median(errors) < 0.05 and max(errors) < 0.15
+    for fitted in model.machines:
+        assert fitted.calibration == {} and fitted.dispatch == {}
+        errors = []
+        for _ in range(60):
+            kernel = matmul(draw.randint(24, 900), draw.randint(24, 900), draw.randint(24, 900))
+            candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 3)
+            predicted = kernel_seconds(fitted.kinds, "onnxruntime", "cpu", [kernel], unseen, candidate)
+            assert predicted is not None
+            truth = max(roofline_seconds(kernel, unseen, candidate)) / efficiency(kernel.flops)
+            errors.append(abs(predicted[0].seconds / truth - 1))
+        assert statistics.median(errors) < 0.05 and max(errors) < 0.15
 
 
 def test_a_kinds_correction_is_applied_as_far_as_it_predicts_the_kinds_other_models() -> None:
@@ -353,7 +391,7 @@ def test_a_kinds_correction_is_applied_as_far_as_it_predicts_the_kinds_other_mod
             rows.append(kernel_row(kernel, max(roofline_seconds(kernel, BOX, candidate)) / (0.3, 0.9)[i % 2],
                                    f"m{i}"))
     rows += [kernel_row(replace(RELU, flops=1e5 * n), 0.5 * MS * n, f"m{n % 2}") for n in range(1, 9)]  # 2 models
-    kinds = KernelModel.fit(rows, []).kinds
+    kinds = only(KernelModel.fit(rows, [])).kinds
     matmul_kind, gemm, relu = (kinds[("onnxruntime", "cpu", kind)] for kind in ("MatMul", "Gemm", "Relu"))
     assert matmul_kind.share >= 0.75
     # Held out, a Gemm model's neighbours in size run at the other efficiency: the trees' correction would carry it
@@ -383,17 +421,17 @@ def test_a_fixed_cost_per_call_extrapolates_along_the_roofline_and_little_of_a_s
     rows = [kernel_row(reorder(n), reorder_seconds(reorder(n)), f"m{i % 5}", runtime="openvino")
             for i, n in enumerate(sizes)]
     model = KernelModel.fit(rows, [])
-    kind = model.kinds[("openvino", "cpu", "Reorder")]
+    kind = only(model).kinds[("openvino", "cpu", "Reorder")]
     assert kind.prior == pytest.approx((20e-6, 0.0, 2.0), rel=0.01)  # the penalty on c costs it 0.3%
     assert (kind.max_flops, kind.max_bytes) == (0.0, 8e5)
     candidate = Candidate("openvino", "cpu", Precision.fp32, (), 4)
     larger = reorder(400_000)  # 4x the largest profiled: within
-    times = kernel_seconds(model.kinds, "openvino", "cpu", [larger, reorder(400_001)], BOX, candidate)
+    times = kernel_seconds(only(model).kinds, "openvino", "cpu", [larger, reorder(400_001)], BOX, candidate)
     assert times is not None and times[0].seconds == pytest.approx(reorder_seconds(larger), rel=0.02)
     assert [e.extrapolated for e in times] == [False, True]
     # A kernel with FLOPs where the kind's profiles had none is past the limit too.
     busy = replace(reorder(1000), flops=1.0)
-    assert kernel_seconds(model.kinds, "openvino", "cpu", [busy], BOX, candidate)[0].extrapolated
+    assert kernel_seconds(only(model).kinds, "openvino", "cpu", [busy], BOX, candidate)[0].extrapolated
     # A step is composed where its extrapolated kernels hold at most a tenth of its kernel time.
     recs = [reconciliation(f"m{i}", 30e-6 * (1 + 0.1 * i), 25e-6, 1, runtime="openvino") for i in range(5)]
     model = KernelModel.fit(rows, recs)
@@ -411,15 +449,15 @@ def test_a_kernel_the_analysis_did_not_cost_is_sized_by_its_tensors() -> None:
                        runtime="openvino") for n in range(8, 400, 8)]
     model = KernelModel.fit(rows, [])
     candidate = Candidate("openvino", "cpu", Precision.fp32, (), 4)
-    times = kernel_seconds(model.kinds, "openvino", "cpu", [Kernel("RNNSeq", "other", shapes=((1, 1000, 256),))],
+    times = kernel_seconds(only(model).kinds, "openvino", "cpu", [Kernel("RNNSeq", "other", shapes=((1, 1000, 256),))],
                            BOX, candidate)
     assert times is not None and times[0].seconds == pytest.approx(1e-6 + 8e-9 * 1000 * 256, rel=0.02)
 
 
 def test_one_size_of_calls_is_read_as_an_efficiency_not_a_fixed_cost(fixed: KernelModel) -> None:
     # Every Conv call of the fixed table has the same size: the penalty puts it all on the roofline (efficiency 0.5).
-    assert fixed.kinds[("onnxruntime", "cpu", "Conv")].prior == pytest.approx((0.0, 2.0, 0.0), abs=1e-3)
-    assert fixed.kinds[("onnxruntime", "cpu", "Relu")].prior == pytest.approx((0.0, 0.0, 1.25), abs=1e-3)
+    assert only(fixed).kinds[("onnxruntime", "cpu", "Conv")].prior == pytest.approx((0.0, 2.0, 0.0), abs=1e-3)
+    assert only(fixed).kinds[("onnxruntime", "cpu", "Relu")].prior == pytest.approx((0.0, 0.0, 1.25), abs=1e-3)
 
 
 def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed: KernelModel) -> None:
@@ -427,10 +465,12 @@ def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed:
     first = KernelModel.cached(data, tmp_path)
     assert len(list(tmp_path.glob("*.forest"))) == 1
     again = KernelModel.cached(data, tmp_path)  # loaded, not fit: the same arrays
+    box = only(fixed)
     for model in (first, again):
-        assert model.calibration == pytest.approx(fixed.calibration) and model.dispatch == fixed.dispatch
-        assert model.signatures == fixed.signatures and model.machine_kinds == fixed.machine_kinds
-        assert model.precisions == fixed.precisions
+        assert only(model).calibration == pytest.approx(box.calibration) and only(model).dispatch == box.dispatch
+        assert only(model).signatures == box.signatures and only(model).machine_kinds == box.machine_kinds
+        assert only(model).precisions == box.precisions
+        assert (only(model).key, only(model).ceilings) == (box.key, box.ceilings)
     assert (predict_fixed(again, target("box", 1.0), (CONV, RELU))
             == predict_fixed(fixed, target("box", 1.0), (CONV, RELU)))
     # A kind's arrays are decoded when first asked; a damaged byte anywhere refuses the whole file, which is refit.
@@ -438,7 +478,7 @@ def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed:
     data_bytes = saved.read_bytes()
     saved.write_bytes(data_bytes[:-1] + bytes([data_bytes[-1] ^ 1]))
     refit = KernelModel.cached(data, tmp_path)
-    assert saved.read_bytes() == data_bytes and refit.calibration == pytest.approx(fixed.calibration)
+    assert saved.read_bytes() == data_bytes and only(refit).calibration == pytest.approx(only(fixed).calibration)
 
 
 def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_which(tmp_path: Path) -> None:
@@ -526,7 +566,8 @@ def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kerne
     given = default_predictor(store)
     assert given.name == f"{PREDICTOR}+learned+roofline"
     assert isinstance(given, FallbackPredictor) and isinstance(given.predictors[0], KernelPredictor)
-    assert given.predictors[0].model.kinds.keys() >= {("onnxruntime", "cpu", "Conv"), ("onnxruntime", "cpu", "Relu")}
+    box = next(m for m in given.predictors[0].model.machines if m.key == BOX.key)  # the local rows' machine
+    assert box.kinds.keys() >= {("onnxruntime", "cpu", "Conv"), ("onnxruntime", "cpu", "Relu")}
     rows, recs = fixed_table()
     with PerfStore(store) as perf:  # a damaged row in the store: the plan's predictor refuses it, located
         perf.add_kernels([replace(rows[0], seconds=-1.0)], [])
@@ -564,7 +605,7 @@ def test_only_runtimes_whose_plan_is_their_profile_are_fit() -> None:
         recs += [replace(r, runtime=runtime) for r in recs if r.runtime == "onnxruntime"]
     model = KernelModel.fit(rows, recs)
     assert model.calibrated("pytorch", "cpu") and not model.calibrated("torch-compile", "cpu")
-    assert {key[0] for key in model.kinds} == {"onnxruntime", "pytorch"}
+    assert {key[0] for key in only(model).kinds} == {"onnxruntime", "pytorch"}
 
 
 
@@ -575,10 +616,11 @@ def test_a_probed_layer_teaches_its_kernels_not_what_a_step_adds(fixed: KernelMo
     layer = f"{PROBE_MODEL_PREFIX}m0-onnxruntime-0123456789ab"
     model = KernelModel.fit([*rows, kernel_row(RELU, 0.5 * MS, layer)],
                             [*recs, reconciliation(layer, 50 * MS, 0.5 * MS, 1)])
-    assert model.kinds[("onnxruntime", "cpu", "Relu")].rows == fixed.kinds[("onnxruntime", "cpu", "Relu")].rows + 1
-    assert (model.dispatch, model.profiling) == (fixed.dispatch, fixed.profiling)
-    assert model.calibration.keys() == fixed.calibration.keys()
-    assert all(model.calibration[key] == pytest.approx(value) for key, value in fixed.calibration.items())
+    relu = ("onnxruntime", "cpu", "Relu")
+    assert only(model).kinds[relu].rows == only(fixed).kinds[relu].rows + 1
+    assert (only(model).dispatch, only(model).profiling) == (only(fixed).dispatch, only(fixed).profiling)
+    assert only(model).calibration.keys() == only(fixed).calibration.keys()
+    assert all(only(model).calibration[key] == pytest.approx(value) for key, value in only(fixed).calibration.items())
     # Layers alone: nothing to calibrate a step with, so the kernel model answers no step.
     alone = KernelModel.fit([kernel_row(RELU, 0.5 * MS, layer)], [reconciliation(layer, 50 * MS, 0.5 * MS, 1)])
     assert not alone.calibrated("onnxruntime", "cpu")

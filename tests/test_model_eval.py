@@ -41,7 +41,7 @@ from modak.predict.evaluate import (
     score,
     subset,
 )
-from modak.predict.kernels import KernelModel
+from modak.predict.kernels import KernelModel, MachineCeilings
 from modak.predict.training import ok_rows, shipped_rows
 from tests.test_ci_step import assert_valid
 from tests.test_decision_metrics import row
@@ -242,7 +242,7 @@ def test_the_kernel_entry_fits_on_the_training_folds_kernel_rows_and_falls_back_
     answers = entry.predict(fitted, held)
     assert answers and all(a is not None and a.by == "kernels" and a.interval is not None for a in answers)
     pairs = {(r.machine, r.model) for r in train}
-    assert [f.kinds[("onnxruntime", "cpu", "MatMul")].rows for f in fits] == [
+    assert [sum(m.kinds[("onnxruntime", "cpu", "MatMul")].rows for m in f.machines) for f in fits] == [
         sum((k.machine, k.model) in pairs for k in kernels[::2]) + 1]  # + ncf's probe layer
     assert probed_from("probe-mlp-onnxruntime-0123456789ab") == "mlp" and probed_from("mlp") == "mlp"
     assert any(k.model == "mlp" for k in kernels[::2])  # the held-out model's kernel rows exist, and were not fit
@@ -252,7 +252,13 @@ def test_the_kernel_entry_fits_on_the_training_folds_kernel_rows_and_falls_back_
     # An uncalibrated kernel model (one model to fit on): the forest answers every row.
     one = entry.fit([r for r in rows if r.model == "ncf"])
     assert all(a is not None and a.by == "forest" for a in entry.predict(one, held))
-    assert fits[-1].calibration == {}
+    assert all(m.calibration == {} for m in fits[-1].machines)
+    # Held out by target, a machine's rows are asked of the other machine's kernel rows, transferred by ceilings.
+    zen3 = entry.fit([r for r in rows if r.machine == "ci-zen3-2c"])
+    icelake = entry.predict(zen3, [r for r in rows if r.machine == "ci-icelake-2c"])
+    assert any(a is not None and a.by == "kernels" for a in icelake)
+    assert [m.key for m in fits[-1].machines] == [MachineCeilings.of_row(next(
+        r for r in rows if r.machine == "ci-zen3-2c")).key]
 
 
 def test_model_eval_shows_the_kernel_model_beside_the_forest_on_the_same_rows(few_shipped_rows: Path, capsys,

@@ -241,12 +241,14 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
     its fallback, as the plan asks them: it scores the rows the forest covers, the kernel model answering the
     inference rows whose planned kernels it covers (:attr:`Prediction.by` says which answered). Each fold's kernel
     model is fit on the kernel rows and reconciliations of the training fold's (machine, model) pairs only (a probe
-    layer's by the model it was cut from). Only
-    rows of a machine with kernel rows of its own in the training fold are asked of it (with one machine's kernel
-    rows, transfer to others cannot be held out; fitting it for them would only slow the evaluation).
+    layer's by the model it was cut from). Only rows of a machine with kernel rows (in ``kernel_rows``) are asked of
+    it: held out by target, they are answered by the other machines' kernel rows, transferred by ceilings. The rows
+    of a machine with none are left to the forest: every one would be a transfer, which leave-one-target-out
+    measures where it can be held out.
     ``kernels_of``: default :func:`planned_for_row`."""
     whole = forest(seed, catalog)
     plan_of = kernels_of or planned_for_row
+    profiled = {r.machine for r in kernel_rows}  # the machines whose rows are asked of the kernel model
     planned: dict[tuple, Sequence[Kernel]] = {}  # each row's planned kernels, asked once over the folds
 
     def fit(rows: list[Measurement]) -> tuple[set[tuple[str, str]], Any]:
@@ -267,13 +269,12 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
         def in_fold(row: KernelRow | Reconciliation) -> bool:  # a probe layer's row goes with its model's
             return (row.machine, probed_from(row.model)) in pairs
 
-        own = [r for r in kernel_rows if in_fold(r)]
-        machines = {r.machine for r in own}
         model = None
-        if any(row.machine in machines for row in rows):
-            model = KernelModel.fit(own, [r for r in reconciliations if in_fold(r)], seed)
+        if any(row.machine in profiled for row in rows):
+            model = KernelModel.fit([r for r in kernel_rows if in_fold(r)],
+                                    [r for r in reconciliations if in_fold(r)], seed)
         return tuple(None if fallback is None
-                     else (model is not None and row.machine in machines and composed(model, row))
+                     else (model is not None and row.machine in profiled and composed(model, row))
                      or replace(fallback, by=whole.name)
                      for row, fallback in zip(rows, whole.predict(trees, rows)))
 

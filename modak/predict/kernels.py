@@ -18,8 +18,12 @@ dispatch time per kernel (per runtime and device: the median over the profiled l
 (unprofiled step - kernel sum) / kernels, at least 0), times exp(the median calibration residual). The interval is the
 10th to 90th percentile of the out-of-fold residuals log(measured step / composed step) of the reconciled steps
 (kernel models fit without the step's model), of the candidate's parameters where they have enough steps, else of
-its runtime and device. On a machine without kernel rows the predictor transfers by ceilings:
-its interval is widened by :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and its name says so.
+its runtime and device.
+
+All of this is fit per machine kind (:class:`MachineModel`): a machine's steps are composed by its own kind's model.
+A machine without kernel rows of its own is composed by the nearest known machine's model
+(:meth:`MachineCeilings.distance`), transferred by its ceilings: its interval is widened by
+:data:`modak.predict.learned.NEW_MACHINE_SPREAD` and the predictor's name says so.
 
 Coverage: it answers only where the runtime and device have kernel rows at the candidate's precision, every
 planned kernel's kind has a model for the runtime and device (no time is
@@ -37,6 +41,7 @@ import json
 import math
 import statistics
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -101,6 +106,7 @@ NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans fo
 KindKey = tuple[str, str, str]  # runtime, device, kernel kind
 RuntimeKey = tuple[str, str]  # runtime, device
 Corrections = dict[KindKey, dict[tuple[float, ...], tuple[float, float]]]  # per kind: columns -> trees' (mean, sd)
+Walked = dict[tuple, Corrections]  # per machine model (its key)
 # runtime, device, parameters (sorted JSON; ALL_PARAMETERS: every launch of the runtime and device)
 CalibrationKey = tuple[str, str, str]
 ALL_PARAMETERS = ""
@@ -132,6 +138,20 @@ class MachineCeilings:
     @property
     def kind(self) -> tuple | None:
         return machine_kind(self.device, self.name, self.cores, bool(self.bf16_gflops))
+
+    @property
+    def key(self) -> tuple:
+        """What the kernel model fits apart (:class:`MachineModel`): the machine's kind, or its signature where its
+        name does not say."""
+        return self.kind if self.kind is not None else self.signature
+
+    def distance(self, other: MachineCeilings) -> tuple[bool, bool, float]:
+        """How far ``other`` (of the same device class) is from this machine, for transfer, in order: whether its
+        native bf16 differs, whether its name does, then the sum of |log ratio| of the cores, fp32 peak and
+        bandwidth."""
+        return (bool(self.bf16_gflops) != bool(other.bf16_gflops), self.name != other.name,
+                sum(abs(math.log(a / b)) for a, b in ((self.cores, other.cores), (self.fp32_gflops, other.fp32_gflops),
+                                                     (self.bandwidth_gbs, other.bandwidth_gbs))))
 
     @classmethod
     def of_row(cls, row: Measurement | KernelRow | Reconciliation) -> MachineCeilings:
@@ -533,11 +553,14 @@ class KernelData:
 
 
 @dataclass(frozen=True, eq=False)
-class KernelModel:
-    """The fitted kernel model: a model per kind; dispatch, the profiler's cost per kernel and calibration per
-    (runtime, device); and the precisions and machines (signatures and kinds) with kernel rows per (runtime,
-    device)."""
+class MachineModel:
+    """The kernel model of one machine kind (:attr:`MachineCeilings.key`): a model per kind; dispatch, the
+    profiler's cost per kernel and calibration per (runtime, device); the precisions and machines (signatures and
+    kinds) with kernel rows per (runtime, device); and the ceilings most of its rows carry (what another machine is
+    compared with, :meth:`MachineCeilings.distance`)."""
 
+    key: tuple
+    ceilings: MachineCeilings
     kinds: Mapping[KindKey, KindModel]
     dispatch: Mapping[RuntimeKey, float]
     profiling: Mapping[RuntimeKey, float]
@@ -547,29 +570,115 @@ class KernelModel:
     machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
 
     @classmethod
-    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0) -> KernelModel:
-        """Fit on ``rows`` and ``reconciliations`` (on the ceilings they carry); a damaged table is an
-        InputError."""
-        check_rows(rows, reconciliations)
-        rows = [r for r in rows if r.runtime in PLANNED_AS_PROFILED]
-        # What a step adds to its kernels (dispatch, the profiler's cost, the calibration) is learned from whole
-        # models' steps: a probed layer's session is mostly the fixed cost of a run.
-        reconciliations = [r for r in reconciliations if r.runtime in PLANNED_AS_PROFILED and whole_step(r)]
+    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0) -> MachineModel:
+        """Fit on one machine kind's checked ``rows`` (at least one) and whole-step ``reconciliations``."""
         dispatch = dispatch_seconds(reconciliations)
         precisions: dict[RuntimeKey, set[str]] = {}
         signatures: dict[RuntimeKey, set[tuple]] = {}
         kinds: dict[RuntimeKey, set[tuple]] = {}
-        for row in rows:
-            machine = MachineCeilings.of_row(row)
+        machines = [MachineCeilings.of_row(row) for row in rows]
+        for row, machine in zip(rows, machines):
             precisions.setdefault((row.runtime, row.device), set()).add(row.precision)
             signatures.setdefault((row.runtime, row.device), set()).add(machine.signature)
             if machine.kind is not None:
                 kinds.setdefault((row.runtime, row.device), set()).add(machine.kind)
+        ceilings = Counter(machines).most_common(1)[0][0]
         profiling = profiling_seconds(reconciliations)
         calibration = calibrate(rows, reconciliations, dispatch, profiling, seed)
-        return cls(fit_kinds(rows, seed), dispatch, profiling, calibration,
+        return cls(ceilings.key, ceilings, fit_kinds(rows, seed), dispatch, profiling, calibration,
                    {k: frozenset(v) for k, v in precisions.items()}, {k: frozenset(v) for k, v in signatures.items()},
                    {k: frozenset(v) for k, v in kinds.items()})
+
+    def header(self) -> dict:
+        """The model's plain values, for :meth:`KernelModel.save` (its kinds' forests are saved beside)."""
+        c = self.ceilings
+        return {
+            "key": list(self.key),
+            "ceilings": [c.device, c.name, c.cores, c.fp32_gflops, c.bf16_gflops, c.bandwidth_gbs],
+            "kinds": [[*key, list(model.attribute_keys), list(model.prior), model.max_flops, model.max_bytes,
+                       model.rows, model.share] for key, model in sorted(self.kinds.items())],
+            "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
+            "profiling": [[*key, value] for key, value in sorted(self.profiling.items())],
+            "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
+            "precisions": [[*key, sorted(values)] for key, values in sorted(self.precisions.items())],
+            "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
+            "machine_kinds": [[*key, sorted(map(list, values))] for key, values in sorted(self.machine_kinds.items())],
+        }
+
+    @classmethod
+    def of_header(cls, header: Mapping, arrays: Mapping[str, array], prefix: str) -> MachineModel:
+        """The model :meth:`header` wrote, its kinds' forests read from ``arrays`` under ``prefix``."""
+        device, name, cores, fp32, bf16, bandwidth = header["ceilings"]
+        return cls(tuple(header["key"]),
+                   MachineCeilings(str(device), name, int(cores), float(fp32), bf16 and float(bf16), float(bandwidth)),
+                   _SavedKinds(header["kinds"], arrays, prefix),
+                   {(r, d): float(v) for r, d, v in header["dispatch"]},
+                   {(r, d): float(v) for r, d, v in header["profiling"]},
+                   {(r, d, k): (float(a), float(b), float(c)) for r, d, k, a, b, c in header["calibration"]},
+                   {(r, d): frozenset(str(p) for p in v) for r, d, v in header["precisions"]},
+                   {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
+                   {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["machine_kinds"]})
+
+    def answers(self, key: RuntimeKey, precision: Precision) -> bool:
+        """Whether the runtime and device are calibrated and have kernel rows at ``precision``."""
+        return (*key, ALL_PARAMETERS) in self.calibration and precision.value in self.precisions.get(key, frozenset())
+
+    def knows(self, key: RuntimeKey, machine: MachineCeilings) -> bool:
+        """Whether the runtime and device have kernel rows of ``machine`` (its ceilings, or its kind)."""
+        return (machine.signature in self.signatures.get(key, frozenset())
+                or machine.kind is not None and machine.kind in self.machine_kinds.get(key, frozenset()))
+
+    def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate, known: bool,
+                walked: Corrections | None = None) -> Composition | None:
+        """:meth:`KernelModel.compose` by this machine's model (``known``: whether ``machine`` is of its kind; if
+        not, the interval is widened by :data:`NEW_MACHINE_SPREAD`)."""
+        key = (candidate.runtime, candidate.device)
+        calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
+                       or self.calibration[(*key, ALL_PARAMETERS)])
+        times = kernel_seconds(self.kinds, *key, kernels, machine, candidate, walked) if kernels else None
+        if (times is None or not mostly_within(times)
+                or not above_profiler(sum(e.seconds for e in times), len(kernels), self.profiling[key])):
+            return None
+        dispatch_s = len(kernels) * self.dispatch[key]
+        compute_s = sum(e.seconds for e in times if e.compute_bound)
+        memory_s = sum(e.seconds for e in times if not e.compute_bound)
+        low_q, mid_q, high_q = calibration
+        # The calibration's quantiles hold the error of steps like those it was fit on; the kernels' trees spread
+        # where a step's kernels are unlike the kinds' rows (a new family's), weighted by their time.
+        spread = sum(e.seconds * e.spread for e in times) / sum(e.seconds for e in times)
+        widen = (Z80 * spread) ** 2 + (0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2)
+        step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
+        return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
+                           step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
+                           dispatch_s, len(kernels), math.exp(mid_q), known)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelModel:
+    """The fitted kernel model: a :class:`MachineModel` per machine kind with kernel rows. A machine is answered by
+    its own kind's model; one of no kind with rows for the runtime, device and precision by the nearest such
+    machine's (:meth:`MachineCeilings.distance`), transferred by its ceilings. Machines are fit apart because two
+    CPUs' kernels reach different shares of their ceilings, bf16 most of all: pooled, they blur each other
+    (perfmodels/README.md, "The ninth round")."""
+
+    machines: tuple[MachineModel, ...]
+
+    @classmethod
+    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0) -> KernelModel:
+        """Fit a model per machine kind of ``rows`` and ``reconciliations`` (on the ceilings they carry); a damaged
+        table is an InputError."""
+        check_rows(rows, reconciliations)
+        # What a step adds to its kernels (dispatch, the profiler's cost, the calibration) is learned from whole
+        # models' steps: a probed layer's session is mostly the fixed cost of a run.
+        by_machine: dict[tuple, tuple[list[KernelRow], list[Reconciliation]]] = {}
+        for row in rows:
+            if row.runtime in PLANNED_AS_PROFILED:
+                by_machine.setdefault(MachineCeilings.of_row(row).key, ([], []))[0].append(row)
+        for rec in reconciliations:
+            key = MachineCeilings.of_row(rec).key
+            if rec.runtime in PLANNED_AS_PROFILED and whole_step(rec) and key in by_machine:
+                by_machine[key][1].append(rec)
+        return cls(tuple(MachineModel.fit(*by_machine[key], seed) for key in sorted(by_machine, key=repr)))
 
     @classmethod
     def cached(cls, data: KernelData, folder: Path | None = None) -> KernelModel:
@@ -592,80 +701,53 @@ class KernelModel:
 
     def save(self, path: Path) -> None:
         """Write the model (plain arrays and a JSON header, :mod:`modak.predict.forest`), atomically."""
-        kinds = sorted(self.kinds.items())
-        header = {
-            "kinds": [[*key, list(model.attribute_keys), list(model.prior), model.max_flops, model.max_bytes,
-                       model.rows, model.share] for key, model in kinds],
-            "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
-            "profiling": [[*key, value] for key, value in sorted(self.profiling.items())],
-            "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
-            "precisions": [[*key, sorted(values)] for key, values in sorted(self.precisions.items())],
-            "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
-            "machine_kinds": [[*key, sorted(map(list, values))] for key, values in sorted(self.machine_kinds.items())],
-        }
         arrays: dict[str, array] = {}
-        for i, (_, model) in enumerate(kinds):
-            arrays |= model.forest.arrays(f"kind{i}")
-        write_atomic(path, encode_arrays(header, arrays))
+        for j, machine in enumerate(self.machines):
+            for i, (_, model) in enumerate(sorted(machine.kinds.items())):
+                arrays |= model.forest.arrays(f"m{j}kind{i}")
+        write_atomic(path, encode_arrays({"machines": [m.header() for m in self.machines]}, arrays))
 
     @classmethod
     def load(cls, path: Path) -> KernelModel:
         """A model written by :meth:`save`."""
         header, arrays = load_arrays(path)
-        return cls(_SavedKinds(header["kinds"], arrays), {(r, d): float(v) for r, d, v in header["dispatch"]},
-                   {(r, d): float(v) for r, d, v in header["profiling"]},
-                   {(r, d, k): (float(a), float(b), float(c)) for r, d, k, a, b, c in header["calibration"]},
-                   {(r, d): frozenset(str(p) for p in v) for r, d, v in header["precisions"]},
-                   {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
-                   {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["machine_kinds"]})
+        return cls(tuple(MachineModel.of_header(h, arrays, f"m{j}") for j, h in enumerate(header["machines"])))
 
     def calibrated(self, runtime: str, device: str) -> bool:
-        """Whether the runtime and device's steps are calibrated (without which it answers nothing)."""
-        return (runtime, device, ALL_PARAMETERS) in self.calibration
+        """Whether some machine's steps of the runtime and device are calibrated (without which it answers
+        nothing)."""
+        return any((runtime, device, ALL_PARAMETERS) in m.calibration for m in self.machines)
 
-    def knows(self, key: RuntimeKey, machine: MachineCeilings) -> bool:
-        """Whether the runtime and device have kernel rows of ``machine`` (its ceilings, or its kind)."""
-        return (machine.signature in self.signatures.get(key, frozenset())
-                or machine.kind is not None and machine.kind in self.machine_kinds.get(key, frozenset()))
+    def answering(self, key: RuntimeKey, machine: MachineCeilings, precision: Precision) -> MachineModel | None:
+        """The machine model that answers ``machine``'s steps of the runtime and device at ``precision``: of those
+        calibrated with kernel rows at it (:meth:`MachineModel.answers`), the one that knows ``machine``, else the
+        nearest; None where none answers."""
+        able = [m for m in self.machines if m.answers(key, precision)]
+        own = next((m for m in able if m.knows(key, machine)), None)
+        return own or min(able, key=lambda m: machine.distance(m.ceilings), default=None)
 
     def compose(self, kernels: Sequence[Kernel], machine: MachineCeilings, candidate: Candidate,
-                walked: Corrections | None = None) -> Composition | None:
-        """The step of ``kernels`` (one call each) for ``candidate`` on ``machine``; None where the candidate's
-        runtime and device are not calibrated or have no kernel rows at its precision, a kernel's kind has no model
-        (or there are no kernels), too much of the step is extrapolated, or the kernels are too short to stand out
-        of the profiler's cost. ``walked``: as :func:`kernel_seconds` takes it."""
+                walked: Walked | None = None) -> Composition | None:
+        """The step of ``kernels`` (one call each) for ``candidate`` on ``machine``, by :meth:`answering`'s model;
+        None where no machine's model answers the runtime, device and precision, a kernel's kind has no model in
+        it (or there are no kernels), too much of the step is extrapolated, or the kernels are too short to stand
+        out of the profiler's cost. ``walked``: per machine model, as :func:`kernel_seconds` takes it."""
         key = (candidate.runtime, candidate.device)
-        if candidate.precision.value not in self.precisions.get(key, frozenset()):
+        model = self.answering(key, machine, candidate.precision)
+        if model is None:
             return None
-        calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
-                       or self.calibration.get((*key, ALL_PARAMETERS)))
-        times = (kernel_seconds(self.kinds, *key, kernels, machine, candidate, walked) if kernels and calibration
-                 else None)
-        if (times is None or calibration is None or not mostly_within(times)
-                or not above_profiler(sum(e.seconds for e in times), len(kernels), self.profiling[key])):
-            return None
-        dispatch_s = len(kernels) * self.dispatch[key]
-        compute_s = sum(e.seconds for e in times if e.compute_bound)
-        memory_s = sum(e.seconds for e in times if not e.compute_bound)
-        low_q, mid_q, high_q = calibration
-        known = self.knows(key, machine)
-        # The calibration's quantiles hold the error of steps like those it was fit on; the kernels' trees spread
-        # where a step's kernels are unlike the kinds' rows (a new family's), weighted by their time.
-        spread = sum(e.seconds * e.spread for e in times) / sum(e.seconds for e in times)
-        widen = (Z80 * spread) ** 2 + (0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2)
-        step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
-        return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
-                           step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
-                           dispatch_s, len(kernels), math.exp(mid_q), known)
+        return model.compose(kernels, machine, candidate, model.knows(key, machine),
+                             None if walked is None else walked.setdefault(model.key, {}))
 
 
 class _SavedKinds(Mapping[KindKey, KindModel]):
-    """The kind models of a saved :class:`KernelModel`, each decoded (and its arrays checked) when first asked: a
+    """The kind models of a saved :class:`MachineModel`, each decoded (and its arrays checked) when first asked: a
     plan asks for the few dozen kinds its candidates run, of hundreds."""
 
-    def __init__(self, entries: Sequence[Sequence], arrays: Mapping[str, array]) -> None:
+    def __init__(self, entries: Sequence[Sequence], arrays: Mapping[str, array], prefix: str) -> None:
         self._entries = {(str(e[0]), str(e[1]), str(e[2])): (i, e) for i, e in enumerate(entries)}
         self._arrays = arrays
+        self._prefix = prefix
         self._decoded: dict[KindKey, KindModel] = {}
 
     def __getitem__(self, key: KindKey) -> KindModel:
@@ -673,7 +755,7 @@ class _SavedKinds(Mapping[KindKey, KindModel]):
             i, (_, _, _, keys, prior, max_flops, max_bytes, rows, share) = self._entries[key]
             self._decoded[key] = KindModel(
                 tuple(keys), (float(prior[0]), float(prior[1]), float(prior[2])), float(max_flops), float(max_bytes),
-                TreeEnsemble.from_arrays(self._arrays, f"kind{i}"), int(rows), float(share))
+                TreeEnsemble.from_arrays(self._arrays, f"{self._prefix}kind{i}"), int(rows), float(share))
         return self._decoded[key]
 
     def __iter__(self) -> Iterator[KindKey]:
@@ -684,6 +766,8 @@ class _SavedKinds(Mapping[KindKey, KindModel]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+
 
 
 @dataclass(frozen=True)
@@ -739,11 +823,11 @@ class KernelPredictor:
     def predict_many(self, workload: WorkloadProfile, ceilings: TargetCeilings,
                      requests: Sequence[PredictionRequest]) -> list[Prediction | None]:
         """:meth:`predict` of each request, each distinct kernel row's trees walked once across them."""
-        walked: Corrections = {}
+        walked: Walked = {}
         return [self._predict(workload, ceilings, candidate, recipe, walked) for candidate, recipe in requests]
 
     def _predict(self, workload: WorkloadProfile, ceilings: TargetCeilings, candidate: Candidate, recipe: Recipe,
-                 walked: Corrections) -> Prediction | None:
+                 walked: Walked) -> Prediction | None:
         if workload.task is not Task.inference or not self.model.calibrated(candidate.runtime, candidate.device):
             return None
         kernels = self.planned(workload, candidate, candidate.threads or ceilings.cores)
