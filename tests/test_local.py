@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import archspec.cpu
 import pytest
+
+from modak.hardware.probe import HYPERVISOR_HIDDEN_FLAGS, host_microarchitecture
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
@@ -35,7 +36,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 @pytest.mark.slow
 def test_target_local_reuses_the_hosts_cached_probe_and_names_its_cpu(probed, tmp_path) -> None:
     cache, probe = probed
-    assert probe["microarchitecture"] == archspec.cpu.host().name
+    assert probe["microarchitecture"] == host_microarchitecture().name
     assert set(probe["gemm_kernels"]["fp32"]) >= {"pytorch", "onnxruntime", "openvino"}
     assert set(probe["gemm_kernels"]["int8"]) == {"onnxruntime"}  # MatMulInteger, what quantized models run
     assert max(probe["gemm_gflops"]["int8"].values()) > 0
@@ -118,3 +119,29 @@ def test_a_probe_beside_a_cpu_hog_says_so_and_is_not_cached(tmp_path) -> None:
     assert result.stderr.count("probing this machine's ceilings once") == 2
     assert result.stderr.count("the probe did not run alone (other processes used") == 2
     assert "probe again on a quiet machine (this result is not cached)" in result.stderr
+
+
+def test_a_guest_is_named_past_the_flags_its_hypervisor_hides(monkeypatch) -> None:
+    import archspec.cpu
+    import archspec.cpu.detect
+
+    zen4 = archspec.cpu.TARGETS["zen4"]
+    generic = archspec.cpu.TARGETS["x86_64_v4"]
+
+    def guest(features: set[str]) -> str:
+        info = archspec.cpu.Microarchitecture("guest", [], "AuthenticAMD", set(features), {})
+        monkeypatch.setattr(archspec.cpu, "host", lambda: generic)
+        monkeypatch.setattr(archspec.cpu.detect, "detected_info", lambda: info)
+        return host_microarchitecture().name
+
+    # A KVM guest's Zen 4: every flag but the L1D flush and protection keys.
+    assert guest(set(zen4.features) - HYPERVISOR_HIDDEN_FLAGS) == "zen4"
+    # A flag that changes the kernels (AVX-512 bf16) missing: not a Zen 4, the most specific it can be.
+    lesser = guest(set(zen4.features) - HYPERVISOR_HIDDEN_FLAGS - {"avx512_bf16"})
+    assert lesser != "zen4" and archspec.cpu.TARGETS[lesser].vendor == "AuthenticAMD"
+    # Another vendor's flags: the generic level, as archspec says.
+    monkeypatch.setattr(archspec.cpu, "host", lambda: generic)
+    monkeypatch.setattr(archspec.cpu.detect, "detected_info", lambda: archspec.cpu.Microarchitecture(
+        "guest", [], "VIA", set(zen4.features), {}))
+    assert host_microarchitecture().name == "x86_64_v4"
+
