@@ -100,8 +100,8 @@ TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by 
 # What each name means, for the plan's reasons.
 NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans for the step, each of a kind profiled "
                     "on this machine",
-         TRANSFER_PREDICTOR: f"{TRANSFER_PREDICTOR}: the same from other machines' kernel rows, by their ceilings, "
-                             "with a wider interval"}
+         TRANSFER_PREDICTOR: f"{TRANSFER_PREDICTOR}: the same from the nearest profiled machine's kernel rows, by "
+                             "the ceilings, with a wider interval"}
 
 KindKey = tuple[str, str, str]  # runtime, device, kernel kind
 RuntimeKey = tuple[str, str]  # runtime, device
