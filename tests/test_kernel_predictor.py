@@ -38,8 +38,10 @@ from modak.predict.kernels import (
     KernelModel,
     KernelPredictor,
     MachineCeilings,
+    Recurrence,
     features,
     kernel_seconds,
+    recurrence,
     roofline_seconds,
     sized,
 )
@@ -452,6 +454,48 @@ def test_a_kernel_the_analysis_did_not_cost_is_sized_by_its_tensors() -> None:
     times = kernel_seconds(only(model).kinds, "openvino", "cpu", [Kernel("RNNSeq", "other", shapes=((1, 1000, 256),))],
                            BOX, candidate)
     assert times is not None and times[0].seconds == pytest.approx(1e-6 + 8e-9 * 1000 * 256, rel=0.02)
+
+
+def test_a_recurrent_kernel_is_read_from_each_runtimes_shapes_and_sized_by_its_weights_per_step() -> None:
+    # The same 64-step LSTM layer (256 inputs, 512 hidden) as ONNX Runtime, OpenVINO and PyTorch report it.
+    lstm = Recurrence(steps=64, directions=1, gates=4, hidden=512, inputs=256)
+    ort = Kernel("LSTM", "recurrent", ("lstm",), ((64, 1, 256), (1, 2048, 256), (1, 2048, 512), (1, 4096)),
+                 flops=lstm.flops, bytes=6.5e6)
+    openvino = Kernel("RNNSeq:ref_any_f32", "other", (), ((1, 64, 256), (1, 1, 512), (1, 1, 512), (1,),
+                                                         (1, 2048, 256), (1, 2048, 512), (1, 2048)))
+    pytorch = Kernel("aten::mkldnn_rnn_layer", "other", (), ((64, 1, 256), (2048, 256), (2048, 512), (2048,)))
+    assert recurrence(ort) == recurrence(openvino) == recurrence(pytorch) == lstm
+    # A bidirectional GRU whose input shape the runtime did not report: its steps from the analysis' FLOPs.
+    gru = Recurrence(steps=256, directions=2, gates=3, hidden=128, inputs=256)
+    assert recurrence(Kernel("GRU", "recurrent", ("gru",), ((), (2, 384, 256), (2, 384, 128)), flops=gru.flops)) == gru
+    assert recurrence(Kernel("GRU", "recurrent", ("gru",), ((), (2, 384, 256), (2, 384, 128)))) is None
+    # Attention's square weights and a convolution are not recurrences.
+    assert recurrence(Kernel("Subgraph", "other", (), ((1, 128, 64), (351, 128, 64), (351, 128, 128)))) is None
+    assert recurrence(CONV) is None
+    # Each runtime's layer is priced by the recurrent weights it reads every step, not once.
+    for kernel in (ort, openvino, pytorch):
+        assert sized(kernel).flops == lstm.flops == 2.0 * 64 * 2048 * (256 + 512)
+        assert sized(kernel).bytes == 4.0 * (64 * 2048 * 512 + 2048 * 256 + 64 * (256 + 512))
+
+
+def test_one_recurrent_model_teaches_another_of_other_steps_and_width() -> None:
+    # Layers whose time is 20 us plus their recurrent weights read every step at 40 GB/s, profiled in four models of
+    # other lengths and widths than the one asked: the time follows the steps and the width.
+    def layer(steps: int, hidden: int) -> Kernel:
+        return Kernel("RNNSeq", "other", (), ((1, steps, hidden), (1, 1, hidden), (1, 3 * hidden, hidden),
+                                              (1, 3 * hidden, hidden)))
+
+    def seconds(steps: int, hidden: int) -> float:
+        return 20e-6 + steps * 3 * hidden * hidden * 4 / 40e9
+
+    rows = [kernel_row(layer(steps, hidden), seconds(steps, hidden), f"m{i}", runtime="openvino")
+            for i, (steps, hidden) in enumerate(((100, 256), (256, 128), (50, 512), (400, 64)))]
+    model = KernelModel.fit(rows, [])
+    candidate = Candidate("openvino", "cpu", Precision.fp32, (), 4)
+    asked = ((200, 256), (30, 512), (1000, 128), (128, 192))  # (weights once, the old sizing: 0.43, 1.9, 0.27, 0.77)
+    times = kernel_seconds(only(model).kinds, "openvino", "cpu", [layer(*a) for a in asked], BOX, candidate)
+    assert times is not None
+    assert [t.seconds for t in times] == pytest.approx([seconds(*a) for a in asked], rel=0.05)
 
 
 def test_one_size_of_calls_is_read_as_an_efficiency_not_a_fixed_cost(fixed: KernelModel) -> None:

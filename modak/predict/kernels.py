@@ -83,6 +83,7 @@ ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor 
 # How far past the largest FLOPs or bytes of a kind's profiled calls a kernel of that kind is still answered
 # (perfmodels/README.md, "Operator-level model": the sweep behind it).
 EXTRAPOLATION_LIMIT = 4.0
+RECURRENT_GATES = (3, 4)  # a GRU's and an LSTM's gates: the rows of their weights per hidden unit
 EXTRAPOLATED_SHARE = 0.1  # of a step's kernel time, at most, in kernels past their kind's limit
 # The weight that holds a kind's fixed cost per call to zero where its calls cannot tell it from the roofline terms
 # (all of one size): a penalty of (c / median call) ** 2 times this, against the calls' squared relative errors.
@@ -167,10 +168,67 @@ class MachineCeilings:
                    own.peak_gflops.get(Precision.bf16), own.bandwidth_gbs)
 
 
+@dataclass(frozen=True)
+class Recurrence:
+    """What a recurrent kernel (an LSTM or GRU layer) repeats: its ``steps`` (time steps times sequences),
+    ``directions``, ``gates`` x ``hidden`` rows of its weights and its ``inputs`` per step."""
+
+    steps: int
+    directions: int
+    gates: int
+    hidden: int
+    inputs: int
+
+    @property
+    def flops(self) -> float:
+        """Multiply-adds of the input and recurrent projections, every step and direction."""
+        return 2.0 * self.steps * self.directions * self.gates * self.hidden * (self.inputs + self.hidden)
+
+    @property
+    def bytes(self) -> float:
+        """fp32 bytes moved: the recurrent weights once per step and direction (a step needs the last one's state),
+        the input weights once, the inputs and outputs."""
+        return 4.0 * (self.steps * self.directions * self.gates * self.hidden ** 2
+                      + self.directions * self.gates * self.hidden * self.inputs
+                      + self.steps * (self.inputs + self.directions * self.hidden))
+
+
+def recurrence(kernel: Kernel) -> Recurrence | None:
+    """The recurrence of ``kernel`` where its shapes hold an LSTM's or GRU's weights, as all three CPU runtimes
+    pass them: an input weight ``(..., gates * hidden, inputs)`` then a recurrent weight ``(..., gates * hidden,
+    hidden)`` (a leading axis of directions, where there is one) with :data:`RECURRENT_GATES`; its steps from the
+    first input ``(sequence, batch, inputs)`` (either order), else from the analysis' FLOPs. None for any other
+    kernel. The steps count every sequence of a batch (exact at batch 1, where every profiled recurrent kernel was:
+    the layout that names the batch differs between runtimes)."""
+    shapes = kernel.shapes
+    for w, r in zip(shapes[1:], shapes[2:]):
+        if len(w) < 2 or len(w) != len(r) or not r[-1] or w[-2] != r[-2] or r[-2] // r[-1] not in RECURRENT_GATES \
+                or r[-2] % r[-1]:
+            continue
+        hidden, gates, inputs = r[-1], r[-2] // r[-1], w[-1]
+        directions = r[0] if len(r) == 3 else 1
+        x = shapes[0]
+        if len(x) == 3 and x[-1] == inputs:
+            steps = x[0] * x[1]
+        elif kernel.flops:  # the runtime did not report the input's shape
+            steps = round(kernel.flops / (2 * directions * gates * hidden * (inputs + hidden)))
+        else:
+            return None
+        return Recurrence(steps, directions, gates, hidden, inputs) if steps > 0 else None
+    return None
+
+
 def sized(kernel: Kernel) -> Kernel:
-    """``kernel``, or where the analysis costed none of its nodes (no FLOPs, no bytes: a runtime's own kernel, e.g.
-    OpenVINO's ``RNNSeq`` or ``Reorder``) the bytes of its tensors as fp32: its inputs and an output the size of the
-    first, so its time can grow with its size."""
+    """``kernel`` with the work its roofline terms are priced by. A recurrent kernel (:func:`recurrence`): its FLOPs
+    (the analysis' where it costed the kernel's node) and the bytes it moves, the recurrent weights once per step (the
+    analysis counts each weight once, and a runtime's own ``RNNSeq`` or ``mkldnn_rnn_layer`` covers no node it
+    costed): a step's time grows with what it reads, which one recurrent model teaches another (perfmodels/README.md,
+    "The eleventh round"). Any other kernel where the analysis costed none of its nodes (no FLOPs, no bytes: e.g.
+    OpenVINO's ``Reorder``): the bytes of its tensors as fp32, its inputs and an output the size of the first, so its
+    time can grow with its size."""
+    recurrent = recurrence(kernel)
+    if recurrent is not None:
+        return replace(kernel, flops=kernel.flops or recurrent.flops, bytes=recurrent.bytes)
     if kernel.flops or kernel.bytes or not kernel.shapes:
         return kernel
     return replace(kernel, bytes=4.0 * (sum(math.prod(s) for s in kernel.shapes) + math.prod(kernel.shapes[0])))
