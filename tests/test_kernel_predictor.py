@@ -35,6 +35,7 @@ from modak.predict.kernels import (
     PREDICTOR,
     TRANSFER_PREDICTOR,
     KernelData,
+    KernelEstimate,
     KernelModel,
     KernelPredictor,
     MachineCeilings,
@@ -142,6 +143,10 @@ def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> N
     composed = fixed.compose((CONV, CONV, RELU, CONV, RELU), BOX, candidate)
     assert composed is not None and (composed.step_s, composed.low_s, composed.high_s) == pytest.approx(
         (p.step_seconds, p.low_seconds, p.high_seconds))
+    # From measured kernel times instead (the benchmark's floor): 3 x 5 + 2 x 1 + 5 x 0.3 = 18.5 ms.
+    measured = [KernelEstimate(t * MS, False, False) for t in (5, 5, 1, 5, 1)]
+    floor = only(fixed).composition(measured, candidate, known=True)
+    assert (floor.step_s, floor.dispatch_s, floor.kernels) == pytest.approx((18.5 * MS, 1.5 * MS, 5))
 
 
 def test_parameters_that_run_the_same_kernels_in_other_steps_are_calibrated_apart() -> None:

@@ -691,24 +691,31 @@ class MachineModel:
         """:meth:`KernelModel.compose` by this machine's model (``known``: whether ``machine`` is of its kind; if
         not, the interval is widened by :data:`NEW_MACHINE_SPREAD`)."""
         key = (candidate.runtime, candidate.device)
-        calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
-                       or self.calibration[(*key, ALL_PARAMETERS)])
         times = kernel_seconds(self.kinds, *key, kernels, machine, candidate, walked) if kernels else None
         if (times is None or not mostly_within(times)
                 or not above_profiler(sum(e.seconds for e in times), len(kernels), self.profiling[key])):
             return None
-        dispatch_s = len(kernels) * self.dispatch[key]
+        return self.composition(times, candidate, known)
+
+    def composition(self, times: Sequence[KernelEstimate], candidate: Candidate, known: bool) -> Composition:
+        """The step of kernels taking ``times`` (one estimate per kernel): their sum plus the runtime's dispatch per
+        kernel, times the calibration's factor, and its interval (:meth:`compose`; ``kernels_held_out --floor``
+        passes a step's own profiled kernel times, to tell the kernels' error from the composition's)."""
+        key = (candidate.runtime, candidate.device)
+        calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
+                       or self.calibration[(*key, ALL_PARAMETERS)])
+        dispatch_s = len(times) * self.dispatch[key]
         compute_s = sum(e.seconds for e in times if e.compute_bound)
         memory_s = sum(e.seconds for e in times if not e.compute_bound)
         low_q, mid_q, high_q = calibration
         # The calibration's quantiles hold the error of steps like those it was fit on; the kernels' trees spread
         # where a step's kernels are unlike the kinds' rows (a new family's), weighted by their time.
-        spread = sum(e.seconds * e.spread for e in times) / sum(e.seconds for e in times)
+        spread = sum(e.seconds * e.spread for e in times) / max(sum(e.seconds for e in times), ROOFLINE_FLOOR_S)
         widen = (Z80 * spread) ** 2 + (0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2)
         step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
         return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
                            step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
-                           dispatch_s, len(kernels), math.exp(mid_q), known)
+                           dispatch_s, len(times), math.exp(mid_q), known)
 
 
 @dataclass(frozen=True, eq=False)
