@@ -158,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'':30s} {'answered':>9s} {'MAPE':>7s} {'±10%':>7s} {'±25%':>7s} {'80% int':>7s}")
         for name, keep in subsets:
             print(line(name, [a for a in floor if keep(a)], sum(keep(a) for a in answers)))
-        spreads = {(w.machine, w.model, w.runtime, w.step_s): w for w in whole}
-        scored = [spreads[a[0], a[1], a[2], a[3]] for a in answers]
+        row_of = {(w.machine, w.model, w.runtime, w.step_s): w for w in whole}
+        scored = [row_of[a[0], a[1], a[2], a[3]] for a in answers]  # each answer's whole-model row
         print("\nthe answered rows' own launches: slowest / fastest - 1")
         print(f"{'':30s} {'rows':>4s} {'median':>7s} {'>10%':>7s} {'>25%':>7s}")
         for name, keep in subsets:

@@ -83,8 +83,8 @@ ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor 
 # How far past the largest FLOPs or bytes of a kind's profiled calls a kernel of that kind is still answered
 # (perfmodels/README.md, "Operator-level model": the sweep behind it).
 EXTRAPOLATION_LIMIT = 4.0
-RECURRENT_GATES = (3, 4)  # a GRU's and an LSTM's gates: the rows of their weights per hidden unit
 EXTRAPOLATED_SHARE = 0.1  # of a step's kernel time, at most, in kernels past their kind's limit
+RECURRENT_GATES = (3, 4)  # a GRU's and an LSTM's gates: the rows of their weights per hidden unit
 # The weight that holds a kind's fixed cost per call to zero where its calls cannot tell it from the roofline terms
 # (all of one size): a penalty of (c / median call) ** 2 times this, against the calls' squared relative errors.
 FIXED_COST_PENALTY = 0.1
@@ -202,8 +202,8 @@ def recurrence(kernel: Kernel) -> Recurrence | None:
     the layout that names the batch differs between runtimes)."""
     shapes = kernel.shapes
     for w, r in zip(shapes[1:], shapes[2:]):
-        if len(w) < 2 or len(w) != len(r) or not r[-1] or w[-2] != r[-2] or r[-2] // r[-1] not in RECURRENT_GATES \
-                or r[-2] % r[-1]:
+        if len(w) < 2 or len(w) != len(r) or not r[-1] or w[-2] != r[-2] \
+                or r[-2] not in {g * r[-1] for g in RECURRENT_GATES}:
             continue
         hidden, gates, inputs = r[-1], r[-2] // r[-1], w[-1]
         directions = r[0] if len(r) == 3 else 1
