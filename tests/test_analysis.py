@@ -154,6 +154,26 @@ def test_op_rules():
     assert ops["pool"].flops == 2 * 3 * 3 * 3 * 9  # window size per output
 
 
+def test_a_gather_from_an_activation_reads_the_slice_it_gathers():
+    """The first token of a sequence (as BERT's pooler takes it): a Gather of one index on axis 1 of an activation
+    reads that slice, not the whole activation, and is data movement; a lookup in a weight table is an embedding."""
+    table = numpy_helper.from_array(np.ones((10000, 16), np.float32), "table")
+    first = numpy_helper.from_array(np.array(0, np.int64), "first")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["h"], name="lookup"),
+             helper.make_node("Gather", ["h", "first"], ["cls"], name="first_token", axis=1)]
+    graph = helper.make_graph(nodes, "gathers", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 128])],
+                              [helper.make_tensor_value_info("cls", TensorProto.FLOAT, None)], [table, first])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    ops = {op.name: op for op in analyze(model, 8).ops}
+    slice_bytes = 8 * 16 * 4  # (8, 16) of the (8, 128, 16) activation
+    assert ops["first_token"].op_class == "data_movement"
+    assert (ops["first_token"].input_bytes, ops["first_token"].weight_bytes, ops["first_token"].output_bytes) \
+        == (slice_bytes, 8, slice_bytes)
+    assert ops["lookup"].op_class == "embedding"
+    assert (ops["lookup"].input_bytes, ops["lookup"].weight_bytes) == (8 * 128 * 8, 8 * 128 * 16 * 4)
+
+
 def test_groupings_and_table():
     p = analyze(tiny_model(), 4)
     types = p.by_op_type()

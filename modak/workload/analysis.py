@@ -9,7 +9,8 @@ Cost model (the constants live in ``recipes/hardware/op_classes.yaml`` and :data
   (reductions) or per window element (pooling); gathers and layout ops cost no FLOPs.
 * Bytes assume every node reads all its inputs from memory and writes all its outputs (no fusion, no cache
   reuse); inputs that are initializers or Constant outputs count as weights. Shape and Size read no data.
-  An embedding lookup (a Gather from a weight table) reads the rows it gathers, not the whole table.
+  A gather reads the elements it gathers, not its whole data input: an embedding lookup (a Gather from a weight
+  table) the rows it looks up, a Gather from an activation (the first token of a sequence) that slice.
 * Training: the backward pass costs :data:`BACKWARD_FLOPS` x the forward FLOPs (gradients with respect to
   activations and weights, the common 2x rule) and moves :data:`BACKWARD_BYTES` x the forward bytes (saved
   activations and incoming gradients read, gradients written); the optimizer update costs per parameter the
@@ -385,21 +386,24 @@ def _node_stats(node: onnx.NodeProto, index: int, types: dict[str, tuple[int, tu
     inputs = [(n, None if metadata_only else shape_of(n, "input")) for n in node.input if n]
     outputs = [shape_of(n, "output") for n in node.output if n]
     op_class, cost = op_table().get(node.op_type, ("elementwise", 1.0))
-    if op_class == "embedding" and node.input[0] not in constants:
+    gather = op_class == "embedding"
+    if gather and node.input[0] not in constants:
         op_class = "data_movement"
     in_dims = [t[1] if t else () for _, t in inputs]
     out_dims = [t[1] for t in outputs]
     macs = _macs(node, in_dims, out_dims) if op_class in _MAC_CLASSES else 0
     flops = _flops(node, op_class, cost, macs, in_dims, out_dims)
+    output_bytes = sum(_nbytes(*t) for t in outputs)
     input_bytes = weight_bytes = 0
-    for name, typed in inputs:
+    for position, (name, typed) in enumerate(inputs):
         if typed is not None:
             size = _nbytes(*typed)
             if name in constants:
                 weight_bytes += size
+            elif gather and position == 0:
+                input_bytes += min(size, output_bytes)  # the gathered elements
             else:
                 input_bytes += size
-    output_bytes = sum(_nbytes(*t) for t in outputs)
     if op_class == "embedding":
         weight_bytes = min(weight_bytes, output_bytes)  # the gathered rows
     return OpStats(node.name or f"{node.op_type}_{index}", node.op_type, op_class, macs, flops, input_bytes,

@@ -144,12 +144,14 @@ def _installed_version(package: str) -> str | None:
 
 @functools.cache
 def _code_digest(runtime: str) -> str:
-    """The digest of the code an answer comes from: this module, the runtime's module in the image (its session
-    options, its step) and, for the PyTorch runtimes, the zoo's architectures and the user model's children."""
+    """The digest of the code an answer comes from: this module, the analysis (the kernels' FLOPs and bytes), the
+    runtime's module in the image (its session options, its step) and, for the PyTorch runtimes, the zoo's
+    architectures and the user model's children."""
     from modak.image import runtimes, zoo
 
     module = "pytorch" if runtime in TORCH_RUNTIMES else runtime
-    files = [Path(__file__), Path(runtimes.__file__ or "").with_name(f"{module}.py"),
+    files = [Path(__file__), Path(__file__).with_name("analysis.py"),
+             Path(runtimes.__file__ or "").with_name(f"{module}.py"),
              Path(zoo.__file__ or "").with_name("onnx_nodes.py")]
     if runtime in TORCH_RUNTIMES:  # files read, not imported (zoo_models would import torch)
         here = Path(__file__)
