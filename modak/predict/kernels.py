@@ -85,6 +85,9 @@ ROOFLINE_FLOOR_S = 1e-9  # the roofline time of a kernel with neither FLOPs nor 
 EXTRAPOLATION_LIMIT = 4.0
 EXTRAPOLATED_SHARE = 0.1  # of a step's kernel time, at most, in kernels past their kind's limit
 RECURRENT_GATES = (3, 4)  # a GRU's and an LSTM's gates: the rows of their weights per hidden unit
+# A kernel row measured this many times faster than its FLOPs allow at the machine's peak is not learned from: its
+# runtime named nodes the kernel did not run (perfmodels/README.md, "The twelfth round").
+ATTRIBUTION_LIMIT = 3.0
 # The weight that holds a kind's fixed cost per call to zero where its calls cannot tell it from the roofline terms
 # (all of one size): a penalty of (c / median call) ** 2 times this, against the calls' squared relative errors.
 FIXED_COST_PENALTY = 0.1
@@ -407,10 +410,18 @@ def _launch_problem(row: KernelRow | Reconciliation) -> tuple[str, str] | None:
     return None if isinstance(params, dict) else ("params", "not a JSON object of parameters")
 
 
+def attributable(row: KernelRow) -> bool:
+    """Whether ``row``'s measured time per call is at least 1 / :data:`ATTRIBUTION_LIMIT` of its compute roofline
+    (its FLOPs at the machine's peak, at its threads and precision): the FLOPs of the nodes its runtime named for
+    it could have run in that time."""
+    compute_s, _ = roofline_seconds(sized(row.kernel), MachineCeilings.of_row(row), row_candidate(row))
+    return compute_s <= ATTRIBUTION_LIMIT * per_call_seconds(row)
+
+
 def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindModel]:
-    """One model per (runtime, device, kernel kind) of ``rows`` (:func:`fit_kind`)."""
+    """One model per (runtime, device, kernel kind) of the :func:`attributable` ``rows`` (:func:`fit_kind`)."""
     by_kind: dict[KindKey, list[KernelRow]] = {}
-    for row in rows:
+    for row in filter(attributable, rows):
         by_kind.setdefault((row.runtime, row.device, row.kernel.kind), []).append(row)
     return {key: fit_kind(group, seed) for key, group in sorted(by_kind.items())}
 
