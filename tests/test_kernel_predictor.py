@@ -386,8 +386,8 @@ def test_fit_recovers_a_known_roofline_efficiency_and_transfers_it_by_ceilings()
 
 
 def test_a_kernel_row_faster_than_the_flops_named_for_it_is_not_learned_from() -> None:
-    """OpenVINO named a whole decoder layer (82 MFLOPs) for one Add of detr_r18 that ran in 4 us: the row's FLOPs
-    would take 0.8 ms at BOX's peak. Learned from, it throws its kind's compute cost off for every other model."""
+    """A whole decoder layer (82 MFLOPs, computed when OpenVINO compiled detr_r18) mapped to one Add that ran in
+    4 us: the row's FLOPs would take 0.8 ms at BOX's peak. Learned from, it throws its kind's compute cost off."""
     candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
     honest = []
     for i, n in enumerate((64, 128, 256, 384)):

@@ -86,7 +86,7 @@ EXTRAPOLATION_LIMIT = 4.0
 EXTRAPOLATED_SHARE = 0.1  # of a step's kernel time, at most, in kernels past their kind's limit
 RECURRENT_GATES = (3, 4)  # a GRU's and an LSTM's gates: the rows of their weights per hidden unit
 # A kernel row measured this many times faster than its FLOPs allow at the machine's peak is not learned from: its
-# runtime named nodes the kernel did not run (perfmodels/README.md, "The twelfth round").
+# row covers nodes the kernel did not run (perfmodels/README.md, "The twelfth round").
 ATTRIBUTION_LIMIT = 3.0
 # The weight that holds a kind's fixed cost per call to zero where its calls cannot tell it from the roofline terms
 # (all of one size): a penalty of (c / median call) ** 2 times this, against the calls' squared relative errors.
@@ -412,8 +412,8 @@ def _launch_problem(row: KernelRow | Reconciliation) -> tuple[str, str] | None:
 
 def attributable(row: KernelRow) -> bool:
     """Whether ``row``'s measured time per call is at least 1 / :data:`ATTRIBUTION_LIMIT` of its compute roofline
-    (its FLOPs at the machine's peak, at its threads and precision): the FLOPs of the nodes its runtime named for
-    it could have run in that time."""
+    (its FLOPs at the machine's peak, at its threads and precision): the FLOPs of the nodes mapped to it could have
+    run in that time."""
     compute_s, _ = roofline_seconds(sized(row.kernel), MachineCeilings.of_row(row), row_candidate(row))
     return compute_s <= ATTRIBUTION_LIMIT * per_call_seconds(row)
 
