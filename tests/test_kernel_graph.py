@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from modak.image.onnx_nodes import shape_static_nodes
 from modak.paths import cache_dir
 from modak.workload.analysis import analyze
 from modak.workload.kernels import UnreportedGraph, planned_kernels
@@ -244,3 +245,40 @@ def test_runtimes_without_a_report(cbr: Path) -> None:
         _report("pytorch", cbr)
     with pytest.raises(UnreportedGraph, match="has none"):
         planned_kernels("openvino", None, 1, {}, "fp32", 1)
+
+
+@pytest.fixture(scope="module")
+def learned_queries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DETR's pattern: learned queries broadcast to the input's batch (Shape, Gather, Concat, Expand), projected
+    (MatMul), then added to the input: at a fixed batch, everything but the Add is a constant."""
+    rng = np.random.default_rng(2)
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+         helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
+         helper.make_node("Concat", ["batch", "rest"], ["target"], name="target", axis=0),
+         helper.make_node("Expand", ["queries", "target"], ["q"], name="expand"),
+         helper.make_node("MatMul", ["q", "w"], ["p"], name="project"),
+         helper.make_node("Add", ["x", "p"], ["y"], name="add")],
+        "queries", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 16, 32])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array([16, 32], np.int64), "rest"),
+         numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "queries"),
+         numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "w")])
+    path = tmp_path_factory.mktemp("queries") / "queries.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_the_nodes_computed_from_constants_and_shapes(learned_queries: Path) -> None:
+    graph = onnx.load(learned_queries).graph
+    assert shape_static_nodes(graph) == {"shape", "batch", "target", "expand", "project"}
+
+
+def test_openvino_kernels_leave_out_what_it_computes_when_compiling(learned_queries: Path) -> None:
+    """OpenVINO compiles at the job's batch and computes the projected queries once: the Add's kernel covers the
+    Add alone, not the MatMul upstream that no executed layer names."""
+    kernels = _report("openvino", learned_queries)
+    assert [k.nodes for k in kernels if k.nodes] == [("add",)]
+    assert sum(k.flops for k in kernels) == next(op.flops for op in analyze(learned_queries, 4).ops
+                                                 if op.name == "add")

@@ -26,6 +26,28 @@ def node_ids(graph: onnx.GraphProto) -> list[str]:
     return [node.name or f"{node.op_type}_{index}" for index, node in enumerate(graph.node)]
 
 
+# Ops whose results differ from run to run: never computed once, whatever their inputs.
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli",
+                               "Multinomial"})
+
+
+def shape_static_nodes(graph: onnx.GraphProto) -> frozenset[str]:
+    """The nodes a runtime that compiles ``graph`` at fixed input shapes computes once, when compiling: ``Shape``
+    and ``Size`` (they read only shapes) and every node whose inputs are all initializers (not graph inputs),
+    ``Constant`` results or results of such nodes; ``Constant`` nodes themselves and random ops left out."""
+    ids = node_ids(graph)
+    static = {t.name for t in graph.initializer} - {i.name for i in graph.input}
+    found = set()
+    for index, node in enumerate(graph.node):
+        if node.op_type in _NONDETERMINISTIC:
+            continue
+        if node.op_type in ("Shape", "Size", "Constant") or all(t in static for t in node.input if t):
+            static.update(t for t in node.output if t)
+            if node.op_type != "Constant":
+                found.add(ids[index])
+    return frozenset(found)
+
+
 def has_unique_names(graph: onnx.GraphProto) -> bool:
     """Whether every node has a name of its own (runtimes report nodes by name)."""
     names = [node.name for node in graph.node]
@@ -69,7 +91,8 @@ class Cover:
         self.claimed: set[str] = set()
 
     def claim(self, seeds: Iterable[str]) -> None:
-        """Mark ``seeds`` as named by the runtime for some kernel (no other kernel absorbs them)."""
+        """Mark ``seeds`` as accounted for: named by the runtime for some kernel, or computed when it compiled the
+        graph (no other kernel absorbs them)."""
         self.claimed.update(seeds)
 
     def absorb(self, seeds: Collection[str], alive: Collection[str] = ()) -> tuple[str, ...]:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modak.image.kernels import Kernel, KernelTime, Profile
-from modak.image.onnx_nodes import Cover, names_of, resolve
+from modak.image.onnx_nodes import Cover, names_of, resolve, shape_static_nodes
 from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, TOLERANCE, RunRequest, relative_error
 
 if TYPE_CHECKING:
@@ -213,9 +213,13 @@ def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple
     absorbed. Nodes that name nothing cover no ONNX node: the reorders OpenVINO inserts (:data:`CONVERSIONS`), and
     some parts of a decomposed node (the MVN of a LayerNormalization, whose scale and shift carry its name).
     Whether a node is executed comes from the compile alone (:func:`_executed`; nodes that compute constants are
-    not), so that a plan reports the kernels a profile does."""
+    not), so that a plan reports the kernels a profile does. The graph is compiled at the request's static shapes,
+    so the ONNX nodes computed from constants and shapes alone (:func:`modak.image.onnx_nodes.shape_static_nodes`:
+    DETR's first decoder layer, on its learned queries) are computed when compiling, where no layer names them:
+    they are claimed first, so that no kernel absorbs them."""
     by_name = names_of(graph)
     cover = Cover(graph)
+    cover.claim(shape_static_nodes(graph))
     layers = []
     constant: set[str] = set()  # the nodes that compute constants (once, when compiling)
     for op in runtime_model.get_ordered_ops():
