@@ -32,19 +32,23 @@ _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUnifor
 
 
 def shape_static_nodes(graph: onnx.GraphProto) -> frozenset[str]:
-    """The nodes a runtime that compiles ``graph`` at fixed input shapes computes once, when compiling: ``Shape``
-    and ``Size`` (they read only shapes) and every node whose inputs are all initializers (not graph inputs),
-    ``Constant`` results or results of such nodes; ``Constant`` nodes themselves and random ops left out."""
+    """The nodes whose results are fixed once the graph's input shapes are, and not before: ``Shape`` and ``Size``
+    (they read only shapes), and every node whose inputs are all such results, initializers (not graph inputs) or
+    ``Constant`` results, at least one of them such a result; random ops left out. A runtime that compiles the graph
+    at fixed shapes computes them once, when compiling (those of constants alone it folds in any case)."""
     ids = node_ids(graph)
-    static = {t.name for t in graph.initializer} - {i.name for i in graph.input}
+    constant = ({t.name for t in graph.initializer} - {i.name for i in graph.input}) | {
+        t for node in graph.node if node.op_type == "Constant" for t in node.output if t}
+    shaped: set[str] = set()
     found = set()
     for index, node in enumerate(graph.node):
+        inputs = [t for t in node.input if t]
         if node.op_type in _NONDETERMINISTIC:
             continue
-        if node.op_type in ("Shape", "Size", "Constant") or all(t in static for t in node.input if t):
-            static.update(t for t in node.output if t)
-            if node.op_type != "Constant":
-                found.add(ids[index])
+        if node.op_type in ("Shape", "Size") or (
+                any(t in shaped for t in inputs) and all(t in shaped or t in constant for t in inputs)):
+            shaped.update(t for t in node.output if t)
+            found.add(ids[index])
     return frozenset(found)
 
 

@@ -214,7 +214,7 @@ def execution_kernels(runtime_model: Any, graph: onnx.GraphProto) -> tuple[tuple
     some parts of a decomposed node (the MVN of a LayerNormalization, whose scale and shift carry its name).
     Whether a node is executed comes from the compile alone (:func:`_executed`; nodes that compute constants are
     not), so that a plan reports the kernels a profile does. The graph is compiled at the request's static shapes,
-    so the ONNX nodes computed from constants and shapes alone (:func:`modak.image.onnx_nodes.shape_static_nodes`:
+    so the ONNX nodes whose results the shapes fix (:func:`modak.image.onnx_nodes.shape_static_nodes`:
     DETR's first decoder layer, on its learned queries) are computed when compiling, where no layer names them:
     they are claimed first, so that no kernel absorbs them."""
     by_name = names_of(graph)
