@@ -250,7 +250,8 @@ def test_runtimes_without_a_report(cbr: Path) -> None:
 @pytest.fixture(scope="module")
 def learned_queries(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """DETR's pattern: learned queries broadcast to the input's batch (Shape, Gather, Concat, Expand), projected
-    (MatMul), then added to the input: at a fixed batch, everything but the Add is a constant."""
+    (MatMul), then added to the input: at a fixed batch, everything but the Add is a constant. A node of constants
+    alone (Neg of the weight) is constant whatever the shapes."""
     rng = np.random.default_rng(2)
     graph = helper.make_graph(
         [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
@@ -258,7 +259,8 @@ def learned_queries(tmp_path_factory: pytest.TempPathFactory) -> Path:
          helper.make_node("Concat", ["batch", "rest"], ["target"], name="target", axis=0),
          helper.make_node("Expand", ["queries", "target"], ["q"], name="expand"),
          helper.make_node("MatMul", ["q", "w"], ["p"], name="project"),
-         helper.make_node("Add", ["x", "p"], ["y"], name="add")],
+         helper.make_node("Add", ["x", "p"], ["y"], name="add"),
+         helper.make_node("Neg", ["w"], ["negated"], name="negate")],
         "queries", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 16, 32])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
         [numpy_helper.from_array(np.array([0], np.int64), "zero"),
@@ -270,7 +272,7 @@ def learned_queries(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_the_nodes_computed_from_constants_and_shapes(learned_queries: Path) -> None:
+def test_the_nodes_the_input_shapes_fix(learned_queries: Path) -> None:
     graph = onnx.load(learned_queries).graph
     assert shape_static_nodes(graph) == {"shape", "batch", "target", "expand", "project"}
 
