@@ -41,8 +41,10 @@ from modak.predict.kernels import (
     MachineCeilings,
     Recurrence,
     attributable,
+    class_kind,
     features,
     fit_kind,
+    fit_kinds,
     kernel_seconds,
     recurrence,
     roofline_seconds,
@@ -469,6 +471,47 @@ def test_a_fixed_cost_per_call_extrapolates_along_the_roofline_and_little_of_a_s
     small, past = reorder(10_000), reorder(1_000_000)  # 36 us, and 1.62 ms past the limit
     assert model.compose((past, *[small] * 500), BOX, candidate) is not None  # 1.62 of 19.6 ms
     assert model.compose((past, *[small] * 300), BOX, candidate) is None  # 1.62 of 12.4 ms
+
+
+def test_a_kind_no_profile_has_shown_is_not_priced_from_its_op_class(fixed: KernelModel) -> None:
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+    kinds = only(fixed).kinds
+    assert {kind for _, _, kind in kinds} == {"Conv", "Relu", class_kind("conv"), class_kind("elementwise")}
+    deconv = replace(CONV, kind="ConvTranspose")  # of the conv class, whose pooled model has Conv's rows
+    assert kernel_seconds(kinds, "onnxruntime", "cpu", [CONV, deconv], BOX, candidate) is None
+    assert fixed.compose((CONV, CONV, CONV, deconv), BOX, candidate) is None
+
+
+def test_a_kernel_its_kind_would_extrapolate_is_answered_by_its_op_class() -> None:
+    # "Depthwise" is profiled only at the machine's ridge point (10 FLOPs per byte), where its calls cannot tell a
+    # compute-bound kernel from a memory-bound one, and only up to 16 MFLOPs; Conv's calls span 0.5 to 50 FLOPs per
+    # byte and up to 160 MFLOPs. Both take 4x their compute roofline.
+    candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
+
+    def timed(kernel: Kernel) -> float:
+        return roofline_seconds(kernel, BOX, candidate)[0] / 0.25
+
+    rows = []
+    for i in range(20):
+        flops = 1e6 * 2 ** (i % 5)
+        depthwise = Kernel("Depthwise", "conv", flops=flops, bytes=flops / 10)
+        conv = Kernel("Conv", "conv", flops=10 * flops, bytes=10 * flops / (0.5 * 100 ** (i / 19)))
+        rows += [kernel_row(depthwise, timed(depthwise), f"m{i % 5}"), kernel_row(conv, timed(conv), f"m{i % 5}")]
+    kinds = only(KernelModel.fit(rows, [])).kinds
+    own = kinds[("onnxruntime", "cpu", "Depthwise")]
+    assert own.intensities == pytest.approx((10.0, 10.0), rel=1e-3)
+    at_ridge, memory_heavy, larger, apart = (Kernel("Depthwise", "conv", flops=f, bytes=b)
+                                             for f, b in ((4e6, 4e5), (4e6, 4e6), (1e8, 1e7), (4e6, 4e9)))
+    assert own.within(at_ridge) and not any(map(own.within, (memory_heavy, larger, apart)))
+    times = kernel_seconds(kinds, "onnxruntime", "cpu", [at_ridge, memory_heavy, larger, apart], BOX, candidate)
+    assert times is not None
+    # The pooled model answers the two outside the kind's range, from Conv's calls too: the time follows the FLOPs.
+    assert [e.extrapolated for e in times] == [False, False, False, True]
+    for estimate, kernel in zip(times[:3], (at_ridge, memory_heavy, larger)):
+        assert estimate.seconds == pytest.approx(timed(kernel), rel=0.1)
+    # Without the pool (as the probe's sampling fits a kind alone), the kind's own model answers, extrapolated.
+    alone = kernel_seconds(fit_kinds(rows, pooled=False), "onnxruntime", "cpu", [memory_heavy], BOX, candidate)
+    assert alone is not None and alone[0].extrapolated
 
 
 def test_a_kernel_the_analysis_did_not_cost_is_sized_by_its_tensors() -> None:

@@ -303,8 +303,8 @@ def kind_predictor(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
            == (row.runtime, row.device, row.kernel.kind, "fp32")]
     if not own:
         return None
-    times = kernel_seconds(fit_kinds(own), row.runtime, row.device, [row.kernel], MachineCeilings.of_row(row),
-                           row_candidate(row))
+    times = kernel_seconds(fit_kinds(own, pooled=False), row.runtime, row.device, [row.kernel],
+                           MachineCeilings.of_row(row), row_candidate(row))
     return times[0].seconds if times else None
 
 

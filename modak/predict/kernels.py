@@ -9,9 +9,17 @@ relative to the machine (:func:`features`). The prior grows with the kernel's wo
 what it was fit on, so a kernel larger than its kind's profiles extrapolates along its roofline, not by a learned
 ratio. Only a share of the correction is applied (:data:`CORRECTION_SHARES`), chosen per kind on its own rows by
 folds of whole models (:func:`correction_share`): a correction that splits on one zoo's shapes may not transfer to a
-model unlike them. A kernel past :data:`EXTRAPOLATION_LIMIT` times its kind's largest profiled FLOPs or bytes is
-extrapolated; a step is not composed where extrapolated kernels hold more than :data:`EXTRAPOLATED_SHARE` of its
-kernel time. ``a`` and ``b`` are relative to the ceilings, so they transfer to a machine with other ceilings.
+model unlike them. A kernel past :data:`EXTRAPOLATION_LIMIT` times its kind's largest profiled FLOPs or bytes, or
+that factor outside the range of its profiled FLOPs per byte (where its kind's calls could not tell compute from
+memory time), is extrapolated. ``a`` and ``b`` are relative to the ceilings, so they transfer to a machine with other
+ceilings.
+
+Each op class (:data:`modak.image.kernels.OP_CLASSES`) of a runtime and device also has a model pooled over its kinds'
+rows (:func:`class_kind`). It answers a kernel that its kind would extrapolate and the pool would not (OpenVINO's
+depthwise convolutions at batch 8, profiled only at batch 1). A step is not composed where extrapolated kernels hold
+more than :data:`EXTRAPOLATED_SHARE` of its kernel time. A kernel of a kind no profile has shown is not priced from
+its class: such a kind marks a model unlike the profiled ones, whose other kernels the kind models price worse too
+(perfmodels/README.md, "The fourteenth round").
 
 A step is the sum over the kernels the runtime plans for it (:func:`modak.workload.kernels.planned_kernels`), plus a
 dispatch time per kernel (per runtime and device: the median over the profiled launches' reconciliations of
@@ -26,8 +34,8 @@ A machine without kernel rows of its own is composed by the nearest known machin
 :data:`modak.predict.learned.NEW_MACHINE_SPREAD` and the predictor's name says so.
 
 Coverage: it answers only where the runtime and device have kernel rows at the candidate's precision, every
-planned kernel's kind has a model for the runtime and device (no time is
-invented for a kernel no profile has shown), little of the step is extrapolated, the kernels stand out of the
+planned kernel's kind has a model for the runtime and device (no time is invented for a kernel no profile has
+shown), little of the step is extrapolated, the kernels stand out of the
 profiler's own cost per kernel (:data:`PROFILER_MARGIN`), the runtime and device's steps are
 calibrated (at least :data:`MIN_CALIBRATION` residuals), and the task is inference (the planned kernels are the
 forward graph's). Elsewhere it returns None, and the next predictor answers.
@@ -288,7 +296,7 @@ def features(kernel: Kernel, machine: MachineCeilings, candidate: Candidate,
     compute_s, memory_s = roofline_seconds(kernel, machine, candidate)
     attributes = attribute_values(kernel.attributes)
     elements = math.prod(kernel.shapes[0]) if kernel.shapes else 0
-    columns = [math.log1p(kernel.flops), math.log1p(kernel.bytes), math.log((kernel.flops + 1) / (kernel.bytes + 1)),
+    columns = [math.log1p(kernel.flops), math.log1p(kernel.bytes), math.log(intensity(kernel)),
                math.log(max(compute_s, ROOFLINE_FLOOR_S) / max(memory_s, ROOFLINE_FLOOR_S)),
                candidate.threads / machine.cores if candidate.threads else 1.0,
                *(float(candidate.precision is p) for p in Precision), math.log1p(elements),
@@ -306,6 +314,7 @@ class KindModel:
     prior: tuple[float, float, float]
     max_flops: float
     max_bytes: float
+    intensities: tuple[float, float]  # the least and greatest FLOPs per byte it was fit on
     forest: TreeEnsemble
     rows: int
     share: float
@@ -315,9 +324,18 @@ class KindModel:
         return prior_seconds(self.prior, compute_s, memory_s)
 
     def within(self, kernel: Kernel) -> bool:
-        """Whether ``kernel`` is within :data:`EXTRAPOLATION_LIMIT` of the FLOPs and bytes the kind was fit on."""
+        """Whether ``kernel`` is within :data:`EXTRAPOLATION_LIMIT` of the FLOPs, bytes and FLOPs per byte the kind
+        was fit on: its prior splits a call's time between compute and memory only as far as its calls' mixes of
+        the two tell them apart."""
+        low, high = self.intensities
         return (kernel.flops <= EXTRAPOLATION_LIMIT * self.max_flops
-                and kernel.bytes <= EXTRAPOLATION_LIMIT * self.max_bytes)
+                and kernel.bytes <= EXTRAPOLATION_LIMIT * self.max_bytes
+                and low / EXTRAPOLATION_LIMIT <= intensity(kernel) <= EXTRAPOLATION_LIMIT * high)
+
+
+def intensity(kernel: Kernel) -> float:
+    """``kernel``'s FLOPs per byte (as the efficiency model's column: one of each added, so an empty kernel is 1)."""
+    return (kernel.flops + 1) / (kernel.bytes + 1)
 
 
 def prior_seconds(prior: tuple[float, float, float], compute_s: float, memory_s: float) -> float:
@@ -418,11 +436,19 @@ def attributable(row: KernelRow) -> bool:
     return compute_s <= ATTRIBUTION_LIMIT * per_call_seconds(row)
 
 
-def fit_kinds(rows: Sequence[KernelRow], seed: int = 0) -> dict[KindKey, KindModel]:
-    """One model per (runtime, device, kernel kind) of the :func:`attributable` ``rows`` (:func:`fit_kind`)."""
+def class_kind(op: str) -> str:
+    """The kind name of the model pooled over an op class's kinds (no runtime names a kernel in brackets)."""
+    return f"[{op}]"
+
+
+def fit_kinds(rows: Sequence[KernelRow], seed: int = 0, pooled: bool = True) -> dict[KindKey, KindModel]:
+    """One model per (runtime, device, kernel kind) of the :func:`attributable` ``rows`` (:func:`fit_kind`) and, where
+    ``pooled``, one per (runtime, device, op class) over its kinds' rows (kind :func:`class_kind`)."""
     by_kind: dict[KindKey, list[KernelRow]] = {}
     for row in filter(attributable, rows):
         by_kind.setdefault((row.runtime, row.device, row.kernel.kind), []).append(row)
+        if pooled:
+            by_kind.setdefault((row.runtime, row.device, class_kind(row.kernel.op)), []).append(row)
     return {key: fit_kind(group, seed) for key, group in sorted(by_kind.items())}
 
 
@@ -436,7 +462,8 @@ def fit_kind(rows: Sequence[KernelRow], seed: int = 0) -> KindModel:
     seconds = [per_call_seconds(row) for row in rows]
     prior, fitted = _prior_and_correction(examples, seconds, seed)
     return KindModel(keys, prior, max(k.flops for k in kernels), max(k.bytes for k in kernels),
-                     TreeEnsemble.from_sklearn(fitted), len(rows), correction_share(rows, examples, seconds, seed))
+                     (min(map(intensity, kernels)), max(map(intensity, kernels))), TreeEnsemble.from_sklearn(fitted),
+                     len(rows), correction_share(rows, examples, seconds, seed))
 
 
 def _prior_and_correction(examples: Sequence[Example], seconds: Sequence[float], seed: int,
@@ -496,14 +523,19 @@ class KernelEstimate:
 def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str, kernels: Sequence[Kernel],
                    machine: MachineCeilings, candidate: Candidate,
                    walked: Corrections | None = None) -> list[KernelEstimate] | None:
-    """Each kernel's estimate; None where a kind has no model. ``walked``: the corrections of rows already walked
-    (by the kinds of ``kinds``), filled in with this call's: the candidates of one plan share most kernel rows."""
+    """Each kernel's estimate, by its kind's model, or by its op class's pooled model where the kind's would
+    extrapolate and the class's would not; None where a kind has no model. ``walked``: the corrections of rows already
+    walked (by the models of ``kinds``), filled in with this call's: the candidates of one plan share most kernel
+    rows."""
     kernels = [sized(k) for k in kernels]
     by_model: dict[KindKey, list[int]] = {}
     for i, kernel in enumerate(kernels):
         key = (runtime, device, kernel.kind)
+        pooled = (runtime, device, class_kind(kernel.op))
         if key not in kinds:
             return None
+        if not kinds[key].within(kernel) and pooled in kinds and kinds[pooled].within(kernel):
+            key = pooled
         by_model.setdefault(key, []).append(i)
     walked = {} if walked is None else walked
     results = [KernelEstimate(0.0, False, False)] * len(kernels)
@@ -665,7 +697,7 @@ class MachineModel:
             "key": list(self.key),
             "ceilings": [c.device, c.name, c.cores, c.fp32_gflops, c.bf16_gflops, c.bandwidth_gbs],
             "kinds": [[*key, list(model.attribute_keys), list(model.prior), model.max_flops, model.max_bytes,
-                       model.rows, model.share] for key, model in sorted(self.kinds.items())],
+                       list(model.intensities), model.rows, model.share] for key, model in sorted(self.kinds.items())],
             "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
             "profiling": [[*key, value] for key, value in sorted(self.profiling.items())],
             "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
@@ -828,9 +860,10 @@ class _SavedKinds(Mapping[KindKey, KindModel]):
 
     def __getitem__(self, key: KindKey) -> KindModel:
         if key not in self._decoded:
-            i, (_, _, _, keys, prior, max_flops, max_bytes, rows, share) = self._entries[key]
+            i, (_, _, _, keys, prior, max_flops, max_bytes, intensities, rows, share) = self._entries[key]
             self._decoded[key] = KindModel(
                 tuple(keys), (float(prior[0]), float(prior[1]), float(prior[2])), float(max_flops), float(max_bytes),
+                (float(intensities[0]), float(intensities[1])),
                 TreeEnsemble.from_arrays(self._arrays, f"{self._prefix}kind{i}"), int(rows), float(share))
         return self._decoded[key]
 
