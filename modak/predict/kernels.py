@@ -324,13 +324,13 @@ class KindModel:
         return prior_seconds(self.prior, compute_s, memory_s)
 
     def within(self, kernel: Kernel) -> bool:
-        """Whether ``kernel`` is within :data:`EXTRAPOLATION_LIMIT` of the FLOPs, bytes and FLOPs per byte the kind
-        was fit on: its prior splits a call's time between compute and memory only as far as its calls' mixes of
-        the two tell them apart."""
+        """Whether ``kernel`` is within :data:`EXTRAPOLATION_LIMIT` of the FLOPs, bytes and (where it has FLOPs) FLOPs
+        per byte the kind was fit on: its prior splits a call's time between compute and memory only as far as its
+        calls' mixes of the two tell them apart. A kernel without FLOPs is all memory time, whatever its size."""
         low, high = self.intensities
         return (kernel.flops <= EXTRAPOLATION_LIMIT * self.max_flops
                 and kernel.bytes <= EXTRAPOLATION_LIMIT * self.max_bytes
-                and low / EXTRAPOLATION_LIMIT <= intensity(kernel) <= EXTRAPOLATION_LIMIT * high)
+                and (not kernel.flops or low / EXTRAPOLATION_LIMIT <= intensity(kernel) <= EXTRAPOLATION_LIMIT * high))
 
 
 def intensity(kernel: Kernel) -> float:
