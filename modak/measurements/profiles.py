@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import replace
 from typing import Any
 
 from modak.image.kernels import OP_CLASSES, Kernel, Profile
-from modak.image.runtimes.profiling import op_class
 from modak.measurements.kernels import CEILINGS, KernelRow, Reconciliation
 from modak.measurements.store import Measurement
-from modak.workload.analysis import OpStats, WorkloadProfile
+from modak.workload.analysis import OpStats, WorkloadProfile, covering
 
 
 def kernel_rows(profile: Profile, measurement: Measurement, analysis: WorkloadProfile,
@@ -57,16 +55,10 @@ def _check(profile: Profile) -> None:
 
 
 def _analysed(kernel: Kernel, calls: int, ops: dict[str, OpStats], model: str) -> Kernel:
-    """``kernel`` with its covered nodes' FLOPs and bytes per call and the op class of the costliest node (one that
-    covers none: the class the image gave it, else the one its name says)."""
-    if not kernel.nodes:
-        return kernel if kernel.op else replace(kernel, op=op_class(kernel.kind))
+    """``kernel`` costed by the nodes it covers (:func:`~modak.workload.analysis.covering`); one naming a node the
+    analysis of ``model`` does not have is a :class:`ValueError`."""
     unknown = [n for n in kernel.nodes if n not in ops]
     if unknown:
         raise ValueError(f"kernel {kernel.kind} covers {len(unknown)} node(s) the analysis of {model} does not "
                          f"have: {', '.join(unknown[:3])}")
-    covered = [ops[n] for n in kernel.nodes]
-    costliest = max(covered, key=lambda op: (op.flops, op.bytes))
-    calls = max(calls, 1)
-    return replace(kernel, op=costliest.op_class, flops=sum(op.flops for op in covered) / calls,
-                   bytes=sum(op.bytes for op in covered) / calls)
+    return covering(kernel, [ops[n] for n in kernel.nodes], calls)

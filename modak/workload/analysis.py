@@ -21,13 +21,15 @@ Cost model (the constants live in ``recipes/hardware/op_classes.yaml`` and :data
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
+from modak.image.kernels import Kernel
+from modak.image.runtimes.profiling import op_class as named_op_class
 from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
 from modak.paths import data_dir
 from modak.spec.loader import read_catalog
@@ -81,6 +83,19 @@ class OpStats:
     @property
     def bytes(self) -> int:
         return self.input_bytes + self.weight_bytes + self.output_bytes
+
+
+def covering(kernel: Kernel, covered: Sequence[OpStats], calls: int = 1) -> Kernel:
+    """``kernel`` with the op class of the costliest of the ``covered`` nodes and their FLOPs and bytes per call (their
+    sum over ``calls`` calls); one covering none keeps its own, with the class its runtime gave it, else the one
+    its name says. A profiled kernel (:mod:`modak.measurements.profiles`) and a planned one
+    (:mod:`modak.workload.kernels`) are costed here alike."""
+    if not covered:
+        return kernel if kernel.op else replace(kernel, op=named_op_class(kernel.kind))
+    costliest = max(covered, key=lambda op: (op.flops, op.bytes))
+    calls = max(calls, 1)
+    return replace(kernel, op=costliest.op_class, flops=sum(op.flops for op in covered) / calls,
+                   bytes=sum(op.bytes for op in covered) / calls)
 
 
 class OpGroup(NamedTuple):

@@ -36,10 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modak.errors import ModakError, short_reason
-from modak.image.kernels import OP_CLASSES, Kernel
-from modak.image.runtimes.profiling import op_class as op_class_of
+from modak.image.kernels import Kernel
 from modak.paths import cache_dir, write_atomic
-from modak.workload.analysis import OpStats, analyze, load_model, tensor_shapes
+from modak.workload.analysis import analyze, covering, load_model, tensor_shapes
 
 if TYPE_CHECKING:
     from modak.image.runtimes.pytorch import Argument
@@ -197,19 +196,7 @@ def _onnx_kernels(runtime: str, path: Path, batch_size: int, shapes: dict[str, l
     else:
         kernels = openvino.planned_kernels(request, fed)
     stats = {op.name: op for op in analyze(model, batch_size, shapes).ops}
-    return tuple(_costed(k, [stats[n] for n in k.nodes if n in stats]) for k in kernels)
-
-
-def _costed(kernel: Kernel, covered: Sequence[OpStats]) -> Kernel:
-    """``kernel`` with the op class of the costliest node it covers and their FLOPs and bytes; one covering none
-    keeps the class its runtime gave it, else takes the one its name says (as a profile's kernel does on the
-    host: :mod:`modak.measurements.profiles`)."""
-    if covered:
-        op_class = max(covered, key=lambda op: (op.flops, op.bytes)).op_class
-    else:
-        op_class = kernel.op or op_class_of(kernel.kind)
-    return replace(kernel, op=op_class if op_class in OP_CLASSES else "other",
-                   flops=float(sum(op.flops for op in covered)), bytes=float(sum(op.bytes for op in covered)))
+    return tuple(covering(k, [stats[n] for n in k.nodes if n in stats]) for k in kernels)
 
 
 # --- PyTorch ----------------------------------------------------------------------------------------------
