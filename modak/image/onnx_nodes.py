@@ -31,14 +31,19 @@ _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUnifor
                                "Multinomial"})
 
 
+def constant_tensors(graph: onnx.GraphProto) -> frozenset[str]:
+    """The tensors of ``graph`` that hold data fixed in the file: its initializers and ``Constant`` nodes' outputs."""
+    return frozenset({t.name for t in graph.initializer}
+                     | {t for node in graph.node if node.op_type == "Constant" for t in node.output if t})
+
+
 def shape_static_nodes(graph: onnx.GraphProto) -> frozenset[str]:
     """The nodes whose results are fixed once the graph's input shapes are, and not before: ``Shape`` and ``Size``
     (they read only shapes), and every node whose inputs are all such results, initializers (not graph inputs) or
     ``Constant`` results, at least one of them such a result; random ops left out. A runtime that compiles the graph
     at fixed shapes computes them once, when compiling (those of constants alone it folds in any case)."""
     ids = node_ids(graph)
-    constant = ({t.name for t in graph.initializer} - {i.name for i in graph.input}) | {
-        t for node in graph.node if node.op_type == "Constant" for t in node.output if t}
+    constant = constant_tensors(graph) - {i.name for i in graph.input}  # an initializer a caller may feed is not
     shaped: set[str] = set()
     found = set()
     for index, node in enumerate(graph.node):
@@ -90,8 +95,7 @@ class Cover:
         for index, node in enumerate(graph.node):
             for tensor in node.input:
                 self.consumers.setdefault(tensor, []).append(self.ids[index])
-        self.constants = {i.name for i in graph.initializer} | {
-            t for node in graph.node if node.op_type == "Constant" for t in node.output}
+        self.constants = constant_tensors(graph)
         self.claimed: set[str] = set()
 
     def claim(self, seeds: Iterable[str]) -> None:

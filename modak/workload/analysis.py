@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.kernels import Kernel
+from modak.image.onnx_nodes import constant_tensors
 from modak.image.runtimes.profiling import op_class as named_op_class
 from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
 from modak.paths import data_dir
@@ -164,7 +165,7 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
         model = onnx.inliner.inline_local_functions(model)
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
-    constants = set(weights) | {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    constants = constant_tensors(graph)
     skeleton, fixed = _skeleton(model, batch_size, input_shapes or {})
     types = _infer_types(skeleton)
     types.update({t.name: (t.data_type, tuple(t.dims)) for t in weights.values()})
@@ -382,7 +383,7 @@ def op_table() -> dict[str, tuple[str, float]]:
 
 
 def _node_stats(node: onnx.NodeProto, index: int, types: dict[str, tuple[int, tuple[int, ...] | None]],
-                constants: set[str], skeleton: onnx.ModelProto) -> OpStats:
+                constants: frozenset[str], skeleton: onnx.ModelProto) -> OpStats:
     label = f"'{node.name}'" if node.name else f"#{index}"
     if any(attr.type in (5, 10) for attr in node.attribute):  # GRAPH, GRAPHS
         raise InputError(f"node {label} ({node.op_type}): control flow with subgraphs is not supported "
