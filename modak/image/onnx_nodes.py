@@ -43,7 +43,7 @@ def shape_static_nodes(graph: onnx.GraphProto) -> frozenset[str]:
     ``Constant`` results, at least one of them such a result; random ops left out. A runtime that compiles the graph
     at fixed shapes computes them once, when compiling (those of constants alone it folds in any case)."""
     ids = node_ids(graph)
-    constant = constant_tensors(graph) - {i.name for i in graph.input}  # an initializer a caller may feed is not
+    constant = constant_tensors(graph) - {i.name for i in graph.input}  # a fed initializer is no constant
     shaped: set[str] = set()
     found = set()
     for index, node in enumerate(graph.node):
