@@ -531,11 +531,12 @@ def kernel_seconds(kinds: Mapping[KindKey, KindModel], runtime: str, device: str
     by_model: dict[KindKey, list[int]] = {}
     for i, kernel in enumerate(kernels):
         key = (runtime, device, kernel.kind)
-        pooled = (runtime, device, class_kind(kernel.op))
         if key not in kinds:
             return None
-        if not kinds[key].within(kernel) and pooled in kinds and kinds[pooled].within(kernel):
-            key = pooled
+        if not kinds[key].within(kernel):
+            pooled = (runtime, device, class_kind(kernel.op))
+            if pooled in kinds and kinds[pooled].within(kernel):
+                key = pooled
         by_model.setdefault(key, []).append(i)
     walked = {} if walked is None else walked
     results = [KernelEstimate(0.0, False, False)] * len(kernels)
