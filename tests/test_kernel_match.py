@@ -1,6 +1,7 @@
 """A runtime's plan and its profile describe the same kernels (#40): for a zoo CNN and a residual one, on ONNX
 Runtime, OpenVINO and PyTorch eager, every profiled kernel's (kind, shapes, attributes) is a planned kernel's, and
-the two multisets are equal, so the per-kind predictors fit on profiles apply to plans."""
+the two multisets are equal, as are the ONNX nodes they cover (what their FLOPs and bytes are costed by), so the
+per-kind predictors fit on profiles apply to plans."""
 
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def test_profiled_kernels_are_the_planned_ones(runtime: str, zoo: str, tmp_path:
     planned = planned_kernels(runtime, path, BATCH, shapes, "fp32", 1, zoo=zoo)
     profiled = _profiled(runtime, zoo, path, shapes, tmp_path)
     assert profiled and _keys(profiled) == _keys(list(planned))
-    if runtime != "pytorch":  # the ONNX runtimes: the same ONNX nodes too, each in one kernel
-        assert Counter(k.nodes for k in profiled) == Counter(k.nodes for k in planned)
+    # the same ONNX nodes too, each in one kernel (PyTorch's forward ops, mapped alike), so costed alike
+    assert Counter(k.nodes for k in profiled) == Counter(k.nodes for k in planned)
+    assert any(k.nodes for k in planned)
 
 
 def test_a_training_step_profiles_the_planned_aten_ops(tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ its profile maps kernels with, so a planned kernel and a profiled one have the s
   model (:func:`modak.image.runtimes.openvino.planned_kernels`).
 * ``pytorch``, ``torch-compile`` (its eager ops): the aten ops of one step (inference, or training: forward,
   loss, backward, optimizer update) run on fake CPU tensors at the candidate's precision (autocast's
-  conversions included), with ``torch.utils.flop_counter``'s FLOPs where it knows the op and the bytes of their
-  tensors; no ONNX nodes. A zoo model is traced here; the user's own model
-  only in a child process (:mod:`modak.workload.kernels_child`).
+  conversions included). ``pytorch``'s inference ops map to the ONNX graph's nodes as its profiles map them
+  (:func:`modak.image.runtimes.pytorch.onnx_nodes`: the same FLOPs and bytes for a planned op and a profiled one;
+  an op mapping to none has neither, in both); elsewhere, and without an ONNX graph, an op has
+  ``torch.utils.flop_counter``'s FLOPs where it knows the op and the bytes of its tensors. A zoo model is traced
+  here; the user's own model only in a child process (:mod:`modak.workload.kernels_child`).
 
 A kernel's op class, FLOPs and bytes come from the :class:`~modak.workload.analysis.OpStats` of the ONNX nodes it
 covers (the costliest node's class; a kernel covering none: its runtime's class, else the one its name says).
@@ -41,12 +43,15 @@ from modak.paths import cache_dir, write_atomic
 from modak.workload.analysis import analyze, covering, load_model, tensor_shapes
 
 if TYPE_CHECKING:
+    import onnx
+
     from modak.image.runtimes.pytorch import Argument
     from modak.spec.loader import LoadedJob
 
 # runtime -> the package whose version the answer depends on
 PACKAGES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "pytorch": "torch", "torch-compile": "torch"}
 TORCH_RUNTIMES = ("pytorch", "torch-compile")
+MAPPED_TORCH = "pytorch"  # the PyTorch runtime whose profiles map its forward ops to the ONNX graph's nodes
 TRACE = "trace"  # the key of the user model child's request that asks for a trace: batch, params, task, loss
 _CHILD = "modak.workload.kernels_child"
 _ATEN = "aten::"
@@ -90,15 +95,19 @@ def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input
     if cached is not None:
         return cached
     try:
+        # PyTorch's eager forward ops map to the ONNX graph's nodes as its profiles map them
+        graph = str(onnx_path) if runtime == MAPPED_TORCH and task == "inference" and onnx_path else None
         if own:
             assert user is not None
-            kernels = _user_kernels(user, batch_size, chosen, precision, task, loss)
+            kernels = _user_kernels(user, batch_size, chosen, precision, task, loss, graph)
         elif runtime in TORCH_RUNTIMES:
             assert zoo is not None
-            kernels = _aten_kernels(zoo, batch_size, shapes, chosen, precision, task, loss)
+            kernels = _aten_kernels(zoo, batch_size, shapes, chosen, precision, task, loss, graph)
         else:
             assert onnx_path is not None
             kernels = _onnx_kernels(runtime, Path(onnx_path), batch_size, shapes, precision, threads, chosen)
+        if graph is not None:
+            kernels = _costed(kernels, load_model(Path(graph)), batch_size, shapes)
     except ModakError:
         raise
     except Exception as exc:  # the runtime's own errors: an op it lacks, a graph it refuses
@@ -195,6 +204,12 @@ def _onnx_kernels(runtime: str, path: Path, batch_size: int, shapes: dict[str, l
         kernels = tuple(k.kernel() for k in onnxruntime.planned_kernels(request, fed))
     else:
         kernels = openvino.planned_kernels(request, fed)
+    return _costed(kernels, model, batch_size, shapes)
+
+
+def _costed(kernels: Sequence[Kernel], model: onnx.ModelProto, batch_size: int,
+            shapes: dict[str, list[int]]) -> tuple[Kernel, ...]:
+    """``kernels`` with op classes, FLOPs and bytes from the analysis of the nodes of ``model`` each covers."""
     stats = {op.name: op for op in analyze(model, batch_size, shapes).ops}
     return tuple(covering(k, [stats[n] for n in k.nodes if n in stats]) for k in kernels)
 
@@ -202,22 +217,24 @@ def _onnx_kernels(runtime: str, path: Path, batch_size: int, shapes: dict[str, l
 # --- PyTorch ----------------------------------------------------------------------------------------------
 
 def _aten_kernels(zoo: str, batch_size: int, shapes: dict[str, list[int]], params: dict[str, Any], precision: str,
-                  task: str, loss: str | None) -> tuple[Kernel, ...]:
-    """The aten ops of one step of zoo model ``zoo`` (modak's own code: traced in-process)."""
+                  task: str, loss: str | None, graph: str | None) -> tuple[Kernel, ...]:
+    """The aten ops of one step of zoo model ``zoo`` (modak's own code: traced in-process), mapped to the nodes of
+    the ONNX file ``graph`` where one is given."""
     from modak.image.zoo import get_entry, make_inputs
 
     model = get_entry(zoo).build(shapes)
-    return trace_step(model, make_inputs(zoo, batch_size, shapes), params, precision, task, loss)
+    return trace_step(model, make_inputs(zoo, batch_size, shapes), params, precision, task, loss, graph)
 
 
 def _user_kernels(user: LoadedJob, batch_size: int, params: dict[str, Any], precision: str, task: str,
-                  loss: str | None) -> tuple[Kernel, ...]:
+                  loss: str | None, graph: str | None) -> tuple[Kernel, ...]:
     """The aten ops of one step of the user's own model, traced in a child process (the user's code never runs
-    in the planner's)."""
+    in the planner's), mapped to the nodes of the ONNX file ``graph`` where one is given."""
     from modak.errors import InputError
     from modak.workload.usercode import run_child
 
-    work = {"batch": batch_size, "params": params, "precision": precision, "task": task, "loss": loss}
+    work = {"batch": batch_size, "params": params, "precision": precision, "task": task, "loss": loss,
+            "graph": graph}
     try:
         result = run_child(user, _CHILD, {TRACE: work})
     except InputError as exc:
@@ -226,13 +243,16 @@ def _user_kernels(user: LoadedJob, batch_size: int, params: dict[str, Any], prec
 
 
 def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], precision: str, task: str,
-               loss: str | None) -> tuple[Kernel, ...]:
+               loss: str | None, graph: str | None = None) -> tuple[Kernel, ...]:
     """The aten ops of one step of ``model`` on ``batch`` (input name -> tensor, in call order), both made fake
     tensors on the CPU (no data, no compute; composite ops decompose as on the CPU: an LSTM is oneDNN's RNN
     kernel, not its per-timestep math), as the PyTorch runtime builds the step at ``precision``
     (:func:`modak.image.runtimes.pytorch.build_session`: autocast's conversions included): the forward pass, or
     for training the forward pass, the built-in ``loss``, the backward pass and the SGD update of a steady step
-    (after the one that makes the momentum buffers)."""
+    (after the one that makes the momentum buffers). Each op's FLOPs are torch's flop counter's and its bytes its
+    tensors' at fp32; with the ONNX file ``graph`` (inference), the forward ops map to its nodes as a profile maps
+    them (:func:`modak.image.runtimes.pytorch.onnx_nodes`) and carry neither, as a profile's ops do: the caller
+    costs them by their nodes."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -240,9 +260,19 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     from torch.utils.flop_counter import flop_registry
 
     from modak.image.runtimes.base import RunRequest
-    from modak.image.runtimes.pytorch import NO_KERNEL, _loss, aten_kernel, autocast, training_optimizer
+    from modak.image.runtimes.pytorch import (
+        NO_KERNEL,
+        _loss,
+        aten_kernel,
+        autocast,
+        inner_scope,
+        onnx_nodes,
+        training_optimizer,
+    )
 
     kernels: list[Kernel] = []
+    scopes: list[str | None] = [None]  # the ONNX scope of the modules whose forward is running, innermost last
+    called: list[tuple[str, str | None]] = []  # each kernel's kind and scope
 
     def nbytes(value: torch.Tensor) -> int:  # at fp32 for floating point, as the analysis counts
         return value.numel() * (4 if value.is_floating_point() else value.element_size())
@@ -264,7 +294,14 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
             kernel = aten_kernel(name, arguments)
             kernels.append(replace(kernel, flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
                                    bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
+            called.append((name, scopes[-1]))
             return out
+
+    def enter(_module: Any, _args: Any, name: str) -> None:
+        scopes.append(inner_scope(scopes[-1], name))
+
+    def leave(_module: Any, _args: Any, _output: Any) -> None:
+        scopes.pop()
 
     fake = FakeTensorMode()
     model = model._apply(fake.from_tensor)
@@ -275,9 +312,19 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
                  for name, t in feeds.items()}
     if task == "inference":
         model.eval()
-        with fake, torch.no_grad(), autocast("cpu", precision), Recorder():
-            model(*feeds.values())
-        return tuple(kernels)
+        hooks = [hook for name, module in model.named_modules()
+                 for hook in (module.register_forward_pre_hook(functools.partial(enter, name=name)),
+                              module.register_forward_hook(leave))] if graph else []
+        try:
+            with fake, torch.no_grad(), autocast("cpu", precision), Recorder():
+                model(*feeds.values())
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if graph is None:
+            return tuple(kernels)
+        nodes = onnx_nodes(called, graph)
+        return tuple(replace(k, nodes=nodes.get(i, ()), flops=0.0, bytes=0.0) for i, k in enumerate(kernels))
     request = RunRequest(runtime="pytorch", device="cpu", precision=precision, params=dict(params), threads=None,
                          task=task, onnx_path="", zoo=None, batch_size=0, input_shapes={}, workdir="", loss=loss)
     loss_of = _loss(request, torch.device("cpu"))

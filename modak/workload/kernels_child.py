@@ -23,7 +23,7 @@ def trace(request: dict[str, Any], folder: Path) -> dict[str, Any]:
     model, shapes = usercode_child.load(request, folder)
     work = request[TRACE]
     inputs = usercode_child.example_inputs(request, shapes, work["batch"])
-    kernels = trace_step(model, inputs, work["params"], work["precision"], work["task"], work["loss"])
+    kernels = trace_step(model, inputs, work["params"], work["precision"], work["task"], work["loss"], work["graph"])
     return {"ok": True, "kernels": [asdict(k) for k in kernels]}
 
 

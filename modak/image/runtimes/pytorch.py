@@ -14,7 +14,7 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -211,7 +211,7 @@ _PLACEMENT = frozenset({"dtype", "layout", "device", "pin_memory", "memory_forma
 # saves, the profiler does not record it): neither a profile nor a plan lists them
 NO_KERNEL = frozenset({"aten::detach"})
 # aten op -> the ONNX op types the TorchScript exporter writes for it, for the ops it exports as one node; a kernel
-# maps to a node where its module holds as many such ops as nodes of those types (see _onnx_nodes). A linear
+# maps to a node where its module holds as many such ops as nodes of those types (see onnx_nodes). A linear
 # layer on 3-D inputs is a MatMul and an Add: its addmm covers the MatMul.
 ATEN_ONNX = {
     "aten::convolution": ("Conv", "ConvTranspose"), "aten::addmm": ("Gemm", "MatMul"), "aten::mm": ("MatMul",),
@@ -291,7 +291,8 @@ def profile_steps(request: RunRequest, inputs: dict[str, np.ndarray], steps: int
     step = next(e for e in profiler.events() if e.name == f"{STEP_RANGE}{median}")
     calls: list[_Call] = []
     unmapped_us = sum(_walk(child, None, -1, calls) for child in step.cpu_children) + step.self_cpu_time_total
-    nodes = _onnx_nodes(calls, request.onnx_path) if wrap is None and has_graph(request) else {}
+    nodes = (onnx_nodes([(c.kind, c.scope if c.backward_of < 0 else None) for c in calls], request.onnx_path)
+             if wrap is None and has_graph(request) else {})
     forward_nodes = {c.event.sequence_nr: nodes[i] for i, c in enumerate(calls)
                      if i in nodes and c.backward_of < 0 and c.event.sequence_nr >= 0}
     found: dict[Kernel, list[float]] = {}
@@ -342,7 +343,7 @@ def _walk(event: Any, scope: str | None, backward_of: int, calls: list[_Call]) -
         return event.cpu_time_total
     if event.name.startswith(MODULE_RANGE):
         module = event.name[len(MODULE_RANGE):]
-        scope = f"{scope or ''}/{_scope_level(module)}" if module else ""
+        scope = inner_scope(scope, module)
     elif event.name.startswith(BACKWARD_RANGE):
         scope, backward_of = None, event.sequence_nr
     return event.self_cpu_time_total + sum(_walk(child, scope, backward_of, calls) for child in event.cpu_children)
@@ -376,22 +377,32 @@ def _composite(name: str) -> bool:
         return False
 
 
-def _onnx_nodes(calls: list[_Call], onnx_path: str) -> dict[int, tuple[str, ...]]:
-    """Index in ``calls`` -> the ONNX node of that forward call (see :func:`profile_steps`)."""
+def onnx_nodes(calls: Sequence[tuple[str, str | None]], onnx_path: str) -> dict[int, tuple[str, ...]]:
+    """Index in ``calls`` -> the ONNX node of that call, for forward calls given as (kind, the ONNX scope of the
+    modules that ran it: :func:`inner_scope`; None for a call that maps to none, as a backward one): the k-th call
+    of a kind of :data:`ATEN_ONNX` in a scope maps to the k-th node of its op types in that scope, where the scope
+    holds as many of each. A profile (:func:`profile_steps`) and a plan's meta-tensor trace
+    (:func:`modak.workload.kernels.trace_step`) map their calls alike."""
     import onnx
 
     graph = [(node.name.rpartition("/")[0], node.op_type, node.name)
              for node in onnx.load(onnx_path, load_external_data=False).graph.node]
     wanted: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-    for i, call in enumerate(calls):
-        if call.scope is not None and call.backward_of < 0 and call.kind in ATEN_ONNX:
-            wanted.setdefault((call.scope, ATEN_ONNX[call.kind]), []).append(i)
+    for i, (kind, scope) in enumerate(calls):
+        if scope is not None and kind in ATEN_ONNX:
+            wanted.setdefault((scope, ATEN_ONNX[kind]), []).append(i)
     found: dict[int, tuple[str, ...]] = {}
     for (scope, types), indices in wanted.items():
         names = [name for node_scope, op_type, name in graph if node_scope == scope and op_type in types]
         if len(names) == len(indices):
             found.update((i, (name,)) for i, name in zip(indices, names))
     return found
+
+
+def inner_scope(scope: str | None, module: str) -> str:
+    """The ONNX scope of the forward of the module of qualified name ``module`` (the root's: empty), called within
+    ``scope`` (None: outside every module)."""
+    return f"{scope or ''}/{_scope_level(module)}" if module else ""
 
 
 def _scope_level(qualified_name: str) -> str:
