@@ -158,3 +158,25 @@ def test_median_step_is_the_lower_median():
     assert median_step([4.0, 1.0, 3.0, 2.0]) == 3
     with pytest.raises(ValueError):
         median_step([])
+
+
+def test_calls_map_to_the_nodes_of_their_scope_in_order(tmp_path):
+    """The mapping a profile and a plan's trace share: the k-th op of a kind in a module's scope to the k-th node of
+    its ONNX op types there, only where the counts agree; a call without a scope (backward) maps to none."""
+    from onnx import TensorProto, helper
+
+    from modak.image.runtimes.pytorch import inner_scope, onnx_nodes
+
+    names = ["/fc1/Gemm", "/Relu", "/fc2/Gemm", "/fc2/Relu", "/fc2/Relu_1"]
+    nodes = [helper.make_node(name.rpartition("/")[2].split("_")[0], [f"t{i}"], [f"t{i + 1}"], name=name)
+             for i, name in enumerate(names)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info(f"t{len(names)}", TensorProto.FLOAT, [1])])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph), path)
+    assert inner_scope(None, "") == "" and inner_scope("", "fc2") == "/fc2"
+    assert inner_scope("/layer2", "layer2.0") == "/layer2/layer2.0"
+    calls = [("aten::t", "/fc1"), ("aten::addmm", "/fc1"), ("aten::relu", ""), ("aten::addmm", "/fc2"),
+             ("aten::relu", "/fc2"), ("aten::relu", None)]
+    # /fc2 holds two Relu nodes and one relu call in scope: not mapped, rather than mapped to the wrong one
+    assert onnx_nodes(calls, str(path)) == {1: ("/fc1/Gemm",), 2: ("/Relu",), 3: ("/fc2/Gemm",)}
