@@ -271,6 +271,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     )
 
     kernels: list[Kernel] = []
+    mapped = graph is not None and task == "inference"  # its forward ops map to the graph's nodes
     scopes: list[str | None] = [None]  # the ONNX scope of the modules whose forward is running, innermost last
     called: list[tuple[str, str | None]] = []  # each kernel's kind and scope
 
@@ -284,16 +285,17 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
             name = func._schema.name
             if not name.startswith(_ATEN) or name in NO_KERNEL:  # the profiler's record_function markers; aliases
                 return out
-            count = flop_registry.get(func._overloadpacket)
-            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             arguments = []
             for index, schema in enumerate(func._schema.arguments):
                 value = args[index] if index < len(args) else kwargs.get(schema.name, schema.default_value)
                 arguments.append(_argument(schema.name, value, str(schema.type)))
             kernel = aten_kernel(name, arguments)
-            kernels.append(replace(kernel, flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
-                                   bytes=float(sum(nbytes(t) for t in (*tensors, *outputs)))))
+            if not mapped:  # a mapped op is costed by its nodes, by the caller
+                count = flop_registry.get(func._overloadpacket)
+                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+                kernel = replace(kernel, flops=float(count(*args, out_val=out, **kwargs)) if count else 0.0,
+                                 bytes=float(sum(map(nbytes, tensors))))
+            kernels.append(kernel)
             called.append((name, scopes[-1]))
             return out
 
@@ -314,7 +316,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
         model.eval()
         hooks = [hook for name, module in model.named_modules()
                  for hook in (module.register_forward_pre_hook(functools.partial(enter, name=name)),
-                              module.register_forward_hook(leave))] if graph else []
+                              module.register_forward_hook(leave))] if mapped else []
         try:
             with fake, torch.no_grad(), autocast("cpu", precision), Recorder():
                 model(*feeds.values())
@@ -324,7 +326,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
         if graph is None:
             return tuple(kernels)
         nodes = onnx_nodes(called, graph)
-        return tuple(replace(k, nodes=nodes.get(i, ()), flops=0.0, bytes=0.0) for i, k in enumerate(kernels))
+        return tuple(replace(k, nodes=nodes.get(i, ())) for i, k in enumerate(kernels))
     request = RunRequest(runtime="pytorch", device="cpu", precision=precision, params=dict(params), threads=None,
                          task=task, onnx_path="", zoo=None, batch_size=0, input_shapes={}, workdir="", loss=loss)
     loss_of = _loss(request, torch.device("cpu"))
