@@ -1,5 +1,6 @@
 """A real CPU hog started during `modak bench` is detected in every launch, the rows are stored as contended and
-`modak model fit` does not learn from them; the watch itself reports a quiet stretch as quiet."""
+`modak model fit` does not learn from them; the watch itself reports a quiet stretch as quiet; a round trip between
+CPUs that are one core is slower than between two, and marks a launch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from modak.bench.harness import CANARIES, slowed_canaries
 from modak.measurements.store import PerfStore
+from modak.runtime.corelink import round_trip_seconds
 from modak.runtime.measure import CpuWatch, contention_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +39,22 @@ def test_watch_sees_a_busy_loop_in_another_process():
         time.sleep(1.0)
     quiet = watch.report()
     assert quiet["other_cores"] < 0.2 and not contention_reasons(quiet), quiet
+
+
+def test_a_round_trip_between_cpus_that_are_one_core_marks_a_launch():
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"this machine kind has 2 CPUs; this process may use {cpus}"
+    apart = round_trip_seconds()
+    assert apart is not None and 0 < apart < 1e-4, apart
+    together = round_trip_seconds([cpus[0], cpus[0]], trips=20)  # each hand-over waits for the scheduler
+    assert together is not None and together > CANARIES["core_rtt"][0] * apart, (together, apart)
+    assert os.sched_getaffinity(0) == set(cpus)  # the caller's CPUs are given back
+    best = {"core_rtt": apart, "canary": None}
+    assert slowed_canaries({"core_rtt_s": together}, best) == [
+        f"a round trip between its CPUs took {together / apart:.2f}x its best on this host (they sat on distant "
+        "cores)"]
+    assert not slowed_canaries({"core_rtt_s": 1.5 * apart, "canary_s": 1.0}, best)
+    assert round_trip_seconds([cpus[0]]) is None
 
 
 @pytest.mark.slow

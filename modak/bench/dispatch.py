@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from modak.errors import InputError
+from modak.runtime.corelink import round_trip_seconds
 from modak.schedulers import SCHEDULERS, ArrayScheduler, scheduler
 
 
@@ -43,7 +44,8 @@ class Dispatcher(Protocol):
 def run_task(task: LaunchTask) -> dict:
     """Run one launch here and parse its report (the last line of its standard output). The launch runs in a
     process group of its own, ended when it returns, times out or is interrupted: nothing it started (a compiler's
-    worker processes) keeps running beside the next launch."""
+    worker processes) keeps running beside the next launch. Its CPUs' round trip is measured again once it ended
+    (:func:`_round_trip_after`)."""
     process = subprocess.Popen(task.command, env={**os.environ, **task.env}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -52,7 +54,18 @@ def run_task(task: LaunchTask) -> dict:
         return {"status": "error", "error": f"timed out after {task.timeout_s:.0f} s"}
     finally:
         _end_group(process)
-    return parse_report(stdout, stderr, process.returncode)
+    return _round_trip_after(parse_report(stdout, stderr, process.returncode))
+
+
+def _round_trip_after(report: dict) -> dict:
+    """``report`` whose contention's ``core_rtt_s`` (the round trip between the launch's CPUs before its runtime
+    started) is the slower of it and one measured here, now that the launch has ended: the vCPUs may have moved
+    apart while it ran."""
+    contention = report.get("contention")
+    if isinstance(contention, dict) and "core_rtt_s" in contention:
+        trips = [t for t in (contention["core_rtt_s"], round_trip_seconds()) if t]
+        contention["core_rtt_s"] = max(trips, default=None)
+    return report
 
 
 def _end_group(process: subprocess.Popen) -> None:

@@ -9,7 +9,8 @@ reports what else used its CPUs meanwhile (:mod:`modak.runtime.measure`).
 
 A session runs rounds: every candidate still in the race launches once per round, in a random order, so slow
 drift of the machine hits all candidates alike and launch ``i`` of two candidates can be compared as a pair. A
-launch that ran beside other work (other processes' CPU time, steal time, a slowed canary) is launched again up to
+launch that ran beside other work (other processes' CPU time, steal time, a slowed canary) or while its CPUs sat
+far apart (a slowed round trip between them: :mod:`modak.runtime.corelink`) is launched again up to
 ``retries`` times; if it stays contended, its row is stored with status ``contended``, which no model learns from,
 and the user is told. Rows are stored after every round (Ctrl-C keeps them). Dispatchers run a round's launches
 here, one at a time, or as a Slurm job array (:mod:`modak.bench.dispatch`).
@@ -35,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,13 @@ from modak.workload.analysis import WorkloadProfile, analyze
 DEFAULT_TIMEOUT_S = 1800.0
 BENCH_WORKDIR = Path(tempfile.gettempdir()) / "modak-work"  # runtimes' work folders (TVM tuning databases, ...)
 PROTOCOL = 2
-CANARY_LIMIT = 2.5  # a canary this much slower than the host's best: beside other work (quiet VMs vary 1.9x, see notes)
+# A launch's canary (its report's ``<canary>_s``) past this many times the host's best marks it, saying why:
+# - ``canary``, a one-core loop: beside other work (quiet VMs vary 1.9x, see notes);
+# - ``core_rtt``, a round trip between its CPUs: the vCPUs sat on distant cores (perfmodels/README.md, "The
+#   seventeenth round": near 1.0-1.3x, far 3.2-5.6x).
+CANARIES = {"canary": (2.5, "a fixed loop ran {:.2f}x slower than its best on this host"),
+            "core_rtt": (2.0, "a round trip between its CPUs took {:.2f}x its best on this host (they sat on "
+                              "distant cores)")}
 KERNEL_STEPS = 10  # profiled steps of the launch that labels kernels (modak bench --kernels)
 PROFILE_TRIES = 3  # profiled launches of a candidate at most: again while its step looks inflated
 # A profiled step past PROFILE_INFLATION times the timed median plus PROFILE_ALLOWANCE_S (the profiler's own cost on
@@ -234,17 +241,25 @@ class Session:
     def _verdict(self, result: dict) -> list[str]:
         """Why ``result``'s launch was not alone on its CPUs (empty: it was)."""
         report = result.get("contention") or {}
-        reasons = contention_reasons(report)
-        best = self.store.canary_best(platform.node())
-        canary = report.get("canary_s")
-        if best and canary and canary > CANARY_LIMIT * best:
-            reasons.append(f"a fixed loop ran {canary / best:.2f}x slower than its best on this host")
-        return reasons
+        best = {canary: self.store.canary_best(platform.node(), canary) for canary in CANARIES}
+        return contention_reasons(report) + slowed_canaries(report, best)
 
     def _remember_canary(self, result: dict) -> None:
-        canary = (result.get("contention") or {}).get("canary_s")
-        if canary and not result["busy"]:
-            self.store.record_canary(platform.node(), canary)
+        report = result.get("contention") or {}
+        for canary in CANARIES:
+            if report.get(f"{canary}_s") and not result["busy"]:
+                self.store.record_canary(platform.node(), report[f"{canary}_s"], canary)
+
+
+def slowed_canaries(report: Mapping[str, Any], best: Mapping[str, float | None]) -> list[str]:
+    """Why a launch's ``report`` says it ran slowed: each canary of :data:`CANARIES` past its limit times its
+    ``best`` on this host (empty: none)."""
+    reasons = []
+    for canary, (limit, why) in CANARIES.items():
+        seconds, fastest = report.get(f"{canary}_s"), best.get(canary)
+        if seconds and fastest and seconds > limit * fastest:
+            reasons.append(why.format(seconds / fastest))
+    return reasons
 
 
 def inflated(report: dict, step_s: float | None) -> bool:

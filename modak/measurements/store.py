@@ -349,17 +349,19 @@ class PerfStore:
         values = dict(zip(TUNED_COLUMNS, row))
         return TunedChoice(**{**values, "confident": bool(values["confident"])})
 
-    def canary_best(self, host: str) -> float | None:
-        """The fastest quiet canary (:func:`modak.runtime.measure.canary_seconds`) seen on ``host``."""
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (f"canary_best_s:{host}",)).fetchone()
+    def canary_best(self, host: str, canary: str = "canary") -> float | None:
+        """The fastest quiet ``canary`` seen on ``host``: ``canary`` (:func:`modak.runtime.measure.canary_seconds`)
+        or ``core_rtt`` (:func:`modak.runtime.corelink.round_trip_seconds`)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (f"{canary}_best_s:{host}",)).fetchone()
         return float(row[0]) if row else None
 
-    def record_canary(self, host: str, seconds: float) -> None:
-        """Remember ``seconds`` if it is the fastest canary seen on ``host``."""
+    def record_canary(self, host: str, seconds: float, canary: str = "canary") -> None:
+        """Remember ``seconds`` if it is the fastest ``canary`` (:meth:`canary_best`) seen on ``host``."""
         with self._write():
-            best = self.canary_best(host)
+            best = self.canary_best(host, canary)
             if best is None or seconds < best:
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"canary_best_s:{host}", repr(seconds)))
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                 (f"{canary}_best_s:{host}", repr(seconds)))
 
     def export_csv(self, path: Path, **where: object) -> int:
         """Write matching rows to ``path`` (atomically); returns how many."""

@@ -34,6 +34,7 @@ from modak.errors import EXIT_OK, EXIT_RUN_FAILED
 from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE
 from modak.image.runtimes.base import TOLERANCE, RunRequest, has_graph, load_profiler, make_inputs, relative_error
 from modak.runtime import Model, open_model, request_from_environment
+from modak.runtime.corelink import round_trip_seconds
 
 _PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
              "torchax")
@@ -50,6 +51,7 @@ def measure(request: RunRequest, min_seconds: float = 1.0, budget_s: float = 10.
     ``budget_s``), watching what else runs on this process's CPUs meanwhile (:class:`CpuWatch`)."""
     result: dict[str, Any] = {"status": "error", "versions": _versions()}
     canary = canary_seconds()  # before the runtime starts threads of its own
+    core_rtt = round_trip_seconds()
     model = open_model(request)
     feeds = model.example_inputs()
     per_run = model.batches_per_step  # a step may process several batches (OpenVINO streams)
@@ -78,7 +80,7 @@ def measure(request: RunRequest, min_seconds: float = 1.0, budget_s: float = 10.
         step_mean_s=timing.seconds / timing.steps / per_run,
         throughput_per_s=request.batch_size / median,
         compile_s=model.prepare_seconds + max(0.0, first_s - median), peak_rss_mb=_peak_rss_mb(),
-        contention={**watch.report(), "canary_s": canary},
+        contention={**watch.report(), "canary_s": canary, "core_rtt_s": core_rtt},
         protocol={"min_seconds": min_seconds, "min_sample_s": MIN_SAMPLE_S, "steps_per_sample": timing.group,
                   "gc": "frozen", **{k: os.environ[k] for k in PROTOCOL_VARIABLES if k in os.environ}})
     return result
