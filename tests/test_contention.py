@@ -15,7 +15,7 @@ import pytest
 
 from modak.bench.harness import CANARIES, slowed_canaries
 from modak.measurements.store import PerfStore
-from modak.runtime.corelink import round_trip_seconds
+from modak.runtime.corelink import round_trip_seconds, wait_until_near
 from modak.runtime.measure import CpuWatch, contention_reasons
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +55,8 @@ def test_a_round_trip_between_cpus_that_are_one_core_marks_a_launch():
         "cores)"]
     assert not slowed_canaries({"core_rtt_s": 1.5 * apart, "canary_s": 1.0}, best)
     assert round_trip_seconds([cpus[0]]) is None
+    assert wait_until_near(1.0) < 1.0  # near enough at once
+    assert 1.0 <= wait_until_near(1e-12, timeout_s=1.0) < 5.0  # never that near: waits until its timeout
 
 
 @pytest.mark.slow

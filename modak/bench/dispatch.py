@@ -19,20 +19,22 @@ from pathlib import Path
 from typing import Protocol
 
 from modak.errors import InputError
-from modak.runtime.corelink import round_trip_seconds
+from modak.runtime.corelink import round_trip_seconds, wait_until_near
 from modak.schedulers import SCHEDULERS, ArrayScheduler, scheduler
 
 
 @dataclass(frozen=True)
 class LaunchTask:
-    """One launch: a candidate's measurement command, the variables that locate its deployment, a time limit and a
-    folder of its own (on a file system the compute nodes share, for Slurm)."""
+    """One launch: a candidate's measurement command, the variables that locate its deployment, a time limit, a
+    folder of its own (on a file system the compute nodes share, for Slurm) and the round trip between the CPUs
+    it waits for before it starts (None: it starts at once; :func:`modak.runtime.corelink.wait_until_near`)."""
 
     name: str
     env: dict[str, str]
     command: tuple[str, ...]
     timeout_s: float
     folder: Path
+    near_rtt_s: float | None = None
 
 
 class Dispatcher(Protocol):
@@ -46,6 +48,7 @@ def run_task(task: LaunchTask) -> dict:
     process group of its own, ended when it returns, times out or is interrupted: nothing it started (a compiler's
     worker processes) keeps running beside the next launch. Its CPUs' round trip is measured again once it ended
     (:func:`_round_trip_after`)."""
+    waited = wait_until_near(task.near_rtt_s) if task.near_rtt_s else 0.0
     process = subprocess.Popen(task.command, env={**os.environ, **task.env}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -54,17 +57,17 @@ def run_task(task: LaunchTask) -> dict:
         return {"status": "error", "error": f"timed out after {task.timeout_s:.0f} s"}
     finally:
         _end_group(process)
-    return _round_trip_after(parse_report(stdout, stderr, process.returncode))
+    return _round_trip_after(parse_report(stdout, stderr, process.returncode), waited)
 
 
-def _round_trip_after(report: dict) -> dict:
+def _round_trip_after(report: dict, waited_s: float) -> dict:
     """``report`` whose contention's ``core_rtt_s`` (the round trip between the launch's CPUs before its runtime
-    started) is the slower of it and one measured here, now that the launch has ended: the vCPUs may have moved
-    apart while it ran."""
+    started) is the slower of it and one measured here, now that the launch has ended (the vCPUs may have moved
+    apart while it ran), with the seconds the launch waited for its CPUs to come near (``near_wait_s``)."""
     contention = report.get("contention")
     if isinstance(contention, dict) and "core_rtt_s" in contention:
         trips = [t for t in (contention["core_rtt_s"], round_trip_seconds()) if t]
-        contention["core_rtt_s"] = max(trips, default=None)
+        contention.update(core_rtt_s=max(trips, default=None), near_wait_s=round(waited_s, 1))
     return report
 
 
@@ -100,12 +103,12 @@ class LocalDispatcher:
 def task_spec(task: LaunchTask) -> dict:
     """``task`` as the JSON an array task reads (:mod:`modak.bench.task`)."""
     return {"name": task.name, "env": task.env, "command": list(task.command), "timeout_s": task.timeout_s,
-            "folder": str(task.folder)}
+            "folder": str(task.folder), "near_rtt_s": task.near_rtt_s}
 
 
 def task_from_spec(spec: dict) -> LaunchTask:
     return LaunchTask(spec["name"], dict(spec["env"]), tuple(spec["command"]), float(spec["timeout_s"]),
-                      Path(spec["folder"]))
+                      Path(spec["folder"]), spec.get("near_rtt_s"))
 
 
 class ArrayDispatcher:

@@ -10,7 +10,8 @@ reports what else used its CPUs meanwhile (:mod:`modak.runtime.measure`).
 A session runs rounds: every candidate still in the race launches once per round, in a random order, so slow
 drift of the machine hits all candidates alike and launch ``i`` of two candidates can be compared as a pair. A
 launch that ran beside other work (other processes' CPU time, steal time, a slowed canary) or while its CPUs sat
-far apart (a slowed round trip between them: :mod:`modak.runtime.corelink`) is launched again up to
+far apart (a slowed round trip between them: :mod:`modak.runtime.corelink`; a launch first waits for them to come
+near, where the host's best is known) is launched again up to
 ``retries`` times; if it stays contended, its row is stored with status ``contended``, which no model learns from,
 and the user is told. Rows are stored after every round (Ctrl-C keeps them). Dispatchers run a round's launches
 here, one at a time, or as a Slurm job array (:mod:`modak.bench.dispatch`).
@@ -175,7 +176,9 @@ class Session:
         options = (("--profile", str(self.settings.kernel_steps)) if profile else
                    ("--min-seconds", str(self.settings.min_seconds), "--budget", str(self.settings.budget_s)))
         command = launch_command(sys.executable, "-m", "modak.runtime", "measure", *options)
-        return LaunchTask(candidate.name, env, tuple(command), self.settings.timeout_s, folder)
+        best = self.store.canary_best(platform.node(), "core_rtt")  # this host's: only launches run here wait
+        near = CANARIES["core_rtt"][0] * best if best and isinstance(self.dispatcher, LocalDispatcher) else None
+        return LaunchTask(candidate.name, env, tuple(command), self.settings.timeout_s, folder, near)
 
     def run_round(self, alive: Sequence[Candidate]) -> dict[str, Measurement]:
         """Launch each candidate of ``alive`` once, in random order; the updated rows by candidate name (also

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 ROUND_TRIPS = 5000  # per try (about 1 ms on a quiet VM)
 TRIES = 3  # the best try counts: one try may be interrupted
 START_TIMEOUT_S = 10.0  # the partner process must answer within this
+NEAR_WAIT_S = 300.0  # waiting for the CPUs to come near again (wait_until_near), at most
+NEAR_POLL_S = 1.0
 
 # The partner: pinned to its CPU, it answers each value the caller writes (slot 0) in slot 8 (another cache line)
 # and says it is ready in slot 16. Fixed code: no input becomes part of it.
@@ -86,3 +88,16 @@ def _time_round_trips(slots: memoryview, partner: subprocess.Popen, trips: int) 
                     return None
         best = min(best, (time.perf_counter() - start) / trips)
     return round(best, 10)
+
+
+def wait_until_near(limit_s: float, timeout_s: float = NEAR_WAIT_S) -> float:
+    """Wait until a round trip between this process's CPUs takes at most ``limit_s`` (polled every
+    :data:`NEAR_POLL_S`), up to ``timeout_s``; the seconds waited. On a VM the far placements seen lasted from
+    seconds to minutes."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        trip = round_trip_seconds()
+        if trip is None or trip <= limit_s:
+            break
+        time.sleep(NEAR_POLL_S)
+    return time.monotonic() - start
