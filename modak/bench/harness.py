@@ -62,7 +62,7 @@ PROTOCOL = 2
 # A launch's canary (its report's ``<canary>_s``) past this many times the host's best marks it, saying why:
 # - ``canary``, a one-core loop: beside other work (quiet VMs vary 1.9x, see notes);
 # - ``core_rtt``, a round trip between its CPUs: the vCPUs sat on distant cores (perfmodels/README.md, "The
-#   seventeenth round": near 1.0-1.3x, far 3.2-5.6x).
+#   seventeenth round": near and far round trips on a VM).
 CANARIES = {"canary": (2.5, "a fixed loop ran {:.2f}x slower than its best on this host"),
             "core_rtt": (2.0, "a round trip between its CPUs took {:.2f}x its best on this host (they sat on "
                               "distant cores)")}

@@ -2,7 +2,7 @@
 
 On a VM, the hypervisor moves vCPUs between the host's cores. While two vCPUs sit on distant cores (another core
 complex or socket), every hand-over between a runtime's threads waits longer: a launch of many small kernels then
-runs up to 1.8x slower, while a one-core loop (:func:`modak.runtime.measure.canary_seconds`) runs as fast as ever
+runs slower, while a one-core loop (:func:`modak.runtime.measure.canary_seconds`) runs as fast as ever
 (perfmodels/README.md, "The seventeenth round"). The round trip sees it: a value written on one CPU, answered from
 the other, through shared memory.
 """
@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-ROUND_TRIPS = 5000  # per try (about 1 ms on a quiet VM)
+ROUND_TRIPS = 5000  # per try
 TRIES = 3  # the best try counts: one try may be interrupted
 START_TIMEOUT_S = 10.0  # the partner process must answer within this
 NEAR_WAIT_S = 300.0  # waiting for the CPUs to come near again (wait_until_near), at most
@@ -92,8 +92,7 @@ def _time_round_trips(slots: memoryview, partner: subprocess.Popen, trips: int) 
 
 def wait_until_near(limit_s: float, timeout_s: float = NEAR_WAIT_S) -> float:
     """Wait until a round trip between this process's CPUs takes at most ``limit_s`` (polled every
-    :data:`NEAR_POLL_S`), up to ``timeout_s``; the seconds waited. On a VM the far placements seen lasted from
-    seconds to minutes."""
+    :data:`NEAR_POLL_S`), up to ``timeout_s``; the seconds waited."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         trip = round_trip_seconds()
