@@ -55,6 +55,7 @@ def test_a_round_trip_between_cpus_that_are_one_core_marks_a_launch():
         "cores)"]
     assert not slowed_canaries({"core_rtt_s": 1.5 * apart, "canary_s": 1.0}, best)
     assert round_trip_seconds([cpus[0]]) is None
+    assert round_trip_seconds([cpus[0], max(cpus) + 4096]) is None  # a CPU this process may not use
     assert wait_until_near(1.0) < 1.0  # near enough at once
     assert 1.0 <= wait_until_near(1e-12, timeout_s=1.0) < 5.0  # never that near: waits until its timeout
 

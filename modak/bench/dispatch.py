@@ -61,13 +61,14 @@ def run_task(task: LaunchTask) -> dict:
 
 
 def _round_trip_after(report: dict, waited_s: float) -> dict:
-    """``report`` whose contention's ``core_rtt_s`` (the round trip between the launch's CPUs before its runtime
-    started) is the slower of it and one measured here, now that the launch has ended (the vCPUs may have moved
-    apart while it ran), with the seconds the launch waited for its CPUs to come near (``near_wait_s``)."""
+    """``report`` whose contention's ``core_rtt_s`` (the round trip between the launch's first and last CPU,
+    ``core_rtt_cpus``, before its runtime started) is the slower of it and one between the same CPUs measured here,
+    now that the launch has ended (the vCPUs may have moved apart while it ran), with the seconds the launch waited
+    for its CPUs to come near (``near_wait_s``). A launch on one CPU has no round trip, before or after."""
     contention = report.get("contention")
-    if isinstance(contention, dict) and "core_rtt_s" in contention:
-        trips = [t for t in (contention["core_rtt_s"], round_trip_seconds()) if t]
-        contention.update(core_rtt_s=max(trips, default=None), near_wait_s=round(waited_s, 1))
+    if isinstance(contention, dict) and contention.get("core_rtt_s") and contention.get("core_rtt_cpus"):
+        after = round_trip_seconds(contention["core_rtt_cpus"])
+        contention.update(core_rtt_s=max(contention["core_rtt_s"], after or 0.0), near_wait_s=round(waited_s, 1))
     return report
 
 

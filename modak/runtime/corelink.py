@@ -43,8 +43,9 @@ for i in range(1, trips + 1):
 
 def round_trip_seconds(cpus: Sequence[int] | None = None, trips: int = ROUND_TRIPS) -> float | None:
     """Seconds of one round trip of a value between the first and the last of ``cpus`` (default: this process's
-    CPUs), the best of :data:`TRIES` tries of ``trips``; None with fewer than two CPUs or where the partner process
-    does not start. Run it before a runtime starts threads: spinning pools hold the CPUs."""
+    CPUs), the best of :data:`TRIES` tries of ``trips``; None with fewer than two CPUs, with a CPU this process may
+    not use, or where the partner process does not start. Run it before a runtime starts threads: spinning pools
+    hold the CPUs."""
     cpus = sorted(os.sched_getaffinity(0)) if cpus is None else list(cpus)
     if len(cpus) < 2:
         return None
@@ -60,6 +61,8 @@ def round_trip_seconds(cpus: Sequence[int] | None = None, trips: int = ROUND_TRI
         try:
             os.sched_setaffinity(0, {cpus[0]})
             return _time_round_trips(slots, partner, trips)
+        except OSError:  # a CPU this process may not use
+            return None
         finally:
             os.sched_setaffinity(0, mine)
             partner.kill()

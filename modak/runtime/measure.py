@@ -51,7 +51,8 @@ def measure(request: RunRequest, min_seconds: float = 1.0, budget_s: float = 10.
     ``budget_s``), watching what else runs on this process's CPUs meanwhile (:class:`CpuWatch`)."""
     result: dict[str, Any] = {"status": "error", "versions": _versions()}
     canary = canary_seconds()  # before the runtime starts threads of its own
-    core_rtt = round_trip_seconds()
+    cpus = sorted(os.sched_getaffinity(0))
+    core_rtt = round_trip_seconds(cpus)
     model = open_model(request)
     feeds = model.example_inputs()
     per_run = model.batches_per_step  # a step may process several batches (OpenVINO streams)
@@ -80,7 +81,8 @@ def measure(request: RunRequest, min_seconds: float = 1.0, budget_s: float = 10.
         step_mean_s=timing.seconds / timing.steps / per_run,
         throughput_per_s=request.batch_size / median,
         compile_s=model.prepare_seconds + max(0.0, first_s - median), peak_rss_mb=_peak_rss_mb(),
-        contention={**watch.report(), "canary_s": canary, "core_rtt_s": core_rtt},
+        contention={**watch.report(), "canary_s": canary, "core_rtt_s": core_rtt,
+                    "core_rtt_cpus": [cpus[0], cpus[-1]]},
         protocol={"min_seconds": min_seconds, "min_sample_s": MIN_SAMPLE_S, "steps_per_sample": timing.group,
                   "gc": "frozen", **{k: os.environ[k] for k in PROTOCOL_VARIABLES if k in os.environ}})
     return result
