@@ -349,13 +349,13 @@ class PerfStore:
         values = dict(zip(TUNED_COLUMNS, row))
         return TunedChoice(**{**values, "confident": bool(values["confident"])})
 
-    def canary_best(self, host: str, canary: str = "canary") -> float | None:
+    def canary_best(self, host: str, canary: str) -> float | None:
         """The fastest quiet ``canary`` seen on ``host``: ``canary`` (:func:`modak.runtime.measure.canary_seconds`)
         or ``core_rtt`` (:func:`modak.runtime.corelink.round_trip_seconds`)."""
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (f"{canary}_best_s:{host}",)).fetchone()
         return float(row[0]) if row else None
 
-    def record_canary(self, host: str, seconds: float, canary: str = "canary") -> None:
+    def record_canary(self, host: str, seconds: float, canary: str) -> None:
         """Remember ``seconds`` if it is the fastest ``canary`` (:meth:`canary_best`) seen on ``host``."""
         with self._write():
             best = self.canary_best(host, canary)
