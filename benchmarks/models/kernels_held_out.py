@@ -16,14 +16,27 @@ row's own launches spread (the share whose slowest launch is over 10% and 25% ab
 kernel model again on the rows whose launches agree within 25%: what the composition and the measurement themselves
 leave.
 
+``--fewer-groups K ...`` asks whether more groups' rows would help: each group is also held out from fits on K of the
+other groups (``--draws`` random draws of them, seed 0), and each such fit is scored against the fit on all of them
+on the rows both answer (fewer groups answer fewer rows: unpaired, the figures would compare other rows).
+
+``--own-launch`` asks whether a short profile of the new model itself would: each group is also held out from a fit
+that has, besides the other groups' rows, one profiled launch of each of its models per machine and runtime (fp32
+where it has one, then the smallest batch, the first parameters: :func:`own_launches`). Both fits are scored on the
+group's other rows.
+
     python -m benchmarks.models.kernels_held_out --split family --machines ci-emeraldrapids-2c ci-zen4-2c
     python -m benchmarks.models.kernels_held_out --split target --machines ci-emeraldrapids-2c ci-zen4-2c
+    python -m benchmarks.models.kernels_held_out --split family --machines ci-emeraldrapids-2c ci-zen4-2c \
+        --fewer-groups 2 4 --own-launch --jobs 2
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
+import random
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -34,6 +47,7 @@ from modak.measurements.kernels import (
     KERNEL_CSV,
     RECONCILE_CSV,
     KernelRow,
+    Reconciliation,
     probed_from,
     read_kernel_csv,
     read_reconcile_csv,
@@ -54,26 +68,46 @@ AGREED = 0.25  # --floor: rows whose launches agree within this are scored apart
 Answer = tuple[str, str, str, float, float, float, float]  # machine, model, runtime, measured, step, low, high
 
 
+@functools.lru_cache(maxsize=4)  # a worker scores several fits against one group's fit on all the others
+def fit_without(group: str, split: str, machines: tuple[str, ...], among: frozenset[str] | None = None,
+                launches: frozenset[tuple] = frozenset()) -> KernelModel:
+    """The kernel model fit on the rows of the groups other than ``group`` (of ``among`` only, where given), and of
+    the profiled ``launches`` (configurations, :func:`_configuration`)."""
+    group_of = SPLITS[split]
+    rows, recs, _ = _data(machines)
+
+    def kept(row: KernelRow | Reconciliation) -> bool:
+        of = group_of(row.machine, probed_from(row.model))
+        return of != group and (among is None or of in among) or _configuration(row) in launches
+
+    return KernelModel.fit([r for r in rows if kept(r)], [r for r in recs if kept(r)])
+
+
+def composed(model: KernelModel, row: Measurement) -> Answer | None:
+    """``row`` composed by ``model`` from the kernels its runtime plans; None where the model does not answer it."""
+    if not model.calibrated(row.runtime, row.device):
+        return None
+    c = model.compose(tuple(planned_for_row(row)), MachineCeilings.of_row(row), candidate_from_row(row))
+    return None if c is None else (row.machine, row.model, row.runtime, row.step_s, c.step_s, c.low_s, c.high_s)
+
+
 def held_out(group: str, split: str, machines: tuple[str, ...]) -> tuple[list[Answer], list[Answer]]:
     """The answered rows of ``group`` on ``machines``, by the kernel model fit without the group, and the same rows
     composed from their own profiled kernel times (where the row's launch was profiled)."""
     group_of = SPLITS[split]
-    rows, recs, whole = _data(machines)
-    model = KernelModel.fit([r for r in rows if group_of(r.machine, probed_from(r.model)) != group],
-                            [r for r in recs if group_of(r.machine, probed_from(r.model)) != group])
+    rows, _, whole = _data(machines)
+    model = fit_without(group, split, machines)
     profiled: dict[tuple, list[KernelRow]] = {}
     for kernel_row in rows:
         if group_of(kernel_row.machine, probed_from(kernel_row.model)) == group:
             profiled.setdefault(_configuration(kernel_row), []).append(kernel_row)
     answers, floor = [], []
     for row in whole:
-        if group_of(row.machine, row.model) != group or not model.calibrated(row.runtime, row.device):
+        answer = composed(model, row) if group_of(row.machine, row.model) == group else None
+        if answer is None:
             continue
+        answers.append(answer)
         machine, candidate = MachineCeilings.of_row(row), candidate_from_row(row)
-        c = model.compose(tuple(planned_for_row(row)), machine, candidate)
-        if c is None:
-            continue
-        answers.append((row.machine, row.model, row.runtime, row.step_s, c.step_s, c.low_s, c.high_s))
         own = profiled.get(_configuration(row))
         answering = model.answering((row.runtime, row.device), machine, candidate.precision)
         if own and answering is not None:
@@ -83,7 +117,44 @@ def held_out(group: str, split: str, machines: tuple[str, ...]) -> tuple[list[An
     return answers, floor
 
 
-def _configuration(row: Measurement | KernelRow) -> tuple:
+def paired(group: str, split: str, machines: tuple[str, ...], among: frozenset[str] | None = None,
+           launches: frozenset[tuple] = frozenset()) -> list[tuple[Answer, Answer]]:
+    """The rows of ``group`` (but ``launches``) that both the fit on every other group and the fit of
+    :func:`fit_without` with ``among`` and ``launches`` answer: (the first's answer, the second's)."""
+    group_of = SPLITS[split]
+    scored = [w for w in _data(machines)[2]
+              if group_of(w.machine, w.model) == group and _configuration(w) not in launches]
+    every, other = fit_without(group, split, machines), fit_without(group, split, machines, among, launches)
+    pairs = [(composed(every, w), composed(other, w)) for w in scored]
+    return [(a, b) for a, b in pairs if a is not None and b is not None]
+
+
+def own_launches(group: str, split: str, machines: tuple[str, ...]) -> frozenset[tuple]:
+    """One profiled launch of each model of ``group`` per machine and runtime: fp32 where it has one, then the
+    smallest batch, the first parameters (their JSON), the fewest threads."""
+    group_of = SPLITS[split]
+    chosen: dict[tuple, tuple] = {}
+    for w in sorted(_data(machines)[2], key=lambda w: (w.precision != "fp32", w.batch_size, w.params, w.threads or 0)):
+        if group_of(w.machine, w.model) == group:
+            chosen.setdefault((w.machine, w.model, w.runtime), _configuration(w))
+    return frozenset(chosen.values())
+
+
+def fewer_groups(groups: Sequence[str], sizes: Sequence[int], draws: int) -> list[tuple[str, int, frozenset[str]]]:
+    """(held-out group, K, K of the other groups) for each group and K in ``sizes`` below the number of other
+    groups: ``draws`` distinct draws each (all, where there are fewer), seeded."""
+    rng = random.Random(0)
+    jobs = []
+    for group in groups:
+        others = [g for g in groups if g != group]
+        for size in sizes:
+            if size < len(others):
+                combos = list(itertools.combinations(others, size))
+                jobs += [(group, size, frozenset(c)) for c in rng.sample(combos, min(draws, len(combos)))]
+    return jobs
+
+
+def _configuration(row: Measurement | KernelRow | Reconciliation) -> tuple:
     """What ties a whole-model row to the kernel rows of its profiled launch."""
     return (row.machine, row.runtime, row.device, row.threads or 0, row.precision, row.params, row.model,
             row.batch_size, row.session)
@@ -136,6 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--floor", action="store_true",
                         help="also the answered rows composed from their own profiled kernels, and their launches' "
                              "spread")
+    parser.add_argument("--fewer-groups", nargs="+", type=int, default=[], metavar="K",
+                        help="also each group from fits on K of the other groups, paired with the fit on all of them")
+    parser.add_argument("--draws", type=int, default=2, help="--fewer-groups: draws of K groups per group (2)")
+    parser.add_argument("--own-launch", action="store_true",
+                        help="also each group from a fit with one profiled launch of each of its models per machine "
+                             "and runtime, scored on its other rows")
     args = parser.parse_args(argv)
     group_of = SPLITS[args.split]
     machines = tuple(args.machines)
@@ -143,6 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = sorted({group_of(r.machine, r.model) for r in whole})
     with ProcessPoolExecutor(args.jobs) as pool:
         results = dict(zip(groups, pool.map(partial(held_out, split=args.split, machines=machines), groups)))
+        fewer = fewer_groups(groups, args.fewer_groups, args.draws)
+        fewer_pairs = list(pool.map(paired, [g for g, _, _ in fewer], itertools.repeat(args.split),
+                                    itertools.repeat(machines), [among for _, _, among in fewer]))
+        own_pairs = list(pool.map(paired, groups, itertools.repeat(args.split), itertools.repeat(machines),
+                                  itertools.repeat(None), [own_launches(g, args.split, machines) for g in groups])
+                         ) if args.own_launch else []
     answers = [a for group in groups for a in results[group][0]]
     floor = [a for group in groups for a in results[group][1]]
     subsets = ([("all", lambda a: True)]
@@ -170,6 +253,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         agreed = [a for a, w in zip(answers, scored) if launch_spread(w) <= AGREED]
         for name, keep in subsets:
             print(line(name, [a for a in agreed if keep(a)], sum(keep(a) for a in answers)))
+    if fewer:
+        print(f"\nfewer groups: fit on K of the other groups ({args.draws} draws each, seed 0) against all of them, "
+              "on the held-out rows both answer")
+        print(f"{'':30s} {'answered':>9s} {'MAPE':>7s} {'±10%':>7s} {'±25%':>7s} {'80% int':>7s}")
+        for size in args.fewer_groups:
+            pairs = [p for (_, k, _), ps in zip(fewer, fewer_pairs) if k == size for p in ps]
+            print(line(f"K = {size}: fit on K groups", [b for _, b in pairs], len(pairs)))
+            print(line("  the same rows, fit on all", [a for a, _ in pairs], len(pairs)))
+    if own_pairs:
+        print("\none profiled launch of each held-out model per machine and runtime added to the fit, on the group's "
+              "other rows both fits answer")
+        print(f"{'':30s} {'answered':>9s} {'MAPE':>7s} {'±10%':>7s} {'±25%':>7s} {'80% int':>7s}")
+        for name, pick in (("without the launch", 0), ("with the launch", 1)):
+            print(line(name, [p[pick] for ps in own_pairs for p in ps], sum(map(len, own_pairs))))
+            for group, ps in zip(groups, own_pairs):
+                print(line(f"  {group}", [p[pick] for p in ps], len(ps)))
     return 0
 
 

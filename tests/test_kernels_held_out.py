@@ -1,0 +1,29 @@
+"""The held-out benchmark's choice of fits: the draws of fewer groups and a held-out model's own launches."""
+
+from __future__ import annotations
+
+from benchmarks.models.kernels_held_out import _configuration, _data, fewer_groups, own_launches
+
+MACHINES = ("ci-emeraldrapids-2c", "ci-zen4-2c")
+
+
+def test_fewer_groups_draws_distinct_subsets_of_the_other_groups() -> None:
+    groups = ["a", "b", "c", "d", "e"]
+    jobs = fewer_groups(groups, [1, 3, 4], draws=2)
+    for group in groups:
+        mine = [(size, among) for held, size, among in jobs if held == group]
+        # K = 4 is every other group: the fit on all of them, not a smaller one
+        assert sorted(size for size, _ in mine) == [1, 1, 3, 3]
+        assert all(group not in among and len(among) == size for size, among in mine)
+        assert len({among for _, among in mine}) == 4
+    assert jobs == fewer_groups(groups, [1, 3, 4], draws=2)  # seeded
+
+
+def test_own_launches_take_one_fp32_launch_per_model_machine_and_runtime() -> None:
+    whole = [w for w in _data(MACHINES)[2] if w.model in ("lstm_lm", "gru_kws")]
+    launches = own_launches("recurrent", "family", MACHINES)
+    chosen = [w for w in whole if _configuration(w) in launches]
+    keys = [(w.machine, w.model, w.runtime) for w in chosen]
+    assert len(keys) == len(set(keys)) == len({(w.machine, w.model, w.runtime) for w in whole})
+    assert all(w.precision == "fp32" and w.batch_size == min(v.batch_size for v in whole if v.model == w.model)
+               for w in chosen)
