@@ -68,7 +68,9 @@ AGREED = 0.25  # --floor: rows whose launches agree within this are scored apart
 Answer = tuple[str, str, str, float, float, float, float]  # machine, model, runtime, measured, step, low, high
 
 
-@functools.lru_cache(maxsize=4)  # a worker scores several fits against one group's fit on all the others
+# A worker scores several fits against each group's fit on all the others, and --own-launch comes back to the
+# groups after --fewer-groups: room for every family's fit (7), so none is fit twice in a worker.
+@functools.lru_cache(maxsize=8)
 def fit_without(group: str, split: str, machines: tuple[str, ...], among: frozenset[str] | None = None,
                 launches: frozenset[tuple] = frozenset()) -> KernelModel:
     """The kernel model fit on the rows of the groups other than ``group`` (of ``among`` only, where given), and of
