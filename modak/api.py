@@ -82,8 +82,8 @@ def plan_loaded(loaded: LoadedJob, using: Predictor, store: Path | None = None) 
 
     def plan_at(concrete: LoadedJob) -> Plan:
         source, workload = load_analysis(concrete)
-        tuned, failed = measured_on_target(concrete, workload, store)
-        return make_plan(concrete, source, workload, using, tuned=tuned, failed=failed)
+        tuned, measured = measured_on_target(concrete, workload, store)
+        return make_plan(concrete, source, workload, using, tuned=tuned, measured=measured)
 
     return choose_batch(loaded, plan_at) if loaded.job.model.batch_size == AUTO_BATCH else plan_at(loaded)
 
@@ -91,7 +91,7 @@ def plan_loaded(loaded: LoadedJob, using: Predictor, store: Path | None = None) 
 def measured_on_target(loaded: LoadedJob, workload: WorkloadProfile,
                        store: Path | None = None) -> tuple[TunedChoice | None, list[Measurement]]:
     """What the perf store holds for this job's workload on its target: the winner ``modak tune`` recorded, if any,
-    and the rows whose output failed the reference check (status ``incorrect``)."""
+    and the workload's rows there (every status)."""
     from modak.measurements.store import PerfStore, as_json, default_store_path
     from modak.plan import workload_identity
 
@@ -99,11 +99,10 @@ def measured_on_target(loaded: LoadedJob, workload: WorkloadProfile,
     if not path.exists():
         return None, []
     with PerfStore(path) as perf:
-        failed = perf.rows(machine=loaded.target.name, model=workload.model_name, task=workload.task.value,
-                           batch_size=workload.batch_size, flops=workload.flops, nodes=len(workload.ops),
-                           input_shapes=as_json({k: list(v) for k, v in workload.input_shapes.items()}),
-                           status="incorrect")
-        return perf.tuned(loaded.target.name, workload_identity(loaded, workload)), failed
+        rows = perf.rows(machine=loaded.target.name, model=workload.model_name, task=workload.task.value,
+                         batch_size=workload.batch_size, flops=workload.flops, nodes=len(workload.ops),
+                         input_shapes=as_json({k: list(v) for k, v in workload.input_shapes.items()}))
+        return perf.tuned(loaded.target.name, workload_identity(loaded, workload)), rows
 
 
 @dataclass(frozen=True)

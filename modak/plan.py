@@ -17,10 +17,12 @@ from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.image.deployment import Deployment
-from modak.measurements.store import Measurement, TunedChoice, as_json
+from modak.measurements.store import Measurement, TunedChoice
 from modak.predict.base import Prediction, Predictor, for_model, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
 from modak.predict.kernels import NOTES as KERNEL_NOTES
+from modak.predict.measured import corrected, corrections, measures
+from modak.predict.measured import describe as describe_corrections
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.spec.resolve import module_code
@@ -243,11 +245,12 @@ def worth_tuning(plan: Plan, top: int = TUNE_TOP) -> list[RankedCandidate]:
 
 def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile, predictor: Predictor | None = None,
               catalog: Mapping[str, Recipe] | None = None, tuned: TunedChoice | None = None,
-              failed: Sequence[Measurement] = ()) -> Plan:
-    """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run. A ``tuned`` winner
-    (``modak tune``) that is still a candidate is chosen over the prediction. A candidate measured on this target
-    with output that failed the reference check (``failed``: rows of status ``incorrect``) stays ranked, last, so
-    that ``modak bench`` can measure it again, but is never chosen."""
+              measured: Sequence[Measurement] = ()) -> Plan:
+    """Enumerate, predict and rank candidates; raise an :class:`InputError` when none can run. ``measured``: the
+    workload's rows on this target. A ``tuned`` winner (``modak tune``) that is still a candidate is chosen over the
+    prediction. The kernel model's predictions are corrected by the rows measured ok
+    (:mod:`modak.predict.measured`). A candidate whose output failed the reference check (a row of status
+    ``incorrect``) stays ranked, last, so that ``modak bench`` can measure it again, but is never chosen."""
     job = loaded.job
     catalog = catalog or load_catalog()
     predictor = for_model(predictor or default_predictor(), source.onnx_path, source.zoo)
@@ -265,6 +268,9 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
         else:
             fitting.append(candidate)
     predictions = predict_many(predictor, workload, ceilings, [(c, catalog[c.runtime]) for c in fitting])
+    factors = corrections(fitting, predictions, measured)
+    predictions = corrected(fitting, predictions, factors)
+    failed = [r for r in measured if r.status == "incorrect"]
     ranked: list[RankedCandidate] = []
     for candidate, prediction in zip(fitting, predictions):
         if prediction is None:
@@ -309,8 +315,9 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
             chosen = next((r for r in ranked if _safe_against_stock(r, stock, job.objective.steps)), stock)
             ranked = [chosen] + [r for r in ranked if r is not chosen]
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
+    correction = describe_corrections(factors, loaded.target.name)
     reasons = _reasons(loaded, ranked, pruned, stock, kept_over, tuned,
-                       (*gate_reasons, *_source_reasons(source)))
+                       (*gate_reasons, *_source_reasons(source), *((correction,) if correction else ())))
     return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
 
 
@@ -436,9 +443,7 @@ def _method(candidate: Candidate) -> tuple[str, str]:
 def _failed_check(candidate: Candidate, failed: Sequence[Measurement]) -> str | None:
     """Why ``candidate`` may not be chosen: the error of its row among ``failed`` (rows of this workload on this
     target that failed the reference check), with when it was measured; None when it has none."""
-    params = as_json(dict(candidate.params))
-    row = next((r for r in failed if (r.runtime, r.device, r.precision, r.params) ==
-                (candidate.runtime, candidate.device, candidate.precision.value, params)), None)
+    row = next((r for r in failed if measures(r, candidate)), None)
     return None if row is None else f"{row.error or 'output differs from the reference'} (measured {row.measured_at})"
 
 

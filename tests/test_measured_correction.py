@@ -1,0 +1,83 @@
+"""The kernel model's predictions of a job corrected by the job's own runs measured on its target (#40): the
+arithmetic of the factors, and the plan that uses them and says so."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from modak import api
+from modak.bench.harness import measurement_row
+from modak.candidates.enumerate import Candidate
+from modak.measurements.store import PerfStore
+from modak.predict.base import Prediction
+from modak.predict.kernels import PREDICTOR
+from modak.predict.measured import CORRECTION_TERM, corrected, corrections
+from modak.spec.models import Precision
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    return api.plan_job(CNN, store=tmp_path_factory.mktemp("empty") / "perf.sqlite")
+
+
+def prediction(step_s: float, predictor: str = PREDICTOR) -> Prediction:
+    return Prediction(step_s, step_s * 0.8, step_s * 1.3, 0.0, (("compute_s", step_s),), "compute", predictor)
+
+
+def test_factors_by_runtime_and_precision_else_by_runtime(plan) -> None:
+    ort = Candidate("onnxruntime", "cpu", Precision.fp32, (("threads", "all"),), 4)
+    ort_half = replace(ort, params=(("threads", "half"),), threads=2)
+    ort_bf16 = replace(ort, precision=Precision.bf16)
+    ov = Candidate("openvino", "cpu", Precision.fp32, (), 4)
+    forest = Candidate("pytorch", "cpu", Precision.fp32, (), 4)
+    candidates = [ort, ort_half, ort_bf16, ov, forest]
+    predictions = [prediction(1.0), prediction(2.0), prediction(0.5), prediction(3.0), prediction(4.0, "learned")]
+    measured = [measurement_row(plan, ort, {"status": "ok", "step_median_s": 1.5, "repeats": 5}),
+                measurement_row(plan, ort_half, {"status": "ok", "step_median_s": 2.4, "repeats": 5}),
+                measurement_row(plan, ov, {"status": "incorrect", "step_median_s": 9.0, "repeats": 5}),
+                measurement_row(plan, forest, {"status": "ok", "step_median_s": 8.0, "repeats": 5})]
+    factors = corrections(candidates, predictions, measured)
+    both = math.sqrt(1.5 * 1.2)  # the geometric mean of 1.5 / 1.0 and 2.4 / 2.0
+    assert factors == {("onnxruntime", "cpu", "fp32"): (pytest.approx(both), 2),
+                       ("onnxruntime", "cpu"): (pytest.approx(both), 2)}
+    ort_a, ort_b, bf16, ov_p, forest_p = corrected(candidates, predictions, factors)
+    assert ort_a.step_seconds == pytest.approx(both) and ort_b.step_seconds == pytest.approx(2 * both)
+    assert (ort_a.low_seconds, ort_a.high_seconds) == (pytest.approx(0.8 * both), pytest.approx(1.3 * both))
+    assert dict(ort_a.terms)[CORRECTION_TERM] == pytest.approx(both) and ort_a.predictor == PREDICTOR
+    assert bf16.step_seconds == pytest.approx(0.5 * both)  # no bf16 run: the runtime's factor
+    assert ov_p == predictions[3]  # its only row failed the reference check
+    assert forest_p == predictions[4]  # the forest learns the store's rows itself
+    assert corrected(candidates, predictions, {}) == predictions
+
+
+def test_the_plan_corrects_the_kernel_model_by_the_runs_measured_here_and_says_so(plan, tmp_path) -> None:
+    kernel = [r for r in plan.ranked if r.prediction.predictor.startswith(PREDICTOR)]
+    measured = kernel[0]
+    same = [r for r in kernel[1:] if (r.candidate.runtime, r.candidate.precision)
+            == (measured.candidate.runtime, measured.candidate.precision)]
+    other = [r for r in kernel if r.candidate.runtime != measured.candidate.runtime]
+    assert same and other
+    store = tmp_path / "perf.sqlite"
+    step = 3 * measured.prediction.step_seconds
+    with PerfStore(store) as perf:
+        perf.add([measurement_row(plan, measured.candidate, {"status": "ok", "step_median_s": step, "repeats": 5})])
+        elsewhere = replace(measurement_row(plan, other[0].candidate, {"status": "ok", "step_median_s": 1.0,
+                                                                       "repeats": 5}), machine="another-machine")
+        perf.add([elsewhere])  # another target's run corrects nothing here
+    after = {r.candidate: r.prediction for r in api.plan_job(CNN, store=store).ranked}
+    assert after[measured.candidate].step_seconds == pytest.approx(step)
+    for r in same:
+        assert after[r.candidate].step_seconds == pytest.approx(3 * r.prediction.step_seconds)
+    for r in other:  # (the forest's predictions change: it learns the store's rows)
+        assert after[r.candidate] == r.prediction
+    reasons = api.plan_job(CNN, store=store).reasons
+    line = next(r for r in reasons if r.startswith("the kernel model's predictions were corrected"))
+    assert f"{measured.candidate.runtime}/{measured.candidate.precision.value} x3.00 (1 run)" in line
+    assert f"target '{plan.loaded.target.name}'" in line
