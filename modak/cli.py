@@ -111,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("bench", _cmd_bench, "measure candidate deployments on this machine and store the results")
     job_args(sub)
     sub.add_argument("--candidates", nargs="+", default=["all"], metavar="SEL",
-                     help="all (default), top-K by prediction, or candidate/runtime names")
+                     help="all (default), top-K by prediction, each-runtime (the predicted best of each runtime and "
+                          "precision: the plan corrects the kernel model's other predictions by them), or "
+                          "candidate/runtime names")
     protocol_args(sub)
     sub.add_argument("--kernels", action="store_true", help="then profile each candidate measured ok in one launch "
                      "of its own and store its kernel rows (the operator-level model's labels)")

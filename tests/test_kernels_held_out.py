@@ -1,8 +1,9 @@
-"""The held-out benchmark's choice of fits: the draws of fewer groups and a held-out model's own launches."""
+"""The held-out benchmark's choice of fits and rows: the draws of fewer groups, a held-out model's own launches and
+the runs that correct its predictions."""
 
 from __future__ import annotations
 
-from benchmarks.models.kernels_held_out import _configuration, _data, fewer_groups, own_launches
+from benchmarks.models.kernels_held_out import _configuration, _data, fewer_groups, measured_runs, own_launches
 
 MACHINES = ("ci-emeraldrapids-2c", "ci-zen4-2c")
 
@@ -27,3 +28,15 @@ def test_own_launches_take_one_fp32_launch_per_model_machine_and_runtime() -> No
     assert len(keys) == len(set(keys)) == len({(w.machine, w.model, w.runtime) for w in whole})
     assert all(w.precision == "fp32" and w.batch_size == min(v.batch_size for v in whole if v.model == w.model)
                for w in chosen)
+
+
+def test_measured_runs_take_one_row_per_workload_runtime_and_precision() -> None:
+    whole = [w for w in _data(MACHINES)[2] if w.model in ("lstm_lm", "gru_kws")]
+    runs = measured_runs(whole)
+    keys = [(w.machine, w.model, w.batch_size, w.input_shapes, w.runtime, w.precision) for w in runs]
+    assert len(keys) == len(set(keys)) == len({(w.machine, w.model, w.batch_size, w.input_shapes, w.runtime,
+                                                w.precision) for w in whole}) < len(whole)
+    for run in runs:  # the first parameters of its workload, runtime and precision
+        mine = [w for w in whole if (w.machine, w.model, w.batch_size, w.input_shapes, w.runtime, w.precision)
+                == (run.machine, run.model, run.batch_size, run.input_shapes, run.runtime, run.precision)]
+        assert run.params == min(w.params for w in mine)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modak import api
-from modak.bench.harness import measurement_row
+from modak.bench.harness import EACH_RUNTIME, measurement_row, select_candidates
 from modak.candidates.enumerate import Candidate
 from modak.measurements.store import PerfStore
 from modak.predict.base import Prediction
@@ -81,3 +81,13 @@ def test_the_plan_corrects_the_kernel_model_by_the_runs_measured_here_and_says_s
     line = next(r for r in reasons if r.startswith("the kernel model's predictions were corrected"))
     assert f"{measured.candidate.runtime}/{measured.candidate.precision.value} x3.00 (1 run)" in line
     assert f"target '{plan.loaded.target.name}'" in line
+
+
+def test_each_runtime_selects_the_predicted_best_of_each_runtime_and_precision(plan) -> None:
+    chosen = select_candidates(plan, [EACH_RUNTIME])
+    groups = {(r.candidate.runtime, r.candidate.device, r.candidate.precision) for r in plan.ranked}
+    assert len(chosen) == len(groups) >= 3
+    for candidate in chosen:
+        assert candidate == next(r.candidate for r in plan.ranked if (r.candidate.runtime, r.candidate.device,
+                                                                       r.candidate.precision)
+                                 == (candidate.runtime, candidate.device, candidate.precision))

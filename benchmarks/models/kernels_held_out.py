@@ -25,10 +25,18 @@ that has, besides the other groups' rows, one profiled launch of each of its mod
 where it has one, then the smallest batch, the first parameters: :func:`own_launches`). Both fits are scored on the
 group's other rows.
 
+``--measured-runs`` scores what the plan does with the workload's own runs measured on its target
+(:mod:`modak.predict.measured`): in each workload (machine, model, batch, input shapes) of the group, one run per
+runtime and precision (:func:`measured_runs`) corrects the fit's other predictions, which are scored against the
+same rows uncorrected; and the picks of both among all the workload's answered rows (the runs at their corrected
+prediction, which is their measurement), against the measured best as ``modak model eval`` decides them.
+
     python -m benchmarks.models.kernels_held_out --split family --machines ci-emeraldrapids-2c ci-zen4-2c
     python -m benchmarks.models.kernels_held_out --split target --machines ci-emeraldrapids-2c ci-zen4-2c
     python -m benchmarks.models.kernels_held_out --split family --machines ci-emeraldrapids-2c ci-zen4-2c \
         --fewer-groups 2 4 --own-launch --jobs 2
+    python -m benchmarks.models.kernels_held_out --split family --machines ci-emeraldrapids-2c ci-zen4-2c \
+        --measured-runs --jobs 2
 """
 
 from __future__ import annotations
@@ -53,9 +61,11 @@ from modak.measurements.kernels import (
     read_reconcile_csv,
 )
 from modak.measurements.store import Measurement, read_csv
-from modak.predict.evaluate import family, launch_times, planned_for_row
-from modak.predict.kernels import KernelEstimate, KernelModel, MachineCeilings
+from modak.predict.base import Prediction
+from modak.predict.evaluate import HIT, UNDECIDED, decision, family, launch_times, planned_for_row
+from modak.predict.kernels import PREDICTOR, KernelEstimate, KernelModel, MachineCeilings
 from modak.predict.learned import candidate_from_row
+from modak.predict.measured import corrected, corrections
 from modak.predict.training import ok_rows
 
 PERFMODELS = Path(__file__).resolve().parents[2] / "perfmodels"
@@ -142,6 +152,56 @@ def own_launches(group: str, split: str, machines: tuple[str, ...]) -> frozenset
     return frozenset(chosen.values())
 
 
+def measured_runs(rows: Sequence[Measurement]) -> list[Measurement]:
+    """One of ``rows`` per workload (machine, model, batch, input shapes), runtime and precision: the first
+    parameters (their JSON), then the fewest threads; what ``modak bench`` of one candidate per runtime and precision
+    would have measured."""
+    chosen: dict[tuple, Measurement] = {}
+    for w in sorted(rows, key=lambda w: (w.params, w.threads or 0)):
+        chosen.setdefault((*_workload(w), w.runtime, w.precision), w)
+    return list(chosen.values())
+
+
+def corrected_by_runs(group: str, split: str, machines: tuple[str, ...]
+                      ) -> tuple[list[tuple[Answer, Answer]], list[tuple[str, str]]]:
+    """The answered rows of ``group`` but its :func:`measured_runs` (of its answered rows), by the fit without the
+    group: (uncorrected, corrected as the plan corrects them) for each; and the verdicts (uncorrected, corrected) of
+    each workload's pick among its answered rows, of workloads with two or more."""
+    group_of = SPLITS[split]
+    model = fit_without(group, split, machines)
+    workloads: dict[tuple, list[tuple[Measurement, Answer]]] = {}
+    for w in _data(machines)[2]:
+        if group_of(w.machine, w.model) == group and (answer := composed(model, w)) is not None:
+            workloads.setdefault(_workload(w), []).append((w, answer))
+    pairs, verdicts = [], []
+    for members in workloads.values():
+        rows = [w for w, _ in members]
+        runs = measured_runs(rows)
+        candidates = [candidate_from_row(w) for w in rows]
+        predictions: list[Prediction | None] = [Prediction(a[4], a[5], a[6], 0.0, (), "compute", PREDICTOR)
+                                                for _, a in members]
+        fixed = corrected(candidates, predictions, corrections(candidates, predictions, runs))
+        after: list[Answer] = [(a[0], a[1], a[2], a[3], p.step_seconds, p.low_seconds, p.high_seconds)
+                               for (_, a), p in zip(members, fixed) if p is not None]
+        pairs += [(a, b) for (w, a), b in zip(members, after) if w not in runs]
+        if len(rows) >= 2:
+            best = min(rows, key=lambda w: w.step_s)
+            before_s, after_s = [a[4] for _, a in members], [a[4] for a in after]
+            verdicts.append((decision(_pick(rows, before_s), best).verdict,
+                             decision(_pick(rows, after_s), best).verdict))
+    return pairs, verdicts
+
+
+def _pick(rows: Sequence[Measurement], predicted: Sequence[float]) -> Measurement:
+    """The row predicted fastest; of rows tied in the prediction, the slowest (as ``modak model eval`` picks)."""
+    fastest = min(predicted)
+    return max((w for w, p in zip(rows, predicted) if p == fastest), key=lambda w: w.step_s)
+
+
+def _workload(row: Measurement) -> tuple:
+    return row.machine, row.model, row.batch_size, row.input_shapes
+
+
 def fewer_groups(groups: Sequence[str], sizes: Sequence[int], draws: int) -> list[tuple[str, int, frozenset[str]]]:
     """(held-out group, K, K of the other groups) for each group and K in ``sizes`` below the number of other
     groups: ``draws`` distinct draws each (all, where there are fewer), seeded."""
@@ -215,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--own-launch", action="store_true",
                         help="also each group from a fit with one profiled launch of each of its models per machine "
                              "and runtime, scored on its other rows")
+    parser.add_argument("--measured-runs", action="store_true",
+                        help="also the group's rows corrected by one measured run per workload, runtime and "
+                             "precision, as the plan corrects them, and the picks with and without")
     args = parser.parse_args(argv)
     group_of = SPLITS[args.split]
     machines = tuple(args.machines)
@@ -228,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         own_pairs = list(pool.map(paired, groups, itertools.repeat(args.split), itertools.repeat(machines),
                                   itertools.repeat(None), [own_launches(g, args.split, machines) for g in groups])
                          ) if args.own_launch else []
+        by_runs = list(pool.map(partial(corrected_by_runs, split=args.split, machines=machines), groups)
+                       ) if args.measured_runs else []
     answers = [a for group in groups for a in results[group][0]]
     floor = [a for group in groups for a in results[group][1]]
     subsets = ([("all", lambda a: True)]
@@ -271,6 +336,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line(name, [p[pick] for ps in own_pairs for p in ps], sum(map(len, own_pairs))))
             for group, ps in zip(groups, own_pairs):
                 print(line(f"  {group}", [p[pick] for p in ps], len(ps)))
+    if by_runs:
+        print("\none measured run per workload, runtime and precision corrects the other rows' predictions "
+              "(modak.predict.measured), on the rows that are not runs")
+        print(f"{'':30s} {'answered':>9s} {'MAPE':>7s} {'±10%':>7s} {'±25%':>7s} {'80% int':>7s}")
+        for name, pick in (("uncorrected", 0), ("corrected by the runs", 1)):
+            for label, keep in subsets:
+                chosen = [p[pick] for ps, _ in by_runs for p in ps if keep(p[0])]
+                print(line(label if label != "all" else name, chosen, len(chosen)))
+        verdicts = [v for _, vs in by_runs for v in vs]
+        print(f"\npicks of {len(verdicts)} workloads among their answered rows (hit: within 5% of the best)")
+        for name, pick in (("uncorrected", 0), ("corrected by the runs", 1)):
+            mine = [v[pick] for v in verdicts]
+            print(f"{name:30s} hit {100 * mine.count(HIT) / len(mine):5.1f}%  undecided "
+                  f"{100 * mine.count(UNDECIDED) / len(mine):5.1f}%  miss "
+                  f"{100 * (len(mine) - mine.count(HIT) - mine.count(UNDECIDED)) / len(mine):5.1f}%")
     return 0
 
 

@@ -93,11 +93,21 @@ class BenchSettings:
                              "and retries and profiled steps not negative")
 
 
+EACH_RUNTIME = "each-runtime"  # --candidates: the predicted best of each runtime and precision
+
+
 def select_candidates(plan: Plan, selection: list[str]) -> list[Candidate]:
-    """``all``, ``top-K`` (by predicted objective), or candidate names / runtime names."""
+    """``all``, ``top-K`` (by predicted objective), ``each-runtime`` (the predicted best of each runtime and
+    precision: what corrects the kernel model's predictions of the others, :mod:`modak.predict.measured`), or
+    candidate names / runtime names."""
     ranked = [r.candidate for r in plan.ranked]
     if selection in ([], ["all"]):
         return ranked
+    if selection == [EACH_RUNTIME]:
+        best: dict[tuple, Candidate] = {}
+        for candidate in ranked:
+            best.setdefault((candidate.runtime, candidate.device, candidate.precision), candidate)
+        return list(best.values())
     if len(selection) == 1 and selection[0].startswith("top-"):
         count = selection[0][4:]
         if not count.isdigit() or int(count) < 1:
