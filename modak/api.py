@@ -165,9 +165,9 @@ def submit_rendered(ir: BuildDescription, out_dir: str | Path, wait_seconds: flo
 def bench(plan: Plan, selection: Sequence[str], settings: BenchSettings, store: Path | None = None,
           on_launch: Callable[[Candidate, dict], None] | None = None,
           on_profile: Callable[[Candidate, dict], None] | None = None) -> tuple[list[Measurement], Path]:
-    """Measure the selected candidates (``all``, ``top-K``, names) with the measurement protocol, storing their
-    rows in the perf store after every round, then (``settings.kernel_steps``) their kernel rows from one profiled
-    launch each; the rows and the store's path. Ctrl-C keeps what was measured."""
+    """Measure the selected candidates (:func:`modak.bench.harness.select_candidates`) with the measurement protocol,
+    storing their rows in the perf store after every round, then (``settings.kernel_steps``) their kernel rows from
+    one profiled launch each; the rows and the store's path. Ctrl-C keeps what was measured."""
     from modak.bench.harness import bench as measure
     from modak.bench.harness import select_candidates
     from modak.measurements.store import PerfStore
