@@ -4,6 +4,8 @@ arithmetic of the factors, and the plan that uses them and says so."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,3 +93,19 @@ def test_each_runtime_selects_the_predicted_best_of_each_runtime_and_precision(p
         assert candidate == next(r.candidate for r in plan.ranked if (r.candidate.runtime, r.candidate.device,
                                                                        r.candidate.precision)
                                  == (candidate.runtime, candidate.device, candidate.precision))
+
+
+@pytest.mark.slow
+def test_the_measured_runs_benchmark_measures_corrects_and_scores() -> None:
+    """``python -m benchmarks.models.measured_runs``: a job's OpenVINO candidates measured for real, the plan redone
+    with the run of each precision: the run's own prediction is then its measurement, the other is scored."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.models.measured_runs",
+                           str(ROOT / "examples" / "own-model-cpu" / "job.yaml"), "--runtimes", "openvino",
+                           "--rounds", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "2 candidates measured, 1 of them the runs" in lines[0], done.stdout
+    runs = [line for line in lines if line.startswith("run ")]
+    assert len(runs) == 1 and runs[0].split()[-2] == "+0.0%", done.stdout  # after: its measurement
+    assert any(line.startswith("after   1 candidates not runs: MAPE ") for line in lines), done.stdout
+    assert sum(line.startswith("pick ") for line in lines) == 2, done.stdout
