@@ -1,11 +1,10 @@
 """The kernel model's predictions of one job corrected by the job's own runs measured on its target (#40).
 
 On a model family the kernel rows have never seen, the kernel model's error is mostly the model's own and is shared
-by the configurations of one runtime and precision: held out by family, one measured run per runtime and precision
-takes the other configurations of the same workload from 11.7% to 7.1% MAPE (perfmodels/README.md, "The nineteenth
-round"). Each kernel-model prediction is multiplied by measured / predicted of the candidates measured on the target
-(``modak bench``, ``modak tune``): the geometric mean over those of its runtime, device and precision, else of its
-runtime and device. Measured on another machine, the ratio hardly transfers, so only the target's rows count.
+by the configurations of one runtime and precision (perfmodels/README.md, "The nineteenth round"). Each kernel-model
+prediction is multiplied by measured / predicted of the candidates measured on the target (``modak bench``,
+``modak tune``): the geometric mean over those of its runtime, device and precision, else of its runtime and device.
+Measured on another machine, the ratio hardly transfers, so only the target's rows count.
 """
 
 from __future__ import annotations
