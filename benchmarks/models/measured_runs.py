@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         empty, full, runs = (Path(folder) / name for name in ("empty.sqlite", "full.sqlite", "runs.sqlite"))
         before = api.plan_job(args.job, args.target, store=empty)
-        rows = [r for r in api.bench(before, args.runtimes, BenchSettings(launches=args.rounds), full)[0]
-                if r.status == "ok"]
+        measured = api.bench(before, args.runtimes, BenchSettings(launches=args.rounds), full)[0]
+        rows = [r for r in measured if r.status == "ok"]
         chosen = [c for c in select_candidates(before, [EACH_RUNTIME]) if c.runtime in args.runtimes]
         run_rows = [r for r in rows if any(measures(r, c) for c in chosen)]
         with PerfStore(runs) as store:
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{before.workload.model_name} on {before.loaded.target.name} "
           f"({before.ceilings.microarchitecture}, {before.ceilings.cores} cores): {len(rows)} candidates measured, "
           f"{len(run_rows)} of them the runs that correct the others")
+    for other in measured:
+        if other.status != "ok":
+            print(f"not scored: {other.runtime}/{other.precision} {other.params}: {other.status} ({other.error})")
     print(f"{'':4s} {'candidate (the parameters that vary)':60s} {'step ms':>8s} {'before':>7s} {'after':>7s}  "
           "predictor")
     errors: tuple[list[float], list[float]] = ([], [])
