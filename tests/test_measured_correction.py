@@ -73,14 +73,14 @@ def test_the_plan_corrects_the_kernel_model_by_the_runs_measured_here_and_says_s
         elsewhere = replace(measurement_row(plan, other[0].candidate, {"status": "ok", "step_median_s": 1.0,
                                                                        "repeats": 5}), machine="another-machine")
         perf.add([elsewhere])  # another target's run corrects nothing here
-    after = {r.candidate: r.prediction for r in api.plan_job(CNN, store=store).ranked}
+    replanned = api.plan_job(CNN, store=store)
+    after = {r.candidate: r.prediction for r in replanned.ranked}
     assert after[measured.candidate].step_seconds == pytest.approx(step)
     for r in same:
         assert after[r.candidate].step_seconds == pytest.approx(3 * r.prediction.step_seconds)
     for r in other:  # (the forest's predictions change: it learns the store's rows)
         assert after[r.candidate] == r.prediction
-    reasons = api.plan_job(CNN, store=store).reasons
-    line = next(r for r in reasons if r.startswith("the kernel model's predictions were corrected"))
+    line = next(r for r in replanned.reasons if r.startswith("the kernel model's predictions were corrected"))
     assert f"{measured.candidate.runtime}/{measured.candidate.precision.value} x3.00 (1 run)" in line
     assert f"target '{plan.loaded.target.name}'" in line
 
