@@ -314,16 +314,20 @@ def fit_model(store: Path | None = None) -> ModelFit:
                     sum(r.status == "contended" for r in rows), seconds, coverage)
 
 
-def evaluate_model(store: Path | None = None, seeds: int = 3, machine: str | None = None) -> ModelEvaluation:
+def evaluate_model(store: Path | None = None, seeds: int = 3, machine: str | None = None,
+                   split: str | None = None) -> ModelEvaluation:
     """Cross-validate the forest fit with seeds ``0 .. seeds - 1``, the kernel model with the forest as its fallback
-    at the same seeds (where there are kernel rows, shipped or in ``store``) and the baseline
-    (:func:`modak.predict.evaluate.default_predictors`); ``machine``: hold out and score only that target's rows."""
+    at the same seeds (where there are kernel rows, shipped or in ``store``), the same corrected by each workload's
+    runs, and the baseline (:func:`modak.predict.evaluate.default_predictors`); ``machine``: hold out and score only
+    that target's rows; ``split``: only that split (:data:`modak.predict.evaluate.SPLITS`)."""
     from modak.errors import InputError
-    from modak.predict.evaluate import default_predictors, evaluate
+    from modak.predict.evaluate import SPLITS, default_predictors, evaluate
     from modak.predict.training import kernel_set
 
     if seeds < 1:
         raise InputError(f"--seeds {seeds}: give a positive number of seeds")
+    if split is not None and split not in SPLITS:
+        raise InputError(f"--split {split}: expected one of {', '.join(SPLITS)}")
     _, _, _, usable = _measured_rows(store)
     kernel_data = kernel_set(store)
     kernels = None if kernel_data is None else kernel_data.load()
@@ -332,7 +336,7 @@ def evaluate_model(store: Path | None = None, seeds: int = 3, machine: str | Non
         raise InputError(f"--machine {machine}: no measured rows of that target (there are: {', '.join(machines)})")
     return ModelEvaluation(len(usable), len({r.model for r in usable}), machines,
                            sum(machine in (None, r.machine) for r in usable), machine,
-                           tuple(evaluate(usable, default_predictors(seeds, kernels=kernels), machine)))
+                           tuple(evaluate(usable, default_predictors(seeds, kernels=kernels), machine, only=split)))
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
     sub.add_argument("--machine", metavar="TARGET",
                      help="eval: hold out and score only this target's rows (the others still train)")
+    sub.add_argument("--split", metavar="SPLIT",
+                     help="eval: only this split, named as its table is (default: each)")
     sub.add_argument("--json", action="store_true", help="eval: print the scores as JSON")
 
     sub = command("kernels", _cmd_kernels, "import or export the perf store's kernel rows and reconciliations (CSV)")
@@ -304,10 +306,10 @@ def _cmd_model(args: argparse.Namespace) -> int:
     from modak import api
     from modak.output import print_model_evaluation, print_model_fit
 
-    if args.json and args.action != "eval":
-        raise InputError("--json: only `modak model eval` prints JSON")
+    if args.action != "eval" and (args.json or args.split):
+        raise InputError(f"{'--json' if args.json else '--split'}: only for `modak model eval`")
     if args.action == "eval":
-        print_model_evaluation(api.evaluate_model(args.store, args.seeds, args.machine), args.json)
+        print_model_evaluation(api.evaluate_model(args.store, args.seeds, args.machine, args.split), args.json)
     else:
         print_model_fit(api.fit_model(args.store))
     return 0

@@ -126,7 +126,8 @@ def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
         first = runs[0]
         entries.append({"split": split, "predictor": predictor,
                         "seeds": [s.seed for s in runs if s.seed is not None],
-                        "rows": first.rows, "uncovered": first.uncovered, "answered": dict(first.answered),
+                        "rows": first.rows, "runs": first.runs, "uncovered": first.uncovered,
+                        "answered": dict(first.answered),
                         "workloads": first.workloads,
                         "no_stock": first.no_stock,
                         **{field: value(mean) for field, (mean, _, _) in spreads.items()},
@@ -164,7 +165,8 @@ def print_scores(scores: Iterable[Scores]) -> None:
         return text if low == high else f"{text} [{format(low, fmt).rstrip('%')}–{format(high, fmt)}]"
 
     groups = grouped(scores)
-    counts = (("rows", "held-out rows scored"), ("uncovered", "rows not covered"),
+    counts = (("rows", "held-out rows scored"), ("runs", "rows taken as measured (runs)"),
+              ("uncovered", "rows not covered"),
               ("workloads", "workloads (>= 2 scored rows)"), ("no_stock", "of them without a stock row"))
     out = console()
     for split in dict.fromkeys(split for split, _ in groups):

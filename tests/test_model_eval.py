@@ -23,7 +23,7 @@ from modak.measurements.kernels import (
     write_kernel_csv,
     write_reconcile_csv,
 )
-from modak.measurements.store import Measurement, write_csv
+from modak.measurements.store import Measurement, as_json, write_csv
 from modak.predict import evaluate as evaluation
 from modak.predict import training
 from modak.predict.evaluate import (
@@ -31,15 +31,19 @@ from modak.predict.evaluate import (
     FAMILY_HELD_OUT,
     LEAVE_ONE_MODEL_OUT,
     LEAVE_ONE_TARGET_OUT,
+    SPLITS,
+    DerivedEntry,
     Prediction,
     PredictorEntry,
     Subset,
     answerers,
+    default_predictors,
     evaluate,
     family,
     kernels_and_forest,
     score,
     subset,
+    with_runs,
 )
 from modak.predict.kernels import KernelModel, MachineCeilings
 from modak.predict.training import ok_rows, shipped_rows
@@ -137,6 +141,60 @@ def test_each_predictor_is_scored_on_the_rows_each_model_of_the_combined_entry_a
     assert math.isnan(forest.interval_coverage)  # no interval to be inside
 
 
+def test_runs_are_left_out_of_the_accuracy_and_kept_in_the_decisions() -> None:
+    """Workload A measured 1, 2, 4 ms, predicted 1.1, 2.4, 5 ms, of which row 0 is a run (taken as measured: its
+    prediction 1 ms); workload B measured 1, 3 ms, predicted 2, 2.7 ms, row 3 a run."""
+    rows = [row(t, batch=1 if i < 3 else 8) for i, t in enumerate([1e-3, 2e-3, 4e-3, 1e-3, 3e-3])]
+    predicted = dict(enumerate([1e-3, 2.4e-3, 5e-3, 1e-3, 2.7e-3]))
+    result = score("split", "test", rows, predicted, 0, {1: (2e-3, 3e-3), 2: (1e-3, 2e-3)}, runs=frozenset({0, 3}))
+    assert (result.rows, result.runs) == (3, 2)
+    assert result.mape == pytest.approx((0.2 + 0.25 + 0.1) / 3) and result.within_10 == pytest.approx(1 / 3)
+    assert result.interval_coverage == 0.5
+    assert (result.workloads, result.hit_rate) == (2, 1.0)  # both picks are the runs, the measured best
+
+
+def test_with_runs_takes_the_predicted_best_of_each_runtime_and_precision_as_measured_and_corrects_the_kernels() \
+        -> None:
+    """One workload: onnxruntime fp32 at two settings (kernels predict 0.5 and 1.2 ms, measured 1 and 2 ms),
+    onnxruntime bf16 (kernels, 0.9 ms predicted, 1.5 ms measured), openvino fp32 (the forest, 2.5 ms predicted, 3 ms
+    measured) at two settings. The runs: onnxruntime fp32 at its first setting (factor 2), its bf16 row (1.67), the
+    openvino row predicted faster. The other onnxruntime fp32 row is corrected by its group's factor, to 2.4 ms;
+    the forest's other row is not corrected. A second workload (batch 8) keeps its own runs."""
+    settings = [{"s": 1}, {"s": 2}, {"s": 1}, {"s": 1}, {"s": 2}]
+    kinds = [("onnxruntime", "fp32"), ("onnxruntime", "fp32"), ("onnxruntime", "bf16"), ("openvino", "fp32"),
+             ("openvino", "fp32")]
+    measured = [1e-3, 2e-3, 1.5e-3, 3e-3, 3.2e-3]
+    rows = [replace(row(t, runtime=r, precision=p, batch=b), params=as_json(q)) for b in (1, 8)
+            for t, (r, p), q in zip(measured, kinds, settings)]  # params as the store writes them
+    answers = [Prediction(0.5e-3, (0.4e-3, 0.6e-3), by="kernels"), Prediction(1.2e-3, (1e-3, 1.5e-3), by="kernels"),
+               Prediction(0.9e-3, (0.8e-3, 1e-3), by="kernels"), Prediction(2.5e-3, (2e-3, 3e-3), (2.4e-3,), "forest"),
+               Prediction(2.6e-3, (2e-3, 3e-3), (2.5e-3,), "forest")]
+    base = PredictorEntry("kernels+forest", lambda rows: None, lambda _, rows: tuple(answers * 2), 0)
+    entry = with_runs(base)
+    assert isinstance(entry, DerivedEntry) and (entry.name, entry.seed) == ("kernels+forest+runs", 0)
+    derived = entry.derive(rows, tuple(answers * 2))
+    for workload in (derived[:5], derived[5:]):
+        assert [p is not None and p.measured for p in workload] == [True, False, True, True, False]
+        assert [p.step_s for p in workload if p is not None] == pytest.approx([1e-3, 2.4e-3, 1.5e-3, 3e-3, 2.6e-3])
+        second = workload[1]
+        assert second is not None and second.interval == pytest.approx((2e-3, 3e-3)) and second.by == "kernels"
+        assert workload[4] == answers[4]
+    two_models = rows + [replace(r, model="mlp") for r in rows]  # each held out in turn, the other trains
+    scores = {s.predictor: s for s in evaluate(two_models, [base, entry]) if s.split == LEAVE_ONE_MODEL_OUT}
+    assert (scores["kernels+forest"].rows, scores["kernels+forest"].runs) == (20, 0)
+    runs = scores["kernels+forest+runs"]
+    assert (runs.rows, runs.runs, runs.answered) == (8, 12, (("forest", 4), ("kernels", 4)))
+    assert runs.mape == pytest.approx((0.2 + (3.2 - 2.6) / 3.2) / 2)
+    assert (runs.workloads, runs.hit_rate) == (4, 1.0)  # the onnxruntime fp32 run, the best, is picked
+
+
+def test_the_default_entries_add_the_kernel_model_with_runs_beside_it() -> None:
+    names = [e.name for e in default_predictors(2, load_catalog(), ([], []))]
+    assert names == ["forest", "forest", "kernels+forest", "kernels+forest", "kernels+forest+runs",
+                     "kernels+forest+runs", "roofline/median-utilization"]
+    assert [e.name for e in default_predictors(1, load_catalog())] == ["forest", "roofline/median-utilization"]
+
+
 @pytest.fixture
 def few_shipped_rows(tmp_path: Path, monkeypatch) -> Path:
     """The shipped data cut to three models' onnxruntime rows on two targets, and no kernel labels (fast to
@@ -179,8 +237,17 @@ def test_model_eval_table_shows_the_predictors_side_by_side(few_shipped_rows: Pa
     assert "within ±10%" in out and "Kendall tau, median of workloads" in out and "in the 80% interval" in out
 
 
+def test_model_eval_scores_one_split_when_asked(few_shipped_rows: Path, capsys) -> None:
+    assert cli.main(["model", "eval", "--json", "--seeds", "1", "--store", str(few_shipped_rows), "--split",
+                     FAMILY_HELD_OUT]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert_valid("model-eval.schema.json", document)
+    assert {e["split"] for e in document["entries"]} == {FAMILY_HELD_OUT} and FAMILY_HELD_OUT in SPLITS
+
+
 @pytest.mark.parametrize("argv", [["model", "eval", "--seeds", "0"], ["model", "fit", "--json"],
-                                  ["model", "eval", "--machine", "nowhere"]])
+                                  ["model", "eval", "--machine", "nowhere"], ["model", "eval", "--split", "family"],
+                                  ["model", "fit", "--split", FAMILY_HELD_OUT]])
 def test_bad_options_exit_2(few_shipped_rows: Path, argv: list[str], capsys) -> None:
     assert cli.main([*argv, "--store", str(few_shipped_rows)]) == 2
     assert capsys.readouterr().err.startswith("modak: error: ")
@@ -188,7 +255,7 @@ def test_bad_options_exit_2(few_shipped_rows: Path, argv: list[str], capsys) -> 
 
 def test_an_unknown_option_exits_2() -> None:
     with pytest.raises(SystemExit) as exited:
-        cli.main(["model", "eval", "--split", "family"])
+        cli.main(["model", "eval", "--holdout", "family"])
     assert exited.value.code == 2
 
 
@@ -275,7 +342,7 @@ def test_model_eval_shows_the_kernel_model_beside_the_forest_on_the_same_rows(fe
     document = json.loads(capsys.readouterr().out)
     assert_valid("model-eval.schema.json", document)
     entries = {(e["split"], e["predictor"]): e for e in document["entries"]}
-    assert [p for s, p in entries if s == LEAVE_ONE_MODEL_OUT] == ["forest", "kernels+forest",
+    assert [p for s, p in entries if s == LEAVE_ONE_MODEL_OUT] == ["forest", "kernels+forest", "kernels+forest+runs",
                                                                   "roofline/median-utilization"]
     for split in (LEAVE_ONE_MODEL_OUT, FAMILY_HELD_OUT, LEAVE_ONE_TARGET_OUT):
         forest, both = entries[(split, "forest")], entries[(split, "kernels+forest")]

@@ -3,8 +3,10 @@ predictor on the rest, then score the held-out rows.
 
 Predictors are a sequence of :class:`PredictorEntry` (a name, "fit on rows" and "predict rows"), so each one is
 scored on the same splits and shown side by side: the whole-model forest (one entry per seed), the operator-level
-model with the forest as its fallback (:func:`kernels_and_forest`, where there are kernel rows) and a physics-only
-baseline (roofline bound / median utilization of the runtime in the training fold).
+model with the forest as its fallback (:func:`kernels_and_forest`, where there are kernel rows), the same with each
+held-out workload's runs on its target correcting it as the plan does (:func:`with_runs`, a :class:`DerivedEntry`
+of the same fits) and a physics-only baseline (roofline bound / median utilization of the runtime in the training
+fold).
 
 Accuracy on the held-out rows: MAPE of the step time and the shares within +-10% and +-25% of it, the Kendall tau
 between predicted and measured ranking of each workload's candidates (model, task, batch and input shapes on one
@@ -16,7 +18,9 @@ times with its t interval (paired by round when both ran interleaved in one sess
 best or shown to be within 5% of it (an equivalence test, so any of several rows tied with the best is a hit), a
 *miss* when shown to be more than 5% slower, *undecided* when the data cannot tell. Rows of one launch (protocol 1)
 give zero-width intervals: the test then reduces to the point ratio. Captured speedup: the pick's speedup over the
-stock deployment divided by the best's. Rows a predictor's fit does not cover are counted, not scored.
+stock deployment divided by the best's. Rows a predictor's fit does not cover are counted, not scored; rows an
+entry takes as measured (:attr:`Prediction.measured`: a workload's runs) are counted apart, left out of the accuracy
+and kept in the decisions at their measured step.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -38,10 +42,12 @@ from modak.image.kernels import Kernel
 from modak.measurements.kernels import KernelRow, Reconciliation, probed_from
 from modak.measurements.stats import EQUIVALENCE_MARGIN, Ratio, ratio
 from modak.measurements.store import Measurement
+from modak.predict.base import Prediction as PlanPrediction
 from modak.predict.base import paired_ratio_p90
 from modak.predict.kernels import PREDICTOR as KERNELS
 from modak.predict.kernels import KernelModel, MachineCeilings
 from modak.predict.learned import LearnedPredictor, candidate_from_row, example_from_row
+from modak.predict.measured import corrected, corrections
 from modak.predict.training import ok_rows
 
 HIT, MISS, UNDECIDED = "hit", "miss", "undecided"
@@ -87,7 +93,7 @@ class Scores:
     split: str
     predictor: str
     seed: int | None
-    rows: int
+    rows: int  # held-out rows scored
     uncovered: int
     answered: tuple[tuple[str, int], ...]  # of an entry of several models: the rows each answered (else empty)
     mape: float
@@ -111,6 +117,7 @@ class Scores:
     # On the rows each model of the split's combined entry answered (the same rows for every entry): this
     # predictor's accuracy there, so that a fallback's share does not hide how the model in front of it does
     by_answerer: tuple[Subset, ...] = ()
+    runs: int = 0  # held-out rows taken as measured (a workload's runs on its target): in the decisions only
 
     @property
     def miss_rate(self) -> float:
@@ -121,13 +128,14 @@ class Scores:
 @dataclass(frozen=True)
 class Prediction:
     """One held-out row's predicted step seconds, its 80% interval (None: the predictor gives none), its trees'
-    step seconds (member i of every row from one tree; empty: no ensemble) and, for an entry of several models, the
-    one that answered."""
+    step seconds (member i of every row from one tree; empty: no ensemble), for an entry of several models the one
+    that answered, and whether the entry took the row as measured (``step_s`` is then its measurement)."""
 
     step_s: float
     interval: tuple[float, float] | None = None
     trees: tuple[float, ...] = ()
     by: str | None = None
+    measured: bool = False
 
 
 Predictions = tuple[Prediction | None, ...]  # one per row asked for; None: the fit does not cover the row
@@ -144,6 +152,23 @@ class PredictorEntry:
     fit: Callable[[list[Measurement]], Any]
     predict: Callable[[Any, list[Measurement]], Predictions]
     seed: int | None = None
+
+
+@dataclass(frozen=True)
+class DerivedEntry:
+    """A predictor scored from another entry's answers on the same held-out rows, without a fit of its own:
+    ``derive(rows, base's answers)`` (``base`` comes before it in the entries)."""
+
+    name: str
+    base: PredictorEntry
+    derive: Callable[[list[Measurement], Predictions], Predictions]
+
+    @property
+    def seed(self) -> int | None:
+        return self.base.seed
+
+
+Entry = PredictorEntry | DerivedEntry
 
 
 @dataclass(frozen=True)
@@ -281,6 +306,46 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
     return PredictorEntry(f"{KERNELS}+{whole.name}", fit, predict, seed)
 
 
+def with_runs(base: PredictorEntry) -> DerivedEntry:
+    """``base`` as the plan uses it once a workload's runs on its target are stored (:mod:`modak.predict.measured`).
+    In each held-out workload (machine, model, task, batch, input shapes), the row ``base`` predicts fastest of each
+    runtime, device and precision is taken as measured, as ``modak bench --candidates each-runtime`` measures them:
+    its step is its measurement. The kernel model's predictions of the workload's other rows are corrected by those
+    it answered (:func:`modak.predict.measured.corrections`); the forest's are not."""
+
+    def derive(rows: list[Measurement], answers: Predictions) -> Predictions:
+        result = list(answers)
+        workloads: dict[tuple, list[int]] = {}
+        for i, (r, answer) in enumerate(zip(rows, answers)):
+            if answer is not None:
+                workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
+        for members in workloads.values():
+            runs: dict[tuple[str, str, str], int] = {}
+            for i in sorted(members, key=lambda i: cast(Prediction, answers[i]).step_s):
+                runs.setdefault((rows[i].runtime, rows[i].device, rows[i].precision), i)
+            candidates = [candidate_from_row(rows[i]) for i in members]
+            asked = [_as_plan(cast(Prediction, answers[i])) for i in members]
+            fixed = corrected(candidates, asked, corrections(candidates, asked, [rows[i] for i in runs.values()]))
+            for i, p in zip(members, fixed):
+                answer = cast(Prediction, answers[i])
+                if i in runs.values():
+                    result[i] = replace(answer, step_s=rows[i].step_s, interval=None, trees=(), measured=True)
+                elif p is not None and p.step_seconds != answer.step_s:
+                    factor = p.step_seconds / answer.step_s
+                    result[i] = replace(answer, step_s=p.step_seconds, interval=None if answer.interval is None
+                                        else (answer.interval[0] * factor, answer.interval[1] * factor),
+                                        trees=tuple(t * factor for t in answer.trees))
+        return tuple(result)
+
+    return DerivedEntry(f"{base.name}+runs", base, derive)
+
+
+def _as_plan(answer: Prediction) -> PlanPrediction:
+    """A held-out row's answer as the plan's prediction (its predictor the model that answered)."""
+    low, high = answer.interval or (answer.step_s, answer.step_s)
+    return PlanPrediction(answer.step_s, low, high, 0.0, (), "compute", answer.by or "", answer.trees)
+
+
 def baseline(catalog: Mapping[str, Recipe]) -> PredictorEntry:
     """Physics only: the roofline bound over the median utilization of the row's (runtime, device) in the training
     rows; it covers the (runtime, device) pairs they have."""
@@ -300,20 +365,25 @@ def baseline(catalog: Mapping[str, Recipe]) -> PredictorEntry:
 
 def default_predictors(seeds: int = 1, catalog: Mapping[str, Recipe] | None = None,
                        kernels: tuple[Sequence[KernelRow], Sequence[Reconciliation]] | None = None,
-                       kernels_of: KernelsOfRow | None = None) -> tuple[PredictorEntry, ...]:
+                       kernels_of: KernelsOfRow | None = None) -> tuple[Entry, ...]:
     """The forest fit with seeds ``0 .. seeds - 1``, then with ``kernels`` (kernel rows and reconciliations) the
-    kernel model with the forest as its fallback at the same seeds, then the baseline."""
+    kernel model with the forest as its fallback at the same seeds and each of them :func:`with_runs`, then the
+    baseline."""
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
     catalog = catalog if catalog is not None else load_catalog()
     operator_level = () if kernels is None else tuple(kernels_and_forest(seed, catalog, *kernels, kernels_of)
                                                       for seed in range(seeds))
-    return (*(forest(seed, catalog) for seed in range(seeds)), *operator_level, baseline(catalog))
+    return (*(forest(seed, catalog) for seed in range(seeds)), *operator_level, *map(with_runs, operator_level),
+            baseline(catalog))
+
+
+SPLITS = (LEAVE_ONE_MODEL_OUT, FAMILY_HELD_OUT, LEAVE_ONE_TARGET_OUT)
 
 
 def splits(rows: Sequence[Measurement]) -> list[tuple[str, Callable[[Measurement], str]]]:
     """The splits and each one's held-out group of a row: its model, its :func:`family`, and (with rows of two
-    targets or more) its target."""
+    targets or more) its target (the names in :data:`SPLITS`)."""
     result: list[tuple[str, Callable[[Measurement], str]]] = [(LEAVE_ONE_MODEL_OUT, lambda r: r.model),
                                                                (FAMILY_HELD_OUT, lambda r: family(r.model))]
     if len({r.machine for r in rows}) >= 2:
@@ -321,15 +391,19 @@ def splits(rows: Sequence[Measurement]) -> list[tuple[str, Callable[[Measurement
     return result
 
 
-def evaluate(rows: list[Measurement], predictors: Sequence[PredictorEntry] | None = None,
-             machine: str | None = None, catalog: Mapping[str, Recipe] | None = None) -> list[Scores]:
-    """Scores of each predictor (default: :func:`default_predictors` with one seed) on each of :func:`splits`,
-    split by split; ``machine``: only that target's rows are held out and scored (every other row still trains)."""
+def evaluate(rows: list[Measurement], predictors: Sequence[Entry] | None = None,
+             machine: str | None = None, catalog: Mapping[str, Recipe] | None = None,
+             only: str | None = None) -> list[Scores]:
+    """Scores of each predictor (default: :func:`default_predictors` with one seed) on each of :func:`splits`
+    (``only``: that split alone), split by split; ``machine``: only that target's rows are held out and scored (every
+    other row still trains)."""
     catalog = catalog if catalog is not None else load_catalog()
     predictors = predictors if predictors is not None else default_predictors(1, catalog)
     rows = ok_rows(rows)
     results = []
     for split, group_of in splits(rows):
+        if only not in (None, split):
+            continue
         predicted: list[dict[int, Prediction]] = [{} for _ in predictors]
         scored = 0
         for group in sorted({group_of(r) for r in rows if machine in (None, r.machine)}):
@@ -338,16 +412,21 @@ def evaluate(rows: list[Measurement], predictors: Sequence[PredictorEntry] | Non
             if not train:
                 continue
             scored += len(test)
+            held = [r for _, r in test]
+            answered: dict[int, Predictions] = {}  # by id of the entry, for the entries derived from it
             for entry, into in zip(predictors, predicted):
-                answers = entry.predict(entry.fit(train), [r for _, r in test])
+                answers = (entry.derive(held, answered[id(entry.base)]) if isinstance(entry, DerivedEntry)
+                           else entry.predict(entry.fit(train), held))
+                answered[id(entry)] = answers
                 into.update((i, answer) for (i, _), answer in zip(test, answers) if answer is not None)
         parts = answerers(predicted)
         for entry, into in zip(predictors, predicted):
+            runs = frozenset(i for i, p in into.items() if p.measured)
             scores = score(split, entry.name, rows, {i: p.step_s for i, p in into.items()}, scored - len(into),
                            {i: p.interval for i, p in into.items() if p.interval is not None}, entry.seed,
                            catalog, {i: p.trees for i, p in into.items()},
-                           Counter(p.by for p in into.values() if p.by is not None))
-            results.append(replace(scores, by_answerer=tuple(subset(answerer, rows, into, indices)
+                           Counter(p.by for i, p in into.items() if p.by is not None and i not in runs), runs)
+            results.append(replace(scores, by_answerer=tuple(subset(answerer, rows, into, indices - runs)
                                                              for answerer, indices in parts.items())))
     return results
 
@@ -382,14 +461,15 @@ def subset(answerer: str, rows: Sequence[Measurement], predicted: Mapping[int, P
 def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, float], uncovered: int,
           intervals: dict[int, tuple[float, float]], seed: int | None = None,
           catalog: Mapping[str, Recipe] | None = None, trees: Mapping[int, tuple[float, ...]] | None = None,
-          answered: Mapping[str, int] | None = None) -> Scores:
+          answered: Mapping[str, int] | None = None, runs: frozenset[int] = frozenset()) -> Scores:
     """Metrics of ``predicted`` (row index -> step seconds) against the rows' measurements; ``trees``: each
     row's step seconds by tree of the ensemble (member i of every row from one tree); ``answered``: of an entry of
-    several models, the rows each answered."""
+    several models, the rows each answered; ``runs``: rows taken as measured (their step is their measurement), left
+    out of every accuracy metric and kept in the decisions."""
     from scipy.stats import kendalltau
 
     catalog = catalog if catalog is not None else load_catalog()
-    errors = [abs(predicted[i] - rows[i].step_s) / rows[i].step_s for i in predicted]
+    errors = [abs(predicted[i] - rows[i].step_s) / rows[i].step_s for i in predicted if i not in runs]
     workloads: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
@@ -414,26 +494,27 @@ def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, f
         else:
             captured.append(captured_speedup(stock.step_s, pick.step_s, best.step_s))
             speedups.append(stock.step_s / pick.step_s)
-            home = next((i for i in members if rows[i] is stock), None)
+            home = next((i for i in members if rows[i] is stock and i not in runs), None)
             if home is not None:
                 factor = stock.step_s / predicted[home]
                 calibrated += [abs(predicted[i] * factor - rows[i].step_s) / rows[i].step_s
-                               for i in members if i != home]
+                               for i in members if i != home and i not in runs]
                 above += [stock_ratio_above_p90(rows[i], stock, trees[i], trees[home])
-                          for i in members if i != home and i in trees and home in trees]
-        if len(members) >= 3:
-            tau = kendalltau([predicted[i] for i in members], [rows[i].step_s for i in members]).statistic
+                          for i in members if i != home and i in trees and home in trees and i not in runs]
+        ranked = [i for i in members if i not in runs]
+        if len(ranked) >= 3:
+            tau = kendalltau([predicted[i] for i in ranked], [rows[i].step_s for i in ranked]).statistic
             if not math.isnan(tau):
                 taus.append(tau)
     verdicts = [d.verdict for d in decisions]
     within_10, within_25 = (statistics.mean(e <= within for e in errors) if errors else math.nan for within in WITHIN)
-    return Scores(split, name, seed, len(predicted), uncovered, tuple(sorted((answered or {}).items())),
+    return Scores(split, name, seed, len(predicted) - len(runs), uncovered, tuple(sorted((answered or {}).items())),
                   statistics.mean(errors) if errors else math.nan, within_10, within_25,
                   statistics.mean(calibrated) if calibrated else math.nan,
                   statistics.median(taus) if taus else math.nan,
                   statistics.median(noise_taus) if noise_taus else math.nan,
-                  statistics.mean(low <= rows[i].step_s <= high for i, (low, high) in intervals.items())
-                  if intervals else math.nan,
+                  statistics.mean(low <= rows[i].step_s <= high for i, (low, high) in intervals.items()
+                                  if i not in runs) if set(intervals) - runs else math.nan,
                   statistics.mean(above) if above else math.nan,
                   len(decisions),
                   verdicts.count(HIT) / len(verdicts) if verdicts else math.nan,
@@ -441,7 +522,7 @@ def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, f
                   sum(d.one_launch for d in decisions),
                   statistics.median(captured) if captured else math.nan,
                   float(np.percentile(captured, 10)) if captured else math.nan,
-                  statistics.geometric_mean(speedups) if speedups else math.nan, no_stock)
+                  statistics.geometric_mean(speedups) if speedups else math.nan, no_stock, runs=len(runs))
 
 
 def launch_tau(rows: list[Measurement]) -> float:
