@@ -27,7 +27,7 @@ group's other rows.
 
 ``--measured-runs`` scores what the plan does with the workload's own runs measured on its target
 (:mod:`modak.predict.measured`): in each workload (machine, model, batch, input shapes) of the group, one run per
-runtime and precision (:func:`measured_runs`) corrects the fit's other predictions, which are scored against the
+runtime and precision (the predicted fastest, :func:`measured_runs`) corrects the fit's other predictions, which are scored against the
 same rows uncorrected; and the picks of both among all the workload's answered rows (the runs at their corrected
 prediction, which is their measurement), against the measured best as ``modak model eval`` decides them.
 
@@ -152,13 +152,12 @@ def own_launches(group: str, split: str, machines: tuple[str, ...]) -> frozenset
     return frozenset(chosen.values())
 
 
-def measured_runs(rows: Sequence[Measurement]) -> list[Measurement]:
-    """One of ``rows`` per workload (machine, model, batch, input shapes), runtime and precision: the first
-    parameters (their JSON), then the fewest threads; what ``modak bench`` of one candidate per runtime and precision
-    would have measured."""
+def measured_runs(rows: Sequence[Measurement], predicted: Sequence[float]) -> list[Measurement]:
+    """One of ``rows`` per workload (machine, model, batch, input shapes), runtime and precision: the one
+    ``predicted`` fastest (of a tie, the first), what ``modak bench --candidates each-runtime`` measures."""
     chosen: dict[tuple, Measurement] = {}
-    for w in sorted(rows, key=lambda w: (w.params, w.threads or 0)):
-        chosen.setdefault((*_workload(w), w.runtime, w.precision), w)
+    for _, i in sorted((p, i) for i, p in enumerate(predicted)):
+        chosen.setdefault((*_workload(rows[i]), rows[i].runtime, rows[i].precision), rows[i])
     return list(chosen.values())
 
 
@@ -176,7 +175,7 @@ def corrected_by_runs(group: str, split: str, machines: tuple[str, ...]
     pairs, verdicts = [], []
     for members in workloads.values():
         rows = [w for w, _ in members]
-        runs = measured_runs(rows)
+        runs = measured_runs(rows, [a[4] for _, a in members])
         candidates = [candidate_from_row(w) for w in rows]
         predictions: list[Prediction | None] = [Prediction(a[4], a[5], a[6], 0.0, (), "compute", PREDICTOR)
                                                 for _, a in members]
