@@ -122,7 +122,7 @@ class Scores:
     @property
     def miss_rate(self) -> float:
         """Share of workloads whose pick is shown to be more than 5% slower than the best."""
-        return 1.0 - self.hit_rate - self.undecided
+        return max(0.0, 1.0 - self.hit_rate - self.undecided)  # not -0.0 from the floats' rounding
 
 
 @dataclass(frozen=True)
