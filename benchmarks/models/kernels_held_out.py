@@ -29,7 +29,8 @@ group's other rows.
 (:mod:`modak.predict.measured`): in each workload (machine, model, batch, input shapes) of the group, one run per
 runtime and precision (the predicted fastest, :func:`measured_runs`) corrects the fit's other predictions, which are scored against the
 same rows uncorrected; and the picks of both among all the workload's answered rows (the runs at their corrected
-prediction, which is their measurement), against the measured best as ``modak model eval`` decides them.
+prediction, which is their measurement), against the measured best as ``modak model eval`` decides them, beside
+the pick of the fastest run alone.
 
     python -m benchmarks.models.kernels_held_out --split family --machines ci-emeraldrapids-2c ci-zen4-2c
     python -m benchmarks.models.kernels_held_out --split target --machines ci-emeraldrapids-2c ci-zen4-2c
@@ -165,7 +166,8 @@ def corrected_by_runs(group: str, split: str, machines: tuple[str, ...]
                       ) -> tuple[list[tuple[Answer, Answer]], list[tuple[str, str]]]:
     """The answered rows of ``group`` but its :func:`measured_runs` (of its answered rows), by the fit without the
     group: (uncorrected, corrected as the plan corrects them) for each; and the verdicts (uncorrected, corrected) of
-    each workload's pick among its answered rows, of workloads with two or more."""
+    each workload's pick among its answered rows, of workloads with two or more, and of its fastest run alone (what
+    measuring the runs decides without the predictions)."""
     group_of = SPLITS[split]
     model = fit_without(group, split, machines)
     workloads: dict[tuple, list[tuple[Measurement, Answer]]] = {}
@@ -186,8 +188,9 @@ def corrected_by_runs(group: str, split: str, machines: tuple[str, ...]
         if len(rows) >= 2:
             best = min(rows, key=lambda w: w.step_s)
             before_s, after_s = [a[4] for _, a in members], [a[4] for a in after]
+            fastest_run = min(runs, key=lambda w: w.step_s)
             verdicts.append((decision(_pick(rows, before_s), best).verdict,
-                             decision(_pick(rows, after_s), best).verdict))
+                             decision(_pick(rows, after_s), best).verdict, decision(fastest_run, best).verdict))
     return pairs, verdicts
 
 
@@ -345,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(line(label if label != "all" else name, chosen, len(chosen)))
         verdicts = [v for _, vs in by_runs for v in vs]
         print(f"\npicks of {len(verdicts)} workloads among their answered rows (hit: within 5% of the best)")
-        for name, pick in (("uncorrected", 0), ("corrected by the runs", 1)):
+        for name, pick in (("uncorrected", 0), ("corrected by the runs", 1), ("the fastest run alone", 2)):
             mine = [v[pick] for v in verdicts]
             print(f"{name:30s} hit {100 * mine.count(HIT) / len(mine):5.1f}%  undecided "
                   f"{100 * mine.count(UNDECIDED) / len(mine):5.1f}%  miss "
