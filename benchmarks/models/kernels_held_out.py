@@ -28,9 +28,9 @@ group's other rows.
 ``--measured-runs`` scores what the plan does with the workload's own runs measured on its target
 (:mod:`modak.predict.measured`): in each workload (machine, model, batch, input shapes) of the group, one run per
 runtime and precision (the predicted fastest, :func:`measured_runs`) corrects the fit's other predictions, which are
-scored against the same rows uncorrected; and the picks of both among all the workload's answered rows (the runs at their corrected
-prediction, which is their measurement), against the measured best as ``modak model eval`` decides them, beside
-the pick of the fastest run alone.
+scored against the same rows uncorrected; and the picks of both among all the workload's answered rows (the runs at
+their corrected prediction, which is their measurement), against the measured best as ``modak model eval`` decides
+them, beside the pick of the fastest run alone.
 
     python -m benchmarks.models.kernels_held_out --split family --machines ci-emeraldrapids-2c ci-zen4-2c
     python -m benchmarks.models.kernels_held_out --split target --machines ci-emeraldrapids-2c ci-zen4-2c
