@@ -306,6 +306,11 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
     return PredictorEntry(f"{KERNELS}+{whole.name}", fit, predict, seed)
 
 
+def workload_of(row: Measurement) -> tuple:
+    """The workload a row measured: its machine, model, task, batch and input shapes (its candidates vary)."""
+    return row.machine, row.model, row.task, row.batch_size, row.input_shapes
+
+
 def with_runs(base: PredictorEntry) -> DerivedEntry:
     """``base`` as the plan uses it once a workload's runs on its target are stored (:mod:`modak.predict.measured`).
     In each held-out workload (machine, model, task, batch, input shapes), the row ``base`` predicts fastest of each
@@ -318,23 +323,22 @@ def with_runs(base: PredictorEntry) -> DerivedEntry:
         workloads: dict[tuple, list[int]] = {}
         for i, (r, answer) in enumerate(zip(rows, answers)):
             if answer is not None:
-                workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
+                workloads.setdefault(workload_of(r), []).append(i)
         for members in workloads.values():
             runs: dict[tuple[str, str, str], int] = {}
             for i in sorted(members, key=lambda i: cast(Prediction, answers[i]).step_s):
                 runs.setdefault((rows[i].runtime, rows[i].device, rows[i].precision), i)
             candidates = [candidate_from_row(rows[i]) for i in members]
             asked = [_as_plan(cast(Prediction, answers[i])) for i in members]
-            fixed = corrected(candidates, asked, corrections(candidates, asked, [rows[i] for i in runs.values()]))
+            measured = set(runs.values())
+            fixed = corrected(candidates, asked, corrections(candidates, asked, [rows[i] for i in measured]))
             for i, p in zip(members, fixed):
                 answer = cast(Prediction, answers[i])
-                if i in runs.values():
+                if i in measured:
                     result[i] = replace(answer, step_s=rows[i].step_s, interval=None, trees=(), measured=True)
-                elif p is not None and p.step_seconds != answer.step_s:
-                    factor = p.step_seconds / answer.step_s
-                    result[i] = replace(answer, step_s=p.step_seconds, interval=None if answer.interval is None
-                                        else (answer.interval[0] * factor, answer.interval[1] * factor),
-                                        trees=tuple(t * factor for t in answer.trees))
+                elif p is not None:
+                    result[i] = replace(answer, step_s=p.step_seconds, trees=p.members, interval=None
+                                        if answer.interval is None else (p.low_seconds, p.high_seconds))
         return tuple(result)
 
     return DerivedEntry(f"{base.name}+runs", base, derive)
@@ -472,7 +476,7 @@ def score(split: str, name: str, rows: list[Measurement], predicted: dict[int, f
     errors = [abs(predicted[i] - rows[i].step_s) / rows[i].step_s for i in predicted if i not in runs]
     workloads: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
-        workloads.setdefault((r.machine, r.model, r.task, r.batch_size, r.input_shapes), []).append(i)
+        workloads.setdefault(workload_of(r), []).append(i)
     trees = {i: t for i, t in (trees or {}).items() if len(t) >= 2}  # a quantile needs members
     taus, noise_taus, decisions, captured, speedups, calibrated, above = [], [], [], [], [], [], []
     no_stock = 0
