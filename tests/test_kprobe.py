@@ -71,6 +71,9 @@ def test_the_budget_stops_the_sampler_before_a_launch_past_it():
     clock.now, launched[:] = 0.0, []
     sample(_layers(3), measure, budget_s=95.0, clock=clock)
     assert len(launched) == 3  # every layer once, then it stops early
+    clock.now, launched[:] = 0.0, []
+    done = sample(_layers(5), measure, budget_s=0.0, clock=clock)
+    assert len(launched) == 1 and done.measured == launched  # a spent budget still measures the first layer
 
 
 def _row(layer: Layer, seconds: float) -> KernelRow:
@@ -173,8 +176,9 @@ def test_new_machine_quick_prints_the_curve_of_probe_minutes_per_seed_and_their_
     marks = len(MARKS_MIN)
     for seed, first in ((0, 0), (1, marks + 2)):
         assert lines[first].startswith(f"probe (seed {seed}): ") and f"of {len(QUICK_MODELS)} models" in lines[first]
+        assert int(lines[first].split(" of ")[0].split()[-1]) >= 1  # one layer at least, however long the analysis
         layers = [int(line.split()[1]) for line in lines[first + 2:first + 2 + marks]]
-        assert layers == sorted(layers) and layers[-1] >= 1  # later marks fit on more of the probe's layers
+        assert layers == sorted(layers)  # later marks fit on more of the probe's layers (how many: the clock's)
     spread = lines[2 * (marks + 2):]
     assert spread[0] == "spread over seeds 0, 1:" and len(spread) == 2 + marks
 

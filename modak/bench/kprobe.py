@@ -233,7 +233,8 @@ def sample(layers: Sequence[Layer], measure: Callable[[Layer], tuple[list[Kernel
     budget, then rounds of :data:`ROUND_SIZE` layers, each layer's fp32 kernel predicted from the rows measured
     before it (``predict``: seconds per call, None where its kind has no model; held out, since it is fit without
     the layer's rows), the next round drawn near the kinds with the largest error so far (unseen kinds first). No
-    layer is started once the budget is spent."""
+    layer is started once the budget is spent, except the first: a probe whose analysis took the whole budget still
+    measures one layer."""
     rng = random.Random(seed)
     start = clock()
     left = list(layers)
@@ -252,7 +253,7 @@ def sample(layers: Sequence[Layer], measure: Callable[[Layer], tuple[list[Kernel
         done.reconciliations.extend(recs)
         return rows
 
-    while left and spent() < budget_s * INITIAL_SHARE:
+    while left and (not done.measured or spent() < budget_s * INITIAL_SHARE):
         run(left.pop())
     while left and spent() < budget_s:
         batch = _draw(left, done.measured, error, rng)
