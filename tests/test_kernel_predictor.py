@@ -41,6 +41,8 @@ from modak.predict.kernels import (
     MachineCeilings,
     Recurrence,
     attributable,
+    calibrate,
+    calibrate_runs,
     class_kind,
     features,
     fit_kind,
@@ -147,6 +149,7 @@ def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> N
     composed = fixed.compose((CONV, CONV, RELU, CONV, RELU), BOX, candidate)
     assert composed is not None and (composed.step_s, composed.low_s, composed.high_s) == pytest.approx(
         (p.step_seconds, p.low_seconds, p.high_seconds))
+    assert p.run_spread is None and only(fixed).run_calibration == {}  # each workload launched once: no pair
     # From measured kernel times instead (the benchmark's floor): 3 x 5 + 2 x 1 + 5 x 0.3 = 18.5 ms.
     measured = [KernelEstimate(t * MS, False, False) for t in (5, 5, 1, 5, 1)]
     floor = only(fixed).composition(measured, candidate, known=True)
@@ -172,6 +175,26 @@ def test_parameters_that_run_the_same_kernels_in_other_steps_are_calibrated_apar
         steps[hint] = composed.step_s
     assert steps["THROUGHPUT"] / steps["LATENCY"] == pytest.approx(0.8, rel=0.01)
     assert steps["THROUGHPUT"] < steps["CUMULATIVE_THROUGHPUT"] < steps["LATENCY"]
+
+
+def test_a_step_corrected_by_a_run_is_calibrated_by_such_corrected_steps() -> None:
+    # Each model's launches under two hints, composed out of fold at 5 ms; the THROUGHPUT step 0.8x the LATENCY one,
+    # off by the model's own error e: the part of it a LATENCY run does not correct.
+    errors = (-0.06, -0.02, 0.0, 0.03, 0.05)
+    steps = []
+    for i, e in enumerate(errors):
+        for hint, factor in (("LATENCY", 1.0), ("THROUGHPUT", 0.8 * math.exp(e))):
+            rec = reconciliation(f"m{i}", 5 * factor * MS, 4.5 * MS, 2)
+            steps.append((replace(rec, params=json.dumps({"performance_hint": hint})), 5 * MS))
+    alone = reconciliation("m0", 9 * MS, 4.5 * MS, 2)
+    steps += [(replace(alone, batch_size=8), 5 * MS), (replace(alone, precision="bf16"), 5 * MS)]  # no pair
+    calibration = calibrate(steps)
+    # Calibrated, LATENCY steps are off by 0 and THROUGHPUT ones by e - median(e) = e: one corrected by the other is
+    # off by +-e, the ten ordered pairs' deciles linear between order statistics.
+    paired = sorted([*errors, *(-e for e in errors)])
+    q10, q90 = paired[0] + 0.9 * (paired[1] - paired[0]), paired[8] + 0.1 * (paired[9] - paired[8])
+    assert calibrate_runs(steps, calibration) == {("onnxruntime", "cpu"): (pytest.approx(q10), pytest.approx(q90))}
+    assert calibrate_runs(steps[:4], calibrate(steps[:4])) == {}  # under MIN_CALIBRATION steps: not calibrated
 
 
 def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: KernelModel) -> None:

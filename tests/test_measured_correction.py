@@ -59,6 +59,19 @@ def test_factors_by_runtime_and_precision_else_by_runtime(plan) -> None:
     assert corrected(candidates, predictions, {}) == predictions
 
 
+def test_a_step_corrected_by_its_own_precisions_runs_takes_the_interval_calibrated_for_it(plan) -> None:
+    ort = Candidate("onnxruntime", "cpu", Precision.fp32, (("threads", "all"),), 4)
+    ort_half = replace(ort, params=(("threads", "half"),), threads=2)
+    ort_bf16 = replace(ort, precision=Precision.bf16)
+    predictions = [replace(prediction(step), run_spread=(0.9, 1.1)) for step in (1.0, 2.0, 0.5)]
+    measured = [measurement_row(plan, ort, {"status": "ok", "step_median_s": 1.5, "repeats": 5})]
+    _, half, bf16 = corrected([ort, ort_half, ort_bf16], predictions,
+                              corrections([ort, ort_half, ort_bf16], predictions, measured))
+    assert (half.step_seconds, half.low_seconds, half.high_seconds) == pytest.approx((3.0, 2.7, 3.3))
+    # bf16 has no run of its own: the runtime's factor, and its interval scaled (0.8x and 1.3x of 0.75 s)
+    assert (bf16.step_seconds, bf16.low_seconds, bf16.high_seconds) == pytest.approx((0.75, 0.6, 0.975))
+
+
 def test_the_plan_corrects_the_kernel_model_by_the_runs_measured_here_and_says_so(plan, tmp_path) -> None:
     kernel = [r for r in plan.ranked if r.prediction.predictor.startswith(PREDICTOR)]
     measured = kernel[0]

@@ -64,7 +64,7 @@ from modak.measurements.kernels import (
 from modak.measurements.store import Measurement, read_csv
 from modak.predict.base import Prediction
 from modak.predict.evaluate import HIT, UNDECIDED, decision, family, launch_times, planned_for_row
-from modak.predict.kernels import PREDICTOR, KernelEstimate, KernelModel, MachineCeilings
+from modak.predict.kernels import PREDICTOR, Composition, KernelEstimate, KernelModel, MachineCeilings
 from modak.predict.learned import candidate_from_row
 from modak.predict.measured import corrected, corrections
 from modak.predict.training import ok_rows
@@ -96,12 +96,22 @@ def fit_without(group: str, split: str, machines: tuple[str, ...], among: frozen
     return KernelModel.fit([r for r in rows if kept(r)], [r for r in recs if kept(r)])
 
 
-def composed(model: KernelModel, row: Measurement) -> Answer | None:
+def composition(model: KernelModel, row: Measurement) -> Composition | None:
     """``row`` composed by ``model`` from the kernels its runtime plans; None where the model does not answer it."""
     if not model.calibrated(row.runtime, row.device):
         return None
-    c = model.compose(tuple(planned_for_row(row)), MachineCeilings.of_row(row), candidate_from_row(row))
-    return None if c is None else (row.machine, row.model, row.runtime, row.step_s, c.step_s, c.low_s, c.high_s)
+    return model.compose(tuple(planned_for_row(row)), MachineCeilings.of_row(row), candidate_from_row(row))
+
+
+def answer_of(row: Measurement, c: Composition) -> Answer:
+    """``row``'s answer by the composition ``c``."""
+    return row.machine, row.model, row.runtime, row.step_s, c.step_s, c.low_s, c.high_s
+
+
+def composed(model: KernelModel, row: Measurement) -> Answer | None:
+    """:func:`composition` as an answer."""
+    c = composition(model, row)
+    return None if c is None else answer_of(row, c)
 
 
 def held_out(group: str, split: str, machines: tuple[str, ...]) -> tuple[list[Answer], list[Answer]]:
@@ -170,17 +180,18 @@ def corrected_by_runs(group: str, split: str, machines: tuple[str, ...]
     measuring the runs decides without the predictions)."""
     group_of = SPLITS[split]
     model = fit_without(group, split, machines)
-    workloads: dict[tuple, list[tuple[Measurement, Answer]]] = {}
+    workloads: dict[tuple, list[tuple[Measurement, Composition]]] = {}
     for w in _data(machines)[2]:
-        if group_of(w.machine, w.model) == group and (answer := composed(model, w)) is not None:
-            workloads.setdefault(_workload(w), []).append((w, answer))
+        if group_of(w.machine, w.model) == group and (c := composition(model, w)) is not None:
+            workloads.setdefault(_workload(w), []).append((w, c))
     pairs, verdicts = [], []
-    for members in workloads.values():
+    for composed_members in workloads.values():
+        members = [(w, answer_of(w, c)) for w, c in composed_members]
         rows = [w for w, _ in members]
         runs = measured_runs(rows, [a[4] for _, a in members])
         candidates = [candidate_from_row(w) for w in rows]
-        predictions: list[Prediction | None] = [Prediction(a[4], a[5], a[6], 0.0, (), "compute", PREDICTOR)
-                                                for _, a in members]
+        predictions: list[Prediction | None] = [Prediction(c.step_s, c.low_s, c.high_s, 0.0, (), "compute", PREDICTOR,
+                                                           run_spread=c.run_spread) for _, c in composed_members]
         fixed = corrected(candidates, predictions, corrections(candidates, predictions, runs))
         after: list[Answer] = [(a[0], a[1], a[2], a[3], p.step_seconds, p.low_seconds, p.high_seconds)
                                for (_, a), p in zip(members, fixed) if p is not None]

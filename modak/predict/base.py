@@ -28,6 +28,9 @@ class Prediction:
     # The ensemble's members' step times (one per tree of the learned model; empty for a predictor without
     # members). Member i of two candidates' predictions comes from the same tree, so their ratio is paired.
     members: tuple[float, ...] = ()
+    # The kernel model's: the factors of the step that bound 80% of its interval once the step is corrected by a
+    # measured run of its runtime, device and precision (modak.predict.measured); None: the interval is scaled.
+    run_spread: tuple[float, float] | None = None
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]

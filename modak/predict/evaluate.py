@@ -136,6 +136,7 @@ class Prediction:
     trees: tuple[float, ...] = ()
     by: str | None = None
     measured: bool = False
+    run_spread: tuple[float, float] | None = None  # the kernel model's (modak.predict.base.Prediction.run_spread)
 
 
 Predictions = tuple[Prediction | None, ...]  # one per row asked for; None: the fit does not cover the row
@@ -287,7 +288,7 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
         if key not in planned:
             planned[key] = tuple(plan_of(row))
         c = model.compose(planned[key], MachineCeilings.of_row(row), candidate_from_row(row))
-        return None if c is None else Prediction(c.step_s, (c.low_s, c.high_s), by=KERNELS)
+        return None if c is None else Prediction(c.step_s, (c.low_s, c.high_s), by=KERNELS, run_spread=c.run_spread)
 
     def predict(fitted: tuple[set[tuple[str, str]], Any], rows: list[Measurement]) -> Predictions:
         pairs, trees = fitted
@@ -347,7 +348,8 @@ def with_runs(base: PredictorEntry) -> DerivedEntry:
 def _as_plan(answer: Prediction) -> PlanPrediction:
     """A held-out row's answer as the plan's prediction (its predictor the model that answered)."""
     low, high = answer.interval or (answer.step_s, answer.step_s)
-    return PlanPrediction(answer.step_s, low, high, 0.0, (), "compute", answer.by or "", answer.trees)
+    return PlanPrediction(answer.step_s, low, high, 0.0, (), "compute", answer.by or "", answer.trees,
+                          answer.run_spread)
 
 
 def baseline(catalog: Mapping[str, Recipe]) -> PredictorEntry:

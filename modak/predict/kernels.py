@@ -26,7 +26,8 @@ dispatch time per kernel (per runtime and device: the median over the profiled l
 (unprofiled step - kernel sum) / kernels, at least 0), times exp(the median calibration residual). The interval is the
 10th to 90th percentile of the out-of-fold residuals log(measured step / composed step) of the reconciled steps
 (kernel models fit without the step's model), of the candidate's parameters where they have enough steps, else of
-its runtime and device.
+its runtime and device. A step corrected by a measured run of its workload's runtime, device and precision
+(:mod:`modak.predict.measured`) has the interval of such corrected steps out of fold (:func:`calibrate_runs`).
 
 All of this is fit per machine kind (:class:`MachineModel`): a machine's steps are composed by its own kind's model.
 A machine without kernel rows of its own is composed by the nearest known machine's model
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import statistics
@@ -594,23 +596,20 @@ def above_profiler(kernel_s: float, kernels: int, profiling_s: float) -> bool:
     return kernel_s >= PROFILER_MARGIN * profiling_s * kernels
 
 
-def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
-              dispatch: Mapping[RuntimeKey, float], profiling: Mapping[RuntimeKey, float],
-              seed: int = 0) -> dict[CalibrationKey, tuple[float, float, float]]:
-    """Per (runtime, device, parameters) and per (runtime, device) (parameters :data:`ALL_PARAMETERS`), each with at
-    least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of log(measured step / composed step)
-    over the reconciled steps, each composed from kernel models fit without its model's rows (models in
-    :data:`FOLDS` folds; a step whose kinds the other folds do not cover, or whose kernels do not stand out of the
-    profiler's cost, is left out). Per parameters, it learns what the kernels do not show: two hints or wait
-    policies that run the same kernels in steps of different lengths."""
+def out_of_fold_steps(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
+                      dispatch: Mapping[RuntimeKey, float], profiling: Mapping[RuntimeKey, float],
+                      seed: int = 0) -> list[tuple[Reconciliation, float]]:
+    """Each reconciled step with its step composed (before calibration) from kernel models fit without its model's
+    rows (models in :data:`FOLDS` folds; none with fewer than two models). A step whose kinds the other folds do not
+    cover, or whose kernels do not stand out of the profiler's cost, is left out."""
     models = sorted({rec.model for rec in reconciliations})
     folds = min(FOLDS, len(models))
     if folds < 2:
-        return {}
+        return []
     by_launch: dict[tuple, list[KernelRow]] = {}
     for row in rows:
         by_launch.setdefault(_launch(row), []).append(row)
-    residuals: dict[CalibrationKey, list[float]] = {}
+    steps = []
     for fold in range(folds):
         held = set(models[fold::folds])
         kinds = fit_kinds([r for r in rows if r.model not in held], seed)
@@ -625,15 +624,58 @@ def calibrate(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliatio
             kernel_s = sum(e.seconds * r.calls for e, r in zip(times, own))
             if not above_profiler(kernel_s, sum(r.calls for r in own), profiling[(rec.runtime, rec.device)]):
                 continue
-            composed = kernel_s + rec.kernels * dispatch[(rec.runtime, rec.device)]
-            for params in (ALL_PARAMETERS, parameters_key(json.loads(rec.params))):
-                residuals.setdefault((rec.runtime, rec.device, params), []).append(math.log(rec.step_s / composed))
+            steps.append((rec, kernel_s + rec.kernels * dispatch[(rec.runtime, rec.device)]))
+    return steps
+
+
+def _deciles(values: Sequence[float]) -> tuple[float, float]:
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return deciles[0], deciles[-1]
+
+
+def calibrate(steps: Sequence[tuple[Reconciliation, float]]) -> dict[CalibrationKey, tuple[float, float, float]]:
+    """Per (runtime, device, parameters) and per (runtime, device) (parameters :data:`ALL_PARAMETERS`), each with at
+    least :data:`MIN_CALIBRATION` of them: the 10th, 50th and 90th percentiles of log(measured step / composed step)
+    over the :func:`out_of_fold_steps`. Per parameters, it learns what the kernels do not show: two hints or wait
+    policies that run the same kernels in steps of different lengths."""
+    residuals: dict[CalibrationKey, list[float]] = {}
+    for rec, composed in steps:
+        for params in (ALL_PARAMETERS, parameters_key(json.loads(rec.params))):
+            residuals.setdefault((rec.runtime, rec.device, params), []).append(math.log(rec.step_s / composed))
     quantiles = {}
     for key, values in residuals.items():
         if len(values) >= MIN_CALIBRATION:
-            deciles = statistics.quantiles(values, n=10, method="inclusive")
-            quantiles[key] = (deciles[0], statistics.median(values), deciles[-1])
+            low, high = _deciles(values)
+            quantiles[key] = (low, statistics.median(values), high)
     return quantiles
+
+
+def calibration_of(calibration: Mapping[CalibrationKey, tuple[float, float, float]], runtime: str, device: str,
+                   params: Mapping[str, object]) -> tuple[float, float, float]:
+    """The quantiles a candidate's step is calibrated by: its parameters' where they have enough steps, else its
+    runtime and device's."""
+    return calibration.get((runtime, device, parameters_key(params))) or calibration[(runtime, device, ALL_PARAMETERS)]
+
+
+def calibrate_runs(steps: Sequence[tuple[Reconciliation, float]],
+                   calibration: Mapping[CalibrationKey, tuple[float, float, float]]) -> dict[RuntimeKey,
+                                                                                              tuple[float, float]]:
+    """Per (runtime, device) with at least :data:`MIN_CALIBRATION` of them: the 10th and 90th percentiles of the
+    error of a calibrated step once corrected by another candidate's measured step of the same workload (machine,
+    model, task, batch), runtime, device and precision, as :mod:`modak.predict.measured` corrects the plan's:
+    log(measured / calibrated) of the one minus the other's, over ordered pairs of :func:`out_of_fold_steps` of a
+    calibrated runtime and device."""
+    groups: dict[tuple, list[float]] = {}
+    for rec, composed in steps:
+        if (rec.runtime, rec.device, ALL_PARAMETERS) not in calibration:
+            continue
+        mid = calibration_of(calibration, rec.runtime, rec.device, json.loads(rec.params))[1]
+        groups.setdefault((rec.machine, rec.model, rec.task, rec.batch_size, rec.runtime, rec.device, rec.precision),
+                          []).append(math.log(rec.step_s / composed) - mid)
+    residuals: dict[RuntimeKey, list[float]] = {}
+    for (*_, runtime, device, _), errors in groups.items():
+        residuals.setdefault((runtime, device), []).extend(a - b for a, b in itertools.permutations(errors, 2))
+    return {key: _deciles(values) for key, values in residuals.items() if len(values) >= MIN_CALIBRATION}
 
 
 @dataclass(frozen=True)
@@ -657,8 +699,9 @@ class KernelData:
 @dataclass(frozen=True, eq=False)
 class MachineModel:
     """The kernel model of one machine kind (:attr:`MachineCeilings.key`): a model per kind; dispatch, the
-    profiler's cost per kernel and calibration per (runtime, device); the precisions and machines (signatures and
-    kinds) with kernel rows per (runtime, device); and the ceilings most of its rows carry (what another machine is
+    profiler's cost per kernel, calibration and the calibration of steps corrected by a run (:func:`calibrate_runs`)
+    per (runtime, device); the precisions and machines (signatures and kinds) with kernel rows per (runtime, device);
+    and the ceilings most of its rows carry (what another machine is
     compared with, :meth:`MachineCeilings.distance`)."""
 
     key: tuple
@@ -667,6 +710,7 @@ class MachineModel:
     dispatch: Mapping[RuntimeKey, float]
     profiling: Mapping[RuntimeKey, float]
     calibration: Mapping[CalibrationKey, tuple[float, float, float]]
+    run_calibration: Mapping[RuntimeKey, tuple[float, float]]
     precisions: Mapping[RuntimeKey, frozenset[str]]
     signatures: Mapping[RuntimeKey, frozenset[tuple]]
     machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
@@ -686,8 +730,10 @@ class MachineModel:
                 kinds.setdefault((row.runtime, row.device), set()).add(machine.kind)
         ceilings = Counter(machines).most_common(1)[0][0]
         profiling = profiling_seconds(reconciliations)
-        calibration = calibrate(rows, reconciliations, dispatch, profiling, seed)
+        steps = out_of_fold_steps(rows, reconciliations, dispatch, profiling, seed)
+        calibration = calibrate(steps)
         return cls(ceilings.key, ceilings, fit_kinds(rows, seed), dispatch, profiling, calibration,
+                   calibrate_runs(steps, calibration),
                    {k: frozenset(v) for k, v in precisions.items()}, {k: frozenset(v) for k, v in signatures.items()},
                    {k: frozenset(v) for k, v in kinds.items()})
 
@@ -702,6 +748,7 @@ class MachineModel:
             "dispatch": [[*key, value] for key, value in sorted(self.dispatch.items())],
             "profiling": [[*key, value] for key, value in sorted(self.profiling.items())],
             "calibration": [[*key, *values] for key, values in sorted(self.calibration.items())],
+            "run_calibration": [[*key, *values] for key, values in sorted(self.run_calibration.items())],
             "precisions": [[*key, sorted(values)] for key, values in sorted(self.precisions.items())],
             "signatures": [[*key, sorted(map(list, values))] for key, values in sorted(self.signatures.items())],
             "machine_kinds": [[*key, sorted(map(list, values))] for key, values in sorted(self.machine_kinds.items())],
@@ -717,6 +764,7 @@ class MachineModel:
                    {(r, d): float(v) for r, d, v in header["dispatch"]},
                    {(r, d): float(v) for r, d, v in header["profiling"]},
                    {(r, d, k): (float(a), float(b), float(c)) for r, d, k, a, b, c in header["calibration"]},
+                   {(r, d): (float(a), float(b)) for r, d, a, b in header["run_calibration"]},
                    {(r, d): frozenset(str(p) for p in v) for r, d, v in header["precisions"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["signatures"]},
                    {(r, d): frozenset(tuple(s) for s in v) for r, d, v in header["machine_kinds"]})
@@ -746,8 +794,7 @@ class MachineModel:
         kernel, times the calibration's factor, and its interval (:meth:`compose`; ``kernels_held_out --floor``
         passes a step's own profiled kernel times, to tell the kernels' error from the composition's)."""
         key = (candidate.runtime, candidate.device)
-        calibration = (self.calibration.get((*key, parameters_key(dict(candidate.params))))
-                       or self.calibration[(*key, ALL_PARAMETERS)])
+        calibration = calibration_of(self.calibration, *key, dict(candidate.params))
         dispatch_s = len(times) * self.dispatch[key]
         compute_s = sum(e.seconds for e in times if e.compute_bound)
         memory_s = sum(e.seconds for e in times if not e.compute_bound)
@@ -757,9 +804,11 @@ class MachineModel:
         spread = sum(e.seconds * e.spread for e in times) / max(sum(e.seconds for e in times), ROOFLINE_FLOOR_S)
         widen = (Z80 * spread) ** 2 + (0.0 if known else (Z80 * NEW_MACHINE_SPREAD) ** 2)
         step = (compute_s + memory_s + dispatch_s) * math.exp(mid_q)
+        runs = self.run_calibration.get(key)
         return Composition(step, step / math.exp(math.sqrt((mid_q - low_q) ** 2 + widen)),
                            step * math.exp(math.sqrt((high_q - mid_q) ** 2 + widen)), compute_s, memory_s,
-                           dispatch_s, len(times), math.exp(mid_q), known)
+                           dispatch_s, len(times), math.exp(mid_q), known,
+                           None if runs is None else (math.exp(runs[0]), math.exp(runs[1])))
 
 
 @dataclass(frozen=True, eq=False)
@@ -894,6 +943,7 @@ class Composition:
     kernels: int
     calibration: float  # exp(median out-of-fold residual): what multiplies the sums
     known_machine: bool  # False: transferred by ceilings, the interval widened
+    run_spread: tuple[float, float] | None  # the interval's factors once corrected by a run (Prediction.run_spread)
 
     @property
     def predictor(self) -> str:
@@ -951,4 +1001,5 @@ class KernelPredictor:
                  ("calibration", c.calibration), ("new_machine_spread", 0.0 if c.known_machine else NEW_MACHINE_SPREAD))
         bound = max((("compute", c.compute_s), ("memory", c.memory_s), ("overhead", c.dispatch_s)),
                     key=lambda t: t[1])[0]
-        return Prediction(c.step_s, c.low_s, c.high_s, physics.compile_seconds, terms, bound, c.predictor)
+        return Prediction(c.step_s, c.low_s, c.high_s, physics.compile_seconds, terms, bound, c.predictor,
+                          run_spread=c.run_spread)

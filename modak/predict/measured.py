@@ -51,15 +51,20 @@ def corrections(candidates: Sequence[Candidate], predictions: Sequence[Predictio
 def corrected(candidates: Sequence[Candidate], predictions: Sequence[Prediction | None],
               factors: Mapping[Group, tuple[float, int]]) -> list[Prediction | None]:
     """Each kernel-model prediction times the factor of its candidate's first group in ``factors``
-    (:func:`corrections`), the factor kept as the term :data:`CORRECTION_TERM`; the others as they are."""
+    (:func:`corrections`), the factor kept as the term :data:`CORRECTION_TERM`; the others as they are. Corrected by
+    its own runtime, device and precision's runs, the interval is the one calibrated for such corrected steps
+    (:attr:`Prediction.run_spread`); by its runtime's other precisions', the uncorrected interval scaled."""
     result: list[Prediction | None] = []
     for candidate, p in zip(candidates, predictions):
-        found = next((factors[g][0] for g in _groups(candidate) if g in factors), None)
-        if p is None or p.predictor not in CORRECTED or found is None:
+        group = next((g for g in _groups(candidate) if g in factors), None)
+        if p is None or p.predictor not in CORRECTED or group is None:
             result.append(p)
             continue
-        result.append(replace(p, step_seconds=p.step_seconds * found, low_seconds=p.low_seconds * found,
-                              high_seconds=p.high_seconds * found,
+        found = factors[group][0]
+        step = p.step_seconds * found
+        low, high = ((step * p.run_spread[0], step * p.run_spread[1]) if len(group) == 3 and p.run_spread
+                     else (p.low_seconds * found, p.high_seconds * found))
+        result.append(replace(p, step_seconds=step, low_seconds=low, high_seconds=high,
                               members=tuple(m * found for m in p.members),
                               terms=(*p.terms, (CORRECTION_TERM, found))))
     return result
