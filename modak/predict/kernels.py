@@ -701,8 +701,8 @@ class MachineModel:
     """The kernel model of one machine kind (:attr:`MachineCeilings.key`): a model per kind; dispatch, the
     profiler's cost per kernel, calibration and the calibration of steps corrected by a run (:func:`calibrate_runs`)
     per (runtime, device); the precisions and machines (signatures and kinds) with kernel rows per (runtime, device);
-    and the ceilings most of its rows carry (what another machine is
-    compared with, :meth:`MachineCeilings.distance`)."""
+    and the ceilings most of its rows carry (what another machine is compared with,
+    :meth:`MachineCeilings.distance`)."""
 
     key: tuple
     ceilings: MachineCeilings
