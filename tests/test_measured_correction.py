@@ -90,7 +90,14 @@ def test_the_plan_corrects_the_kernel_model_by_the_runs_measured_here_and_says_s
     after = {r.candidate: r.prediction for r in replanned.ranked}
     assert after[measured.candidate].step_seconds == pytest.approx(step)
     for r in same:
-        assert after[r.candidate].step_seconds == pytest.approx(3 * r.prediction.step_seconds)
+        step = 3 * r.prediction.step_seconds
+        assert after[r.candidate].step_seconds == pytest.approx(step)
+        # The interval calibrated for steps corrected by a run of their own precision (PyTorch has none: scaled).
+        low, high = r.prediction.run_spread or (r.prediction.low_seconds / r.prediction.step_seconds,
+                                                r.prediction.high_seconds / r.prediction.step_seconds)
+        assert (after[r.candidate].low_seconds, after[r.candidate].high_seconds) == pytest.approx(
+            (step * low, step * high))
+    assert any(r.prediction.run_spread for r in same) == (measured.candidate.runtime != "pytorch")
     for r in other:  # (the forest's predictions change: it learns the store's rows)
         assert after[r.candidate] == r.prediction
     line = next(r for r in replanned.reasons if r.startswith("the kernel model's predictions were corrected"))
