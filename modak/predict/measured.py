@@ -78,4 +78,5 @@ def describe(factors: Mapping[Group, tuple[float, int]], target: str) -> str | N
     return (f"the kernel model's predictions were corrected by this workload's runs measured on target '{target}': "
             + "; ".join(f"{runtime}/{precision} x{factor:.2f} ({runs} run{'s' if runs > 1 else ''})"
                         for (runtime, _, precision), (factor, runs) in sorted(precise.items()))
-            + " (a precision without runs takes its runtime's factor over all of its runs)")
+            + " (a precision without runs takes its runtime's factor over all of its runs, and its interval scaled;"
+            " one with runs, the interval of steps corrected by such runs)")
