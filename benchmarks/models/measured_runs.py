@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         row = row_of(rows, ranked)
         if row is None:
             continue
-        error = [p[ranked.candidate].step_seconds / row.step_s - 1 for p in predicted]
+        # rounded first: a run's own corrected prediction is its measurement up to float rounding, printed +0.0%
+        error = [round(p[ranked.candidate].step_seconds / row.step_s - 1, 6) + 0.0 for p in predicted]
         run = row in run_rows
         if not run:
             for into, err in zip(errors, error):
