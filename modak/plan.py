@@ -21,7 +21,7 @@ from modak.measurements.store import Measurement, TunedChoice
 from modak.predict.base import Prediction, Predictor, for_model, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
 from modak.predict.kernels import NOTES as KERNEL_NOTES
-from modak.predict.measured import corrected, corrections, measures
+from modak.predict.measured import CORRECTED, CORRECTION_TERM, corrected, corrections, measures
 from modak.predict.measured import describe as describe_corrections
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
@@ -565,6 +565,10 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
                        f"({ratio:.2f}x the chosen objective)")
         if other.prediction.spread()[0] < p.spread()[1]:
             reasons.append("the two intervals overlap, so the order is uncertain: `modak bench` measures both")
+    if _uncorrected_kernels(ranked):
+        reasons.append(f"no run of this workload on target '{loaded.target.name}' corrects the kernel model yet: "
+                       "`modak bench --candidates each-runtime` measures the predicted best of each runtime and "
+                       "precision, and its runs correct the predictions of the other candidates")
     if job.objective.steps:
         amortized = p.compile_seconds / job.objective.steps
         reasons.append(f"compile/tune time {p.compile_seconds:.1f} s over {job.objective.steps} steps adds "
@@ -592,6 +596,13 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
                        + (f" (threads resolve to {best.candidate.threads} on this target; the entrypoint "
                           "recomputes them from the real allocation)" if best.candidate.threads else ""))
     return tuple(reasons)
+
+
+def _uncorrected_kernels(ranked: Sequence[RankedCandidate]) -> bool:
+    """Whether the kernel model predicted some candidate and no run measured on the target corrected any
+    (:mod:`modak.predict.measured`)."""
+    kernels = [r.prediction for r in ranked if r.prediction.predictor in CORRECTED]
+    return bool(kernels) and not any(CORRECTION_TERM in dict(p.terms) for p in kernels)
 
 
 def _count(value: float) -> str:

@@ -103,6 +103,10 @@ def test_the_plan_corrects_the_kernel_model_by_the_runs_measured_here_and_says_s
     line = next(r for r in replanned.reasons if r.startswith("the kernel model's predictions were corrected"))
     assert f"{measured.candidate.runtime}/{measured.candidate.precision.value} x3.00 (1 run)" in line
     assert f"target '{plan.loaded.target.name}'" in line
+    # Before the run, the plan said which measurement would correct it; after, it no longer does.
+    hint = f"no run of this workload on target '{plan.loaded.target.name}' corrects the kernel model yet"
+    assert any(r.startswith(hint) and "--candidates each-runtime" in r for r in plan.reasons)
+    assert not any(r.startswith("no run of this workload") for r in replanned.reasons)
 
 
 def test_each_runtime_selects_the_predicted_best_of_each_runtime_and_precision(plan) -> None:
