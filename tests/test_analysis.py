@@ -358,9 +358,11 @@ def test_a_repeated_analysis_comes_from_the_cache_without_onnx_and_a_changed_fil
     from tests.support.onnx_graphs import write_onnx
 
     write_onnx(tmp_path / "model.onnx", external=True)
-    (tmp_path / "target.yaml").write_text("apiVersion: modak/v1\nkind: Target\nname: t\ncpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\n"
+    (tmp_path / "target.yaml").write_text("apiVersion: modak/v1\nkind: Target\nname: t\n"
+                                          "cpu: {microarchitecture: zen3, sockets: 1, cores_per_socket: 2}\n"
                                           "memory: {size_gb: 8}\n")
-    (tmp_path / "job.yaml").write_text("apiVersion: modak/v1\nkind: Job\nname: j\ntarget: target.yaml\ntask: inference\n"
+    (tmp_path / "job.yaml").write_text("apiVersion: modak/v1\nkind: Job\nname: j\ntarget: target.yaml\n"
+                                       "task: inference\n"
                                        "model: {onnx: model.onnx, batch_size: 4}\n")
     script = ("import sys; from modak.spec.loader import load_job; from modak.workload.source import load_analysis; "
               f"s, p = load_analysis(load_job({str(tmp_path / 'job.yaml')!r})); "

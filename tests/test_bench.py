@@ -28,8 +28,8 @@ def modak(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 @pytest.mark.slow
 def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
     store = tmp_path / "perf.sqlite"
-    result = modak("bench", str(CNN), "--candidates", "onnxruntime", "--launches", "2", "--min-seconds", "0.2", "--budget", "0.5",
-                   "--store", str(store), "--json")
+    result = modak("bench", str(CNN), "--candidates", "onnxruntime", "--launches", "2", "--min-seconds", "0.2",
+                   "--budget", "0.5", "--store", str(store), "--json")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     with PerfStore(store) as perf:
@@ -43,7 +43,8 @@ def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
         assert json.loads(row.versions)["onnxruntime"] and row.compile_s >= 0 and row.peak_rss_mb > 0
         assert json.loads(row.op_class_flops)["conv"] > 0
     # A second run of the same configuration replaces its row instead of adding one.
-    again = modak("bench", str(CNN), "--candidates", "top-1", "--launches", "1", "--min-seconds", "0.1", "--budget", "0.2", "--store", str(store))
+    again = modak("bench", str(CNN), "--candidates", "top-1", "--launches", "1", "--min-seconds", "0.1",
+                  "--budget", "0.2", "--store", str(store))
     assert again.returncode == 0, again.stderr
     with PerfStore(store) as perf:
         assert len(perf.rows()) <= len(rows) + 1
@@ -100,8 +101,8 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
 
     store = tmp_path / "perf.sqlite"
     # The ONNX Runtime candidates only: a round of them takes seconds (all candidates include TVM tuning, minutes).
-    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "onnxruntime", "--launches", "3",
-                                "--min-seconds", "0.1", "--budget", "0.3", "--store", str(store)],
+    process = subprocess.Popen([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "onnxruntime",
+                                "--launches", "3", "--min-seconds", "0.1", "--budget", "0.3", "--store", str(store)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 240

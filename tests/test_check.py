@@ -114,7 +114,8 @@ def test_plan_json_is_a_baseline_and_a_slower_prediction_fails_with_exit_9(tmp_p
 def test_measured_times_from_bench_json(tmp_path, capsys, plan):
     """A real (short) `modak bench --json` of the chosen candidate is the measured side."""
     done = subprocess.run([sys.executable, "-m", "modak", "bench", str(JOB), "--candidates", plan["choice"],
-                           "--launches", "1", "--min-seconds", "0.2", "--budget", "1", "--store", str(tmp_path / "perf.sqlite"), "--json"],
+                           "--launches", "1", "--min-seconds", "0.2", "--budget", "1",
+                           "--store", str(tmp_path / "perf.sqlite"), "--json"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)

@@ -148,7 +148,8 @@ def test_cli_hostile_command_is_quoted_in_every_output(tmp_path: Path) -> None:
 
 def test_cli_hostile_name_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     job = (EXAMPLES / "mnist-cnn-cpu" / "job.yaml").read_text().replace("name: mnist-cnn", 'name: "x\\n$(echo>PWNED)"')
-    (tmp_path / "job.yaml").write_text(job.replace("target: target.yaml", f"target: {EXAMPLES / 'mnist-cnn-cpu'}/target.yaml"))
+    (tmp_path / "job.yaml").write_text(job.replace("target: target.yaml",
+                                                   f"target: {EXAMPLES / 'mnist-cnn-cpu'}/target.yaml"))
     result = modak("render", str(tmp_path / "job.yaml"), "-o", str(tmp_path / "out"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"modak: error: {tmp_path / 'job.yaml'}:4: name: invalid value 'x\\n$(echo>PWNED)'")

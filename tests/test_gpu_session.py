@@ -90,7 +90,8 @@ def test_dry_run_writes_rows_ceilings_and_log(rehearsal: tuple[Path, Path]) -> N
     rows = list(read_csv(out / "rows.csv"))
     launches = [json.loads(line) for line in (out / "launches.jsonl").read_text().splitlines()]
     assert rows and len(rows) == len(launches)
-    assert all(r.status in {"ok", "incorrect", "error", "contended"} and r.machine == "gpu-h100-dry-run" and r.device == "cpu" for r in rows)
+    assert all(r.status in {"ok", "incorrect", "error", "contended"} and r.machine == "gpu-h100-dry-run"
+               and r.device == "cpu" for r in rows)
     measured = [r for r in rows if r.status in ("ok", "contended")]
     assert measured and all(r.step_median_s > 0 and r.launches == 1 and r.protocol == 2 for r in measured)
     ceilings = json.loads((out / "ceilings.json").read_text())

@@ -53,8 +53,8 @@ def test_alias_use_within_the_budget_loads() -> None:
     assert data == {"a": [1, 2], "b": [1, 2], "c": [1, 2]} and lines[("c", 1)] == 1
 
 
-@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, "".join(f"{'  ' * i}a:\n" for i in range(3000)), "- " * 3000 + "x",
-                                  "{a: " * 5000 + "1" + "}" * 5000],
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, "".join(f"{'  ' * i}a:\n" for i in range(3000)),
+                                  "- " * 3000 + "x", "{a: " * 5000 + "1" + "}" * 5000],
                          ids=["flow-list", "block-mapping", "block-list", "flow-mapping"])
 def test_deep_nesting_is_refused_before_python_recursion(text: str) -> None:
     error = parse_error(text)

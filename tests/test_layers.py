@@ -1,6 +1,7 @@
 """The import graph points one way: spec -> workload -> candidates -> predict -> plan -> render/bench -> build ->
 advise -> api -> output -> cli, with the data layers (measurements, hardware) below prediction and the in-image
-package at the bottom. Read from the source (every import, at any depth, TYPE_CHECKING blocks included), not from sys.modules."""
+package at the bottom. Read from the source (every import, at any depth, TYPE_CHECKING blocks included), not from
+sys.modules."""
 
 from __future__ import annotations
 

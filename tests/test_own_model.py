@@ -237,7 +237,8 @@ def test_a_factory_that_returns_no_module(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_factory_that_never_returns_is_stopped(tmp_path: Path) -> None:
-    module = MIXER_MODULE.replace("    return Mixer(width)", "    import time\n    time.sleep(600)\n    return Mixer(width)")
+    module = MIXER_MODULE.replace("    return Mixer(width)",
+                                  "    import time\n    time.sleep(600)\n    return Mixer(width)")
     error = fails(tmp_path, job_text(PYTORCH), module, env={"MODAK_USERCODE_SECONDS": "8"})
     line = module.splitlines().index("    time.sleep(600)") + 1
     assert "model.pytorch.factory:" in error and "did not finish within 8 s (MODAK_USERCODE_SECONDS)" in error

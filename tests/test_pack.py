@@ -208,7 +208,8 @@ def test_memory_beyond_the_share_of_capacity_is_refused(tmp_path: Path) -> None:
 def test_no_gain_no_sharing(tmp_path: Path) -> None:
     jobs = [write_job(tmp_path, "a"), write_job(tmp_path, "b")]
     perfect = Scaled()
-    result = api.pack(jobs, write_target(tmp_path, cores=1), using=perfect)  # one core: only time-slicing, which gains nothing
+    # one core: only time-slicing, which gains nothing
+    result = api.pack(jobs, write_target(tmp_path, cores=1), using=perfect)
     assert not any(g.shared for g in result.groups)
     assert "would not raise throughput" in result.groups[0].reason and f"{MIN_GAIN:g}x" in result.groups[0].reason
 
@@ -272,7 +273,8 @@ def test_golden_sharing_scripts(tmp_path: Path, case: str) -> None:
     spec = GOLDEN_CASES[case]
     jobs = [write_job(tmp_path / "specs", n, device=spec["device"]) for n in ("alpha", "beta")]
     target = write_target(tmp_path / "specs", **spec["target"])
-    texts = _render(tmp_path, case, jobs, target, spec["predictor"], spec.get("modes", ("cores", "time-slicing", "mps", "mig")))
+    texts = _render(tmp_path, case, jobs, target, spec["predictor"],
+                    spec.get("modes", ("cores", "time-slicing", "mps", "mig")))
     assert set(texts) == {"alpha", "beta"}
     for job, text in texts.items():
         golden = GOLDEN / case / f"{job}.sh"

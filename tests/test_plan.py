@@ -141,7 +141,8 @@ def test_training_overhead_uses_the_training_priors_or_three_passes() -> None:
 
 def test_roofline_arithmetic_by_hand() -> None:
     loaded = load_job(CNN)
-    ceilings = target_ceilings(loaded.target, loaded.target_doc)  # the test host probe: 451.6 GFLOP/s, 40.9 GB/s, 2 cores
+    # the test host probe: 451.6 GFLOP/s, 40.9 GB/s, 2 cores
+    ceilings = target_ceilings(loaded.target, loaded.target_doc)
     recipe = load_catalog()["onnxruntime"]
     perf = recipe.performance["cpu"]
     candidate = Candidate("onnxruntime", "cpu", Precision.fp32,
@@ -296,8 +297,8 @@ def zen3_target(folder: Path, microarchitecture: str = "zen3") -> Path:
 
 
 def test_a_known_kind_with_the_catalog_s_ceilings_is_an_unseen_machine(tmp_path):
-    """(The learned model's widening: asked for it alone.) The same-kind spread was calibrated on probes of one machine: a Zen 3 target without measured peaks (the
-    catalog's ceilings) is widened as an unseen machine."""
+    """(The learned model's widening: asked for it alone.) The same-kind spread was calibrated on probes of one machine:
+    a Zen 3 target without measured peaks (the catalog's ceilings) is widened as an unseen machine."""
     from modak import api
 
     text = (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml").read_text()

@@ -192,7 +192,8 @@ def test_golden(rendered: dict[str, Rendered], case: str, name: str) -> None:
 def test_build_context_is_complete(rendered: dict[str, Rendered]) -> None:
     slurm = rendered["slurm"]
     out = slurm.out
-    assert {p.name for p in out.iterdir()} == {*OUTPUTS, ".dockerignore", "modak-wheel", "model", "app", "wheels", "ca.crt"}
+    assert {p.name for p in out.iterdir()} == {*OUTPUTS, ".dockerignore", "modak-wheel", "model", "app", "wheels",
+                                               "ca.crt"}
     ignore = (out / ".dockerignore").read_text().splitlines()
     assert "*" in ignore and {f"!{p.name}" for p in out.iterdir() if p.name != ".dockerignore"} <= set(ignore)
     assert sorted(p.name for p in (out / "model").iterdir()) == ["model.onnx", "model.onnx.data"]
@@ -615,7 +616,8 @@ def test_site_template_errors_are_input_errors(tmp_path: Path, templates: dict[s
     plan, source = pbs_case(tmp_path / "spec")
     _write_templates(tmp_path / "spec" / "site", templates)
     with pytest.raises(InputError) as error:
-        render(build_description(replace(plan, loaded=_site_target(tmp_path / "spec", "site")), CREATED), tmp_path / "out")
+        render(build_description(replace(plan, loaded=_site_target(tmp_path / "spec", "site")), CREATED),
+               tmp_path / "out")
     assert message in error.value.message and error.value.exit_code == EXIT_BAD_INPUT
     assert (error.value.file, error.value.line) == ((str(tmp_path / "spec" / "site" / next(iter(templates))), line)
                                                     if line else (None, None))

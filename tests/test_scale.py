@@ -63,7 +63,8 @@ def test_flat_ring_is_the_textbook_formula() -> None:
     """One worker a node: T = 2(N-1) alpha + 2(N-1)/N x S / beta (plus the base latency per call)."""
     flat = model(workers_per_node=1, intra=None, base_latency_us=8.4, algorithms=("ring",))
     for n in (2, 3, 8):
-        assert flat.allreduce_s(n)["ring"] == pytest.approx(8.4e-6 + 2 * (n - 1) * 20e-6 + 2 * (n - 1) / n * 1e8 / 2.5e9)
+        assert flat.allreduce_s(n)["ring"] == pytest.approx(8.4e-6 + 2 * (n - 1) * 20e-6
+                                                            + 2 * (n - 1) / n * 1e8 / 2.5e9)
 
 
 def test_buckets_repeat_the_latency_not_the_bandwidth() -> None:
@@ -222,7 +223,8 @@ def test_scale_json_matches_its_schema(tmp_path: Path, capsys: pytest.CaptureFix
     assert data["model"]["network"]["source"].startswith("fitted to the measured steps")
     chosen = data["chosen"]["workers"]
     assert all(p["efficiency"] >= 0.8 for p in data["points"] if p["workers"] <= chosen)
-    assert data["points"][0]["efficiency"] == 1.0 and data["points"][1]["step_seconds"] == pytest.approx(0.011, rel=1e-3)
+    assert (data["points"][0]["efficiency"] == 1.0
+            and data["points"][1]["step_seconds"] == pytest.approx(0.011, rel=1e-3))
 
 
 def test_scale_table_and_reasons(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

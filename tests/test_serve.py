@@ -72,8 +72,9 @@ class Server:
         env = {**os.environ, "MODAK_PLAN": str(folder / "plan.json"), "MODAK_MODEL": onnx_path,
                "MODAK_WORKDIR": str(folder), "PYTHONPATH": str(Path(modak.__file__).parents[1])}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m", "modak.runtime", "serve", "--host", "127.0.0.1",
-             "--port", "0", *options], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [sys.executable, "-m", "modak.image.launch", "--", sys.executable, "-m", "modak.runtime", "serve",
+             "--host", "127.0.0.1", "--port", "0", *options],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log: queue.Queue[str] = queue.Queue()
         self.lines: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()

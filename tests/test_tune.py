@@ -106,7 +106,8 @@ def test_budget_stops_before_a_round_that_would_not_fit(plan, tmp_path):
 
     names = finalists(plan, 2)
     with PerfStore(tmp_path / "perf.sqlite") as store:
-        result = tune(plan, store, TuneSettings(budget_s=0.5, trials=2, protocol=SEEDED), Slow({n: 1e-3 for n in names}, 0.01))
+        result = tune(plan, store, TuneSettings(budget_s=0.5, trials=2, protocol=SEEDED),
+                      Slow({n: 1e-3 for n in names}, 0.01))
     assert result.rounds == 1 and "budget" in result.stopped and not result.confident
 
 
@@ -139,7 +140,8 @@ def test_tuned_winner_reaches_the_plan_and_the_image_labels(plan, tmp_path):
         tune(plan, store, TuneSettings(trials=4, protocol=SEEDED), SyntheticDispatcher(true, 0.01))
     tuned = api.plan_job(CNN, store=store_path)
     assert tuned.choice.candidate.name == slow_pick and tuned.tuned.candidate == slow_pick
-    assert tuned.reasons[0].startswith(f"chose {slow_pick}: tuned on ") and "confidently the fastest" in tuned.reasons[0]
+    assert (tuned.reasons[0].startswith(f"chose {slow_pick}: tuned on ")
+            and "confidently the fastest" in tuned.reasons[0])
     assert tuned.reasons[1].startswith(f"the model predicted for it: {slow_pick}: predicted ")
     assert tuned.to_dict()["tuned"]["candidate"] == slow_pick
     labels = dict(build_description(tuned).labels)

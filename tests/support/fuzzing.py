@@ -63,7 +63,8 @@ SCALARS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
 )
 VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                      st.dictionaries(st.sampled_from(HOSTILE[:20]) | st.text(max_size=8),
+                                                      st.dictionaries(st.sampled_from(HOSTILE[:20])
+                                                                      | st.text(max_size=8),
                                                                       inner, max_size=3)), max_leaves=6)
 COMMANDS = ("plan", "render", "analyze")
 
@@ -73,7 +74,8 @@ def example_seeds(names: tuple[str, ...] | None = None) -> tuple[dict[str, str],
     ``onnx-file`` job: the MNIST example with the tiny ONNX graph as its model."""
     folders = [p.parent for p in sorted(EXAMPLES.glob("*/job.yaml")) if names is None or p.parent.name in names]
     jobs = {f.name: (f / "job.yaml").read_text() for f in folders}
-    targets = {f.name: (f / "target.yaml").read_text() for f in sorted(EXAMPLES.glob("*/")) if (f / "target.yaml").is_file()}
+    targets = {f.name: (f / "target.yaml").read_text() for f in sorted(EXAMPLES.glob("*/"))
+               if (f / "target.yaml").is_file()}
     mnist = yaml.safe_load((EXAMPLES / "mnist-cnn-cpu" / "job.yaml").read_text())
     mnist["model"] = {"onnx": "tiny.onnx", "input_shape": [4], "batch_size": 8}
     jobs["onnx-file"] = yaml.safe_dump(mnist, sort_keys=False)
