@@ -197,6 +197,23 @@ def test_a_step_corrected_by_a_run_is_calibrated_by_such_corrected_steps() -> No
     assert calibrate_runs(steps[:4], calibrate(steps[:4])) == {}  # under MIN_CALIBRATION steps: not calibrated
 
 
+def test_kinds_fit_in_processes_are_the_model_fit_in_one(tmp_path: Path) -> None:
+    # Two machine kinds, each with its five models' own sizes and times: every calibration fold fits other kinds.
+    twin = MachineCeilings("cpu", "twin", 4, 200.0, None, 10.0)
+    rows, recs = [], []
+    for machine, ceilings in (("box", BOX), ("twin", twin)):
+        for i, step in enumerate(STEPS_MS):
+            sizes = [replace(CONV, flops=CONV.flops * (1 + i + j), shapes=((1 + i + j, 8, 16, 16),)) for j in range(6)]
+            rows += [kernel_row(k, (4 + i + j) * MS, f"m{i}", machine, ceilings=ceilings)
+                     for j, k in enumerate(sizes)]
+            rows.append(kernel_row(RELU, (0.5 + 0.1 * i) * MS, f"m{i}", machine, ceilings=ceilings))
+            recs.append(reconciliation(f"m{i}", (step + 30 + 7 * i) * MS, (27.5 + 6.1 * i) * MS, 7, machine,
+                                       ceilings=ceilings))
+    KernelModel.fit(rows, recs).save(tmp_path / "one.forest")
+    KernelModel.fit(rows, recs, jobs=3).save(tmp_path / "three.forest")
+    assert (tmp_path / "one.forest").read_bytes() == (tmp_path / "three.forest").read_bytes()
+
+
 def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: KernelModel) -> None:
     # Twice the peak and bandwidth: the same efficiencies on half the rooflines, 3 x 2 + 2 x 0.25 + 5 x 0.3 = 8 ms.
     p = predict_fixed(fixed, target("other", 2.0), (CONV, CONV, RELU, CONV, RELU))

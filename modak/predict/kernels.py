@@ -49,6 +49,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import statistics
 from array import array
 from collections import Counter
@@ -596,23 +597,32 @@ def above_profiler(kernel_s: float, kernels: int, profiling_s: float) -> bool:
     return kernel_s >= PROFILER_MARGIN * profiling_s * kernels
 
 
-def out_of_fold_steps(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
-                      dispatch: Mapping[RuntimeKey, float], profiling: Mapping[RuntimeKey, float],
-                      seed: int = 0) -> list[tuple[Reconciliation, float]]:
-    """Each reconciled step with its step composed (before calibration) from kernel models fit without its model's
-    rows (models in :data:`FOLDS` folds; none with fewer than two models). A step whose kinds the other folds do not
-    cover, or whose kernels do not stand out of the profiler's cost, is left out."""
+def model_folds(reconciliations: Sequence[Reconciliation]) -> list[frozenset[str]]:
+    """The models held out by each calibration fold: the reconciled steps' models in :data:`FOLDS` folds (none with
+    fewer than two models)."""
     models = sorted({rec.model for rec in reconciliations})
     folds = min(FOLDS, len(models))
-    if folds < 2:
-        return []
+    return [] if folds < 2 else [frozenset(models[fold::folds]) for fold in range(folds)]
+
+
+def fold_rows(rows: Sequence[KernelRow], held: frozenset[str]) -> list[KernelRow]:
+    """The kernel rows a fold's kinds are fit on: those of the models it does not hold out."""
+    return [r for r in rows if r.model not in held]
+
+
+def out_of_fold_steps(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
+                      dispatch: Mapping[RuntimeKey, float], profiling: Mapping[RuntimeKey, float],
+                      folds: Sequence[tuple[frozenset[str], Mapping[KindKey, KindModel]]]
+                      ) -> list[tuple[Reconciliation, float]]:
+    """Each reconciled step with its step composed (before calibration) by the kinds of the fold that holds out its
+    model (``folds``: each fold's held-out models, :func:`model_folds`, and its kinds fit on :func:`fold_rows`). A
+    step whose kinds the other folds do not cover, or whose kernels do not stand out of the profiler's cost, is left
+    out."""
     by_launch: dict[tuple, list[KernelRow]] = {}
     for row in rows:
         by_launch.setdefault(_launch(row), []).append(row)
     steps = []
-    for fold in range(folds):
-        held = set(models[fold::folds])
-        kinds = fit_kinds([r for r in rows if r.model not in held], seed)
+    for held, kinds in folds:
         for rec in reconciliations:
             own = by_launch.get(_launch(rec), [])
             if rec.model not in held or not own:
@@ -626,6 +636,18 @@ def out_of_fold_steps(rows: Sequence[KernelRow], reconciliations: Sequence[Recon
                 continue
             steps.append((rec, kernel_s + rec.kernels * dispatch[(rec.runtime, rec.device)]))
     return steps
+
+
+def fit_kind_sets(row_sets: Sequence[Sequence[KernelRow]], seed: int = 0,
+                  jobs: int = 1) -> list[dict[KindKey, KindModel]]:
+    """:func:`fit_kinds` of each of ``row_sets``, in up to ``jobs`` processes: each kind's fit is seeded, so the
+    models are the same whatever ``jobs``."""
+    if jobs <= 1 or len(row_sets) <= 1:
+        return [fit_kinds(rows, seed) for rows in row_sets]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(min(jobs, len(row_sets))) as pool:
+        return list(pool.map(functools.partial(fit_kinds, seed=seed), row_sets))
 
 
 def _deciles(values: Sequence[float]) -> tuple[float, float]:
@@ -715,9 +737,17 @@ class MachineModel:
     signatures: Mapping[RuntimeKey, frozenset[tuple]]
     machine_kinds: Mapping[RuntimeKey, frozenset[tuple]]
 
+    @staticmethod
+    def training_sets(rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation]) -> list[list[KernelRow]]:
+        """The kernel rows :meth:`fit` needs kinds fit on, in its order: all of ``rows``, then each calibration fold's
+        (:func:`model_folds`, :func:`fold_rows`)."""
+        return [list(rows), *(fold_rows(rows, held) for held in model_folds(reconciliations))]
+
     @classmethod
-    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0) -> MachineModel:
-        """Fit on one machine kind's checked ``rows`` (at least one) and whole-step ``reconciliations``."""
+    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation],
+            fits: Sequence[Mapping[KindKey, KindModel]]) -> MachineModel:
+        """Fit on one machine kind's checked ``rows`` (at least one) and whole-step ``reconciliations``, given the
+        kinds ``fits`` on each of :meth:`training_sets` (:func:`fit_kind_sets`)."""
         dispatch = dispatch_seconds(reconciliations)
         precisions: dict[RuntimeKey, set[str]] = {}
         signatures: dict[RuntimeKey, set[tuple]] = {}
@@ -730,9 +760,10 @@ class MachineModel:
                 kinds.setdefault((row.runtime, row.device), set()).add(machine.kind)
         ceilings = Counter(machines).most_common(1)[0][0]
         profiling = profiling_seconds(reconciliations)
-        steps = out_of_fold_steps(rows, reconciliations, dispatch, profiling, seed)
+        steps = out_of_fold_steps(rows, reconciliations, dispatch, profiling,
+                                  list(zip(model_folds(reconciliations), fits[1:])))
         calibration = calibrate(steps)
-        return cls(ceilings.key, ceilings, fit_kinds(rows, seed), dispatch, profiling, calibration,
+        return cls(ceilings.key, ceilings, fits[0], dispatch, profiling, calibration,
                    calibrate_runs(steps, calibration),
                    {k: frozenset(v) for k, v in precisions.items()}, {k: frozenset(v) for k, v in signatures.items()},
                    {k: frozenset(v) for k, v in kinds.items()})
@@ -822,9 +853,11 @@ class KernelModel:
     machines: tuple[MachineModel, ...]
 
     @classmethod
-    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0) -> KernelModel:
-        """Fit a model per machine kind of ``rows`` and ``reconciliations`` (on the ceilings they carry); a damaged
-        table is an InputError."""
+    def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0,
+            jobs: int = 1) -> KernelModel:
+        """Fit a model per machine kind of ``rows`` and ``reconciliations`` (on the ceilings they carry), the kinds
+        of all of them in up to ``jobs`` processes (:func:`fit_kind_sets`: the same models whatever ``jobs``); a
+        damaged table is an InputError."""
         check_rows(rows, reconciliations)
         # What a step adds to its kernels (dispatch, the profiler's cost, the calibration) is learned from whole
         # models' steps: a probed layer's session is mostly the fixed cost of a run.
@@ -836,7 +869,11 @@ class KernelModel:
             key = MachineCeilings.of_row(rec).key
             if rec.runtime in PLANNED_AS_PROFILED and whole_step(rec) and key in by_machine:
                 by_machine[key][1].append(rec)
-        return cls(tuple(MachineModel.fit(*by_machine[key], seed) for key in sorted(by_machine, key=repr)))
+        machines = [by_machine[key] for key in sorted(by_machine, key=repr)]
+        sets = [MachineModel.training_sets(*machine) for machine in machines]
+        fitted = iter(fit_kind_sets([rows for machine_sets in sets for rows in machine_sets], seed, jobs))
+        return cls(tuple(MachineModel.fit(*machine, [next(fitted) for _ in machine_sets])
+                         for machine, machine_sets in zip(machines, sets)))
 
     @classmethod
     def cached(cls, data: KernelData, folder: Path | None = None) -> KernelModel:
@@ -851,7 +888,7 @@ class KernelModel:
             return cls.load(path)
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        model = cls.fit(*data.load())
+        model = cls.fit(*data.load(), jobs=len(os.sched_getaffinity(0)))
         model.save(path)
         for old in sorted(folder.glob("*.forest"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
             old.unlink(missing_ok=True)
