@@ -4,6 +4,7 @@ its place before the forest in the plan."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import math
@@ -197,7 +198,7 @@ def test_a_step_corrected_by_a_run_is_calibrated_by_such_corrected_steps() -> No
     assert calibrate_runs(steps[:4], calibrate(steps[:4])) == {}  # under MIN_CALIBRATION steps: not calibrated
 
 
-def test_kinds_fit_in_processes_are_the_model_fit_in_one(tmp_path: Path) -> None:
+def test_kinds_fit_in_processes_are_the_model_fit_in_one(tmp_path: Path, monkeypatch) -> None:
     # Two machine kinds, each with its five models' own sizes and times: every calibration fold fits other kinds.
     twin = MachineCeilings("cpu", "twin", 4, 200.0, None, 10.0)
     rows, recs = [], []
@@ -212,6 +213,13 @@ def test_kinds_fit_in_processes_are_the_model_fit_in_one(tmp_path: Path) -> None
     KernelModel.fit(rows, recs).save(tmp_path / "one.forest")
     KernelModel.fit(rows, recs, jobs=3).save(tmp_path / "three.forest")
     assert (tmp_path / "one.forest").read_bytes() == (tmp_path / "three.forest").read_bytes()
+    # Where the system cannot start a pool (no shared memory for its semaphores), the fit runs in this process.
+    def no_pool(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/dev/shm")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    KernelModel.fit(rows, recs, jobs=3).save(tmp_path / "here.forest")
+    assert (tmp_path / "here.forest").read_bytes() == (tmp_path / "one.forest").read_bytes()
 
 
 def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: KernelModel) -> None:

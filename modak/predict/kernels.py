@@ -640,13 +640,18 @@ def out_of_fold_steps(rows: Sequence[KernelRow], reconciliations: Sequence[Recon
 
 def fit_kind_sets(row_sets: Sequence[Sequence[KernelRow]], seed: int = 0,
                   jobs: int = 1) -> list[dict[KindKey, KindModel]]:
-    """:func:`fit_kinds` of each of ``row_sets``, in up to ``jobs`` processes: each kind's fit is seeded, so the
-    models are the same whatever ``jobs``."""
-    if jobs <= 1 or len(row_sets) <= 1:
-        return [fit_kinds(rows, seed) for rows in row_sets]
+    """:func:`fit_kinds` of each of ``row_sets``, in up to ``jobs`` processes (in this one where the system cannot
+    start a pool, e.g. without shared memory for its semaphores): each kind's fit is seeded, so the models are the
+    same whatever ``jobs``."""
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(min(jobs, len(row_sets))) as pool:
+    try:
+        pool = ProcessPoolExecutor(min(jobs, len(row_sets))) if jobs > 1 and len(row_sets) > 1 else None
+    except (OSError, NotImplementedError):
+        pool = None
+    if pool is None:
+        return [fit_kinds(rows, seed) for rows in row_sets]
+    with pool:
         return list(pool.map(functools.partial(fit_kinds, seed=seed), row_sets))
 
 
