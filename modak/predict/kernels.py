@@ -876,7 +876,7 @@ class KernelModel:
                 by_machine[key][1].append(rec)
         machines = [by_machine[key] for key in sorted(by_machine, key=repr)]
         sets = [MachineModel.training_sets(*machine) for machine in machines]
-        fitted = iter(fit_kind_sets([rows for machine_sets in sets for rows in machine_sets], seed, jobs))
+        fitted = iter(fit_kind_sets([training for machine_sets in sets for training in machine_sets], seed, jobs))
         return cls(tuple(MachineModel.fit(*machine, [next(fitted) for _ in machine_sets])
                          for machine, machine_sets in zip(machines, sets)))
 
