@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -38,6 +39,26 @@ def cache_dir() -> Path:
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of the file at ``path`` (hex), read once per content: the digest is kept in modak's cache under the
+    file's resolved path, size, modification time and inode, as Python's bytecode cache tells a changed source, so
+    a plan does not hash a 100 MB model again. Raises OSError where the file cannot be read."""
+    resolved = Path(path).resolve()
+    status = resolved.stat()
+    identity = f"{resolved}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ino}"
+    entry = cache_dir() / "digests" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    try:
+        known = entry.read_text()
+    except OSError:
+        known = ""
+    if len(known) == 64:
+        return known
+    with resolved.open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    write_atomic(entry, digest)
+    return digest
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:

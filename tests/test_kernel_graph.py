@@ -289,3 +289,32 @@ def test_openvino_kernels_leave_out_what_it_computes_when_compiling() -> None:
     assert not static & {n for k in kernels for n in k.nodes}
     after = next(k for k in kernels if "/decoder.0/Add" in k.nodes)
     assert after.kind.startswith("Subgraph:") and after.flops < 1e6
+
+
+def test_a_models_digest_is_read_once_per_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan asks for each candidate's report: the model file is hashed once, then its digest is found by its
+    path, size, modification time and inode (#65: a 100 MB model was read and hashed ten times a plan)."""
+    import hashlib
+    import os
+
+    from modak import paths
+
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"graph one")
+    hashed = []
+    file_digest = hashlib.file_digest
+
+    def counted(handle, name):
+        hashed.append(handle.name)
+        return file_digest(handle, name)
+
+    monkeypatch.setattr(hashlib, "file_digest", counted)
+    first = paths.file_digest(model)
+    assert first == hashlib.sha256(b"graph one").hexdigest() and len(hashed) == 1
+    assert paths.file_digest(model) == first and len(hashed) == 1  # found, not read
+    status = model.stat()
+    model.write_bytes(b"graph two")  # the same size, other bytes, written later
+    os.utime(model, ns=(status.st_atime_ns, status.st_mtime_ns + 1))
+    assert paths.file_digest(model) == hashlib.sha256(b"graph two").hexdigest() and len(hashed) == 2
+    with pytest.raises(OSError):
+        paths.file_digest(tmp_path / "missing.onnx")

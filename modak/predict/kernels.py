@@ -67,11 +67,11 @@ from modak.hardware.ceilings import TargetCeilings
 from modak.image.kernels import OP_CLASSES, Kernel
 from modak.measurements.kernels import KernelRow, Reconciliation, probed_from, whole_step
 from modak.measurements.store import Measurement
-from modak.paths import cache_dir, write_atomic
-from modak.predict import forest, roofline
+from modak.paths import write_atomic
+from modak.predict import fits
 from modak.predict.base import Prediction, PredictionRequest
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
-from modak.predict.learned import KEEP_FITS, NEW_MACHINE_SPREAD, Z80, machine_kind, machine_signature
+from modak.predict.learned import NEW_MACHINE_SPREAD, Z80, machine_kind, machine_signature
 from modak.predict.roofline import RooflinePredictor, op_seconds, thread_shares
 from modak.spec.models import Precision, Task
 from modak.workload.analysis import WorkloadProfile
@@ -110,7 +110,8 @@ PROFILER_MARGIN = 2.0
 # dispatched aten ops on fake CPU tensors). torch.compile's profiles are Inductor's fused kernels, which its plan
 # (the eager ops) does not name: the forest answers for it.
 PLANNED_AS_PROFILED = frozenset({"onnxruntime", "openvino", "pytorch"})
-PREDICTOR = "kernels"
+PREDICTOR = "kernels"  # its name in plans, and its fits' (modak.predict.fits)
+FIT_FORMAT = 1  # raise when a fit of the same rows would give other arrays (the key of shipped and cached fits)
 TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by its ceilings
 # What each name means, for the plan's reasons.
 NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans for the step, each of a kind profiled "
@@ -881,23 +882,13 @@ class KernelModel:
                          for machine, machine_sets in zip(machines, sets)))
 
     @classmethod
-    def cached(cls, data: KernelData, folder: Path | None = None) -> KernelModel:
-        """:meth:`fit` on ``data``, or the saved fit of the same data key and model code from ``folder`` (default:
-        modak's cache); a missing or unreadable file fits and rewrites it."""
-        folder = folder if folder is not None else cache_dir() / "kernels"
-        digest = hashlib.sha256(data.key.encode())
-        for source in (__file__, forest.__file__, roofline.__file__):
-            digest.update(Path(source).read_bytes())
-        path = folder / f"{digest.hexdigest()[:32]}.forest"
-        try:
-            return cls.load(path)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        model = cls.fit(*data.load(), jobs=len(os.sched_getaffinity(0)))
-        model.save(path)
-        for old in sorted(folder.glob("*.forest"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
-            old.unlink(missing_ok=True)
-        return model
+    def cached(cls, data: KernelData, folder: Path | None = None, refit: bool = False) -> KernelModel:
+        """:meth:`fit` on ``data``, or the saved fit of the same data key and format from ``folder`` (default: modak's
+        cache) or the shipped fits (:func:`modak.predict.fits.cached_fit`); a missing or unreadable file, or ``refit``,
+        fits and rewrites it."""
+        return fits.cached_fit(PREDICTOR, fits.fit_key(PREDICTOR, FIT_FORMAT, data.key), cls.load,
+                               lambda: cls.fit(*data.load(), jobs=len(os.sched_getaffinity(0))), KernelModel.save,
+                               folder, refit)
 
     def save(self, path: Path) -> None:
         """Write the model (plain arrays and a JSON header, :mod:`modak.predict.forest`), atomically."""

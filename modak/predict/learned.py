@@ -30,8 +30,8 @@ from modak.candidates.catalog import FeatureKind, Recipe, load_catalog, value_ke
 from modak.candidates.enumerate import Candidate
 from modak.hardware.ceilings import TargetCeilings
 from modak.measurements.store import Measurement
-from modak.paths import cache_dir, write_atomic
-from modak.predict import forest, roofline
+from modak.paths import write_atomic
+from modak.predict import fits
 from modak.predict.base import Prediction, PredictionRequest
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.roofline import RooflinePredictor, op_seconds, overhead_seconds, thread_shares, tuning_seconds
@@ -52,7 +52,8 @@ NEW_MODEL_SPREAD = 0.245  # the same for a model graph it has no rows of, on a m
 SAME_KIND_SPREAD = 0.13  # the same for another probe of a machine kind it knows (other measured ceilings)
 Z80 = statistics.NormalDist().inv_cdf(0.9)  # an 80% interval's half-width in SDs
 SHARE_CLASSES = ("conv", "matmul", "recurrent")  # op classes whose FLOP share is a column (see Features)
-KEEP_FITS = 4  # fitted models kept in the cache (one per distinct training data)
+PREDICTOR = "learned"  # its name in plans, and its fits' (modak.predict.fits)
+FIT_FORMAT = 1  # raise when a fit of the same rows would give other arrays (the key of shipped and cached fits)
 
 
 @dataclass(frozen=True)
@@ -293,14 +294,9 @@ class TrainingData:
 
 
 def fit_key(data_key: str, catalog: Mapping[str, Recipe]) -> str:
-    """What a fit depends on, hashed: the training data's key, the catalog (its columns, and the overhead priors of
-    the anchor) and this model's code."""
-    digest = hashlib.sha256()
-    for source in (__file__, forest.__file__, roofline.__file__):
-        digest.update(Path(source).read_bytes())
-    digest.update(repr(sorted(catalog.items())).encode())
-    digest.update(data_key.encode())
-    return digest.hexdigest()[:32]
+    """What a fit depends on, hashed (:func:`modak.predict.fits.fit_key`): the training data's key, the catalog (its
+    columns, and the overhead priors of the anchor) and :data:`FIT_FORMAT`."""
+    return fits.fit_key(PREDICTOR, FIT_FORMAT, repr(sorted(catalog.items())), data_key)
 
 
 def _ones() -> Iterable[float]:
@@ -315,7 +311,7 @@ class LearnedPredictor:
     :meth:`fit` trains it with scikit-learn; :meth:`cached` reuses the fit of the same data (and the same code and
     catalog) from modak's cache, where it is kept as plain arrays (:mod:`modak.predict.forest`), never pickled."""
 
-    name = "learned"
+    name = PREDICTOR
 
     def __init__(self, utilization: TreeEnsemble, compile_: TreeEnsemble, machine_offsets: Mapping[tuple, float],
                  known_machines: Mapping[tuple, tuple | None], known_models: frozenset[tuple],
@@ -378,24 +374,12 @@ class LearnedPredictor:
     @classmethod
     def cached(cls, data: TrainingData, catalog: Mapping[str, Recipe] | None = None, folder: Path | None = None,
                refit: bool = False) -> LearnedPredictor:
-        """:meth:`fit` (seed 0) on ``data``, or the saved fit of the same data key, catalog columns and model code
-        from ``folder`` (default: modak's cache), found without loading the rows. A missing or unreadable file, or
-        ``refit``, fits and rewrites it."""
-        catalog = catalog if catalog is not None else load_catalog()
-        folder = folder if folder is not None else cache_dir() / "learned"
-        path = folder / f"{fit_key(data.key, catalog)}.forest"
-        if not refit:
-            try:
-                return cls.load(path, catalog)
-            except (OSError, ValueError, KeyError):
-                pass
-        rows, weights = data.load()
-        model = cls.fit(rows, weights, catalog=catalog)
-        model.save(path)
-        stale = sorted(folder.glob("*.forest"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]
-        for old in stale + list(folder.glob("*.npz")):  # *.npz: fits saved by earlier versions, no longer read
-            old.unlink(missing_ok=True)
-        return model
+        """:meth:`fit` (seed 0) on ``data``, or the saved fit of the same data key, catalog columns and format from
+        ``folder`` (default: modak's cache) or the shipped fits, found without loading the rows
+        (:func:`modak.predict.fits.cached_fit`). A missing or unreadable file, or ``refit``, fits and rewrites it."""
+        known = catalog if catalog is not None else load_catalog()
+        return fits.cached_fit(PREDICTOR, fit_key(data.key, known), lambda path: cls.load(path, known),
+                               lambda: cls.fit(*data.load(), catalog=known), LearnedPredictor.save, folder, refit)
 
     def save(self, path: Path) -> None:
         """Write the fitted model to ``path`` (plain arrays and a JSON header, :mod:`modak.predict.forest`),

@@ -19,7 +19,7 @@ from modak.measurements.kernels import (
     read_labels_csv,
 )
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
-from modak.paths import data_dir
+from modak.paths import data_dir, file_digest
 from modak.predict.kernels import KernelData
 from modak.predict.learned import TrainingData
 
@@ -85,14 +85,13 @@ def kernel_set(store: Path | None = None) -> KernelData | None:
 
 
 def _key(salt: str, files: Iterable[Path], local: str) -> str:
-    """The digest of the shipped ``files``' names, sizes and modification times (each within the CSV size limit:
-    a changed file is another key, as Python's bytecode cache tells a changed source, without reading the
-    megabytes on every plan) and the local rows' key."""
+    """The digest of the shipped ``files``' names and contents (each within the CSV size limit; each file's digest
+    cached by :func:`modak.paths.file_digest`, so a plan does not read the megabytes again) and the local rows' key:
+    the same on every clone of the same data, which a shipped fit is found by."""
     digest = hashlib.sha256(salt.encode())
     for path in files:
         check_size(path, MAX_CSV_BYTES, "the CSV file")
-        status = path.stat()
-        digest.update(f"{path.name}\0{status.st_size}\0{status.st_mtime_ns}\0".encode())
+        digest.update(f"{path.name}\0{file_digest(path)}\0".encode())
     digest.update(local.encode())
     return digest.hexdigest()
 

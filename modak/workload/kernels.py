@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from modak.errors import ModakError, short_reason
 from modak.image.kernels import Kernel
-from modak.paths import cache_dir, write_atomic
+from modak.paths import cache_dir, file_digest, write_atomic
 from modak.workload.analysis import analyze, covering, load_model, tensor_shapes
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _model_identity(runtime: str, path: Path | None, zoo: str | None, user: Load
     if runtime in TORCH_RUNTIMES:
         return {"zoo": zoo} if zoo is not None else model_digests(user) if user is not None else None
     try:
-        return hashlib.sha256(Path(path or "").read_bytes()).hexdigest()
+        return file_digest(Path(path or ""))
     except OSError as exc:
         raise UnreportedGraph(f"cannot read {path}: {exc.strerror or exc}") from None
 
@@ -305,13 +305,13 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     def leave(_module: Any, _args: Any, _output: Any) -> None:
         scopes.pop()
 
+    if params.get("channels_last"):  # on the real tensors: faking keeps their strides (swapping fakes can fail)
+        model = model.to(memory_format=torch.channels_last)
+        batch = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+                 for name, t in batch.items()}
     fake = FakeTensorMode()
     model = model._apply(fake.from_tensor)
     feeds: dict[str, Any] = {name: fake.from_tensor(tensor) for name, tensor in batch.items()}
-    if params.get("channels_last"):
-        model = model.to(memory_format=torch.channels_last)
-        feeds = {name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
-                 for name, t in feeds.items()}
     if task == "inference":
         model.eval()
         hooks = [hook for name, module in model.named_modules()

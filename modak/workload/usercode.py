@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from modak.errors import InputError, ModakError
-from modak.paths import cache_dir
+from modak.paths import cache_dir, file_digest
 from modak.spec.loader import LoadedJob
 from modak.spec.resolve import module_code
 from modak.workload import usercode_child
@@ -138,30 +138,22 @@ def _request(loaded: LoadedJob) -> tuple[dict[str, Any], dict[str, str]]:
         request.update(module=spec.pytorch.module, module_file=str(files.model_module), factory=spec.pytorch.factory,
                        kwargs=spec.pytorch.kwargs, weights=str(files.weights) if files.weights else None,
                        root=str(root))
-        digests["module"] = _digest_file(code) if code.is_file() else _digest_package(code)
+        digests["module"] = file_digest(code) if code.is_file() else _digest_package(code)
         digests["kwargs"] = hashlib.sha256(json.dumps(spec.pytorch.kwargs, sort_keys=True).encode()).hexdigest()
         if files.weights is not None:
-            digests["weights"] = _digest_file(files.weights)
+            digests["weights"] = file_digest(files.weights)
     else:
         assert files.exported is not None
         request["exported"] = str(files.exported)
-        digests["program"] = _digest_file(files.exported)
+        digests["program"] = file_digest(files.exported)
     return request, digests
 
 
 def _digest_package(root: Path) -> str:
-    """sha256 of every .py file of a package (a model module imports its siblings)."""
+    """sha256 of every .py file of a package (a model module imports its siblings): their names and digests."""
     digest = hashlib.sha256()
     for file in sorted(root.rglob("*.py")):
-        digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
-    return digest.hexdigest()
-
-
-def _digest_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
+        digest.update(str(file.relative_to(root)).encode() + b"\0" + file_digest(file).encode())
     return digest.hexdigest()
 
 
