@@ -30,6 +30,14 @@ BERT = ROOT / "examples" / "bert-base-avx512" / "job.yaml"
 RESNET = ROOT / "examples" / "resnet50-train-gpu" / "job.yaml"
 
 
+def host_has_avx512() -> bool:
+    """Whether the CPU the tests run on has AVX-512 (Linux's flags)."""
+    try:
+        return " avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def plan_for(job: Path, target: Path | None = None):
     loaded = load_job(job, target)
     return make_plan(loaded, *load_analysis(loaded))
@@ -50,7 +58,13 @@ def test_cnn_plan_json_lists_candidates_over_runtimes_with_roofline_terms(predic
         for c in candidates:
             by.setdefault(c["runtime"], set()).add(c["predictor"])
         kernels = {"kernels", "kernels-transfer"}
-        assert by["onnxruntime"] | by["openvino"] <= kernels and by["pytorch"] & kernels  # where PyTorch's are covered
+        # ONNX Runtime and OpenVINO plan their kernels on the host that plans, for its vector units (ONNX Runtime's
+        # NCHWc blocks are 16 channels with AVX-512, 8 with AVX2). Every shipped kernel row is of an AVX-512 machine
+        # (Emerald Rapids, Zen 4), so only an AVX-512 host's plans are all theirs; on an AVX2 one (Zen 3, #65) the
+        # forest may answer some.
+        planned = kernels if host_has_avx512() else kernels | {"learned"}
+        assert by["onnxruntime"] | by["openvino"] <= planned
+        assert by["pytorch"] & kernels  # its ops are traced on fake tensors, the same on every host
         assert by["torch-compile"] == {"learned"}  # its profiles are Inductor's fused kernels, not its plan's ops
     for row in candidates:
         terms = row["roofline"]
@@ -69,10 +83,17 @@ def test_cnn_plan_json_lists_candidates_over_runtimes_with_roofline_terms(predic
     assert any("no GPU" in p["reason"] for p in plan["pruned"])
 
 
-def test_plan_json_is_stable() -> None:
-    first, second = plan_for(CNN), plan_for(CNN)
+def test_plan_json_is_stable_whatever_was_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first plan in an empty cache (the zoo export, every runtime's report, the shipped fits unpacked) and the
+    next ones (all cached) are the same bytes (#65: a PyTorch candidate's trace failed in one and not the other)."""
+    from modak.hardware.local import store_probe
+    from tests.support.host import TEST_HOST_PROBE
+
+    monkeypatch.setenv("MODAK_CACHE", str(tmp_path / "cache"))
+    store_probe(TEST_HOST_PROBE)
+    first, second, third = plan_for(CNN), plan_for(CNN), plan_for(CNN)
     assert json.dumps(first.to_dict(), sort_keys=True) == json.dumps(second.to_dict(), sort_keys=True)
-    assert first.digest() == second.digest()
+    assert first.digest() == second.digest() == third.digest()
 
 
 def test_bf16_pruned_without_hardware_support() -> None:

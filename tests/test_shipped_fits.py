@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from modak.candidates.catalog import load_catalog
 from modak.paths import data_dir
 from modak.predict import fits
 from modak.predict.kernels import FIT_FORMAT as KERNEL_FORMAT
@@ -16,7 +17,6 @@ from modak.predict.kernels import KernelModel
 from modak.predict.learned import PREDICTOR as LEARNED
 from modak.predict.learned import LearnedPredictor, fit_key
 from modak.predict.training import kernel_set, training_set
-from modak.candidates.catalog import load_catalog
 
 SHIP = "python -m benchmarks.tools.ship_fits"
 

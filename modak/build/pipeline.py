@@ -49,13 +49,12 @@ from modak.documents import document
 from modak.errors import InputError, Interrupted, PushFailed, SmokeTestFailed
 from modak.image.deployment import MODEL_FILE, WORK_DIR
 from modak.image.runtimes.base import reusable_artifacts
-from modak.render.ir import SELF_TEST_COMMAND, BuildDescription, build_description
+from modak.render.ir import LOCK_LABEL, BuildDescription, build_description
 from modak.render.render import DOCKERIGNORE, render
 
 if TYPE_CHECKING:
     from modak.plan import Plan
 
-LOCK_LABEL = "io.modak.requirements-lock"
 ARTIFACTS_LABEL = "io.modak.tuned-artifacts"
 BUILD_LOG = "build.log"
 LOCK_NAME = "requirements.lock"
@@ -208,7 +207,12 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
         try:
             progress.phase(f"building with {engine.name}")
             start = time.perf_counter()
-            image_id = engine.build(out_dir, log, no_cache=options.no_cache)
+            inputs = engine.bootstrap_files(ir, out_dir, log)
+            try:
+                image_id = engine.build(out_dir, log, no_cache=options.no_cache)
+            finally:
+                for made in inputs:
+                    made.unlink(missing_ok=True)
             seconds["build"] = time.perf_counter() - start
 
             start = time.perf_counter()
@@ -298,11 +302,6 @@ def tuned_artifacts(plan: Plan, bench_workdir: Path = BENCH_WORKDIR) -> dict[str
     return {f"{WORK_DIR}/{relative}": path for relative, path in found.items()}
 
 
-def smoke_command(plan: Plan) -> tuple[str, ...]:
-    """The smoke test's command: the self-test, which for inference jobs also serves one request."""
-    return (*SELF_TEST_COMMAND, *(("--serve",) if plan.loaded.job.task.value == "inference" else ()))
-
-
 def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
                log: Path | None = None) -> dict[str, Any]:
     """Run the image's entrypoint with the self-test; its JSON, checked against the plan's choice.
@@ -310,7 +309,7 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     ``log`` gets the run's exit code, stdout and stderr (whatever the outcome)."""
     candidate = plan.choice.candidate
     gpus = plan.ceilings.gpu_count if candidate.device == "gpu" else 0
-    command = smoke_command(plan)
+    command = build_description(plan).self_test
     outcome = engine.run(image, command, timeout=timeout, gpus=gpus)
     if log is not None:
         log.write_text(f"# modak: {' '.join(command)} in image {image}: exit {outcome.exit_code}"

@@ -157,6 +157,7 @@ def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
         raise ValueError(f"{path}: bad index ({exc})") from None
     position = end + 1
     payload = position
+    view = memoryview(data)  # slices without copies
     arrays: dict[str, array] = {}
     for name, code, length in index:
         if code not in _TYPES or length < 0:
@@ -165,12 +166,12 @@ def load_arrays(path: Path) -> tuple[dict[str, Any], dict[str, array]]:
         if position + size > len(data):
             raise ValueError(f"{path} is truncated")
         values = array(code)
-        values.frombytes(data[position:position + size])
+        values.frombytes(view[position:position + size])
         arrays[name] = _little_endian(values)
         position += size
     if position != len(data):
         raise ValueError(f"{path} has trailing bytes")
-    if zlib.crc32(memoryview(data)[payload:]) != checksum:
+    if zlib.crc32(view[payload:]) != checksum:
         raise ValueError(f"{path}: its arrays are not the ones written (damaged)")
     return header, arrays
 

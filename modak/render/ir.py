@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 VENV = "/opt/venv"
 ENTRYPOINT = "/opt/modak/entrypoint.sh"
 LOCK_FILE = "/opt/modak/requirements.lock"  # what pip resolved (``pip freeze --all`` in the pip step)
+LOCK_LABEL = "io.modak.requirements-lock"  # the image's label of the lock's digest (sha256:...)
 # Where the CA bundle and the wheelhouse are visible during the pip step only: a bind mount in a Dockerfile,
 # a folder that %post removes in a definition file (%files cannot target /tmp).
 DOCKER_BUILD_MOUNT = "/run/modak"
@@ -43,6 +44,10 @@ DEF_BUILD_DIR = "/opt/modak-build"
 # The build context's top-level entries: the generated files and the folders and files copied into the images.
 RUNTIME_CONTEXT, MODEL_CONTEXT, APP_CONTEXT = "modak-wheel", "model", "app"
 WHEELS_CONTEXT, CA_CONTEXT = "wheels", "ca.crt"
+# A local base image (``localhost/...``: no registry serves it) as a docker-archive in the build context, which a
+# definition file bootstraps from; made by the engine before an Apptainer build (not a rendered file).
+BASE_ARCHIVE = "base-image.tar"
+LOCAL_IMAGES = "localhost/"
 CONTEXT_ENTRIES = (RUNTIME_CONTEXT, MODEL_CONTEXT, APP_CONTEXT, WHEELS_CONTEXT, CA_CONTEXT)
 
 BASE_APT = ("python3", "python3-venv", "python3-pip", "ca-certificates")
@@ -70,6 +75,7 @@ class BaseImage:
     logical: str  # the recipe's name for it (debian, cuda)
     ref: str
     gcc: str | None  # version of the image's gcc (recipes/base_images.yaml); None when modak does not know it
+    archive: str | None = None  # context path of its docker-archive, for a local image (BASE_ARCHIVE); None: pulled
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,7 @@ class BuildDescription:
     runtime_env: tuple[tuple[str, str], ...]
     labels: tuple[tuple[str, str], ...]
     command: tuple[str, ...]
+    self_test: tuple[str, ...]  # the smoke test's command (the build's, and a definition file's %test)
     context: tuple[ContextItem, ...]
     job: JobScript
     plan_document: str  # plan.json: the plan, with the chosen deployment the entrypoint applies
@@ -176,6 +183,7 @@ class BuildDescription:
     entrypoint: str = ENTRYPOINT
     plan_file: str = PLAN_FILE
     lock_file: str = LOCK_FILE
+    lock_label: str = LOCK_LABEL
     workdir: str = APP_DIR
     user: str = USER_NAME
     uid: int = USER_UID
@@ -240,7 +248,8 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
         image=image, base=base, apt_packages=tuple(_unique(apt)),
         build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=_pip_step(plan),
         copies=tuple(copies), runtime_env=runtime_env, labels=_labels(plan, image, base, created),
-        command=command, context=tuple(context), job=_job_script(plan, image, command, sharing),
+        command=command, self_test=(*SELF_TEST_COMMAND, *(("--serve",) if job.task.value == "inference" else ())),
+        context=tuple(context), job=_job_script(plan, image, command, sharing),
         plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
         runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", ports=(SERVE_PORT,) if serving else (),
         templates=files.templates)
@@ -336,7 +345,9 @@ def _base_image(logical: str, loaded: LoadedJob) -> BaseImage:
         raise loaded.target_doc.error(("container", "base_images"),
                                       f"the chosen runtime needs base image '{logical}', which has no default: "
                                       f"map it to an image reference here")
-    return BaseImage(logical, mapped or default["image"], default["gcc"] if default else None)
+    ref = mapped or default["image"]
+    return BaseImage(logical, ref, default["gcc"] if default else None,
+                     BASE_ARCHIVE if ref.startswith(LOCAL_IMAGES) else None)
 
 
 def _job_script(plan: Plan, image: Image, command: tuple[str, ...], sharing: Sharing | None = None) -> JobScript:

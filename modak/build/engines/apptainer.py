@@ -55,37 +55,68 @@ class ApptainerEngine(Engine):
             process.wait()
             raise
 
-    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
-        """Build ``context/Singularity.def`` into a SIF file beside it (its path is the image's id). A SIF build
-        has no layer cache: ``no_cache`` changes nothing."""
-        self.check()
-        assert self.binary
-        handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=context)
-        os.close(handle)
-        code = self._stream([self.binary, "build", "--fakeroot", "--force", partial, "Singularity.def"], log,
-                            cwd=context)
+    def bootstrap_files(self, ir: BuildDescription, context: Path, log: BuildLog) -> list[Path]:
+        """The local base image as the docker-archive the definition file bootstraps from, saved by Podman or
+        Docker (``podman save``): no registry serves a ``localhost/`` image."""
+        if ir.base.archive is None:
+            return []
+        saver = shutil.which("podman") or shutil.which("docker")
+        archive = context / ir.base.archive
+        how = f"save it there (`podman save --format docker-archive -o {archive} {ir.base.ref}`)"
+        if saver is None:
+            raise log.failure(f"the definition file bootstraps from the local image {ir.base.ref} as {archive}, and "
+                              f"neither podman nor docker is here to save it: {how}, or map container.base_images "
+                              "to an image of a registry")
+        code = self._stream([saver, "save", "--format", "docker-archive", "-o", str(archive), ir.base.ref]
+                            if Path(saver).name == "podman" else [saver, "save", "-o", str(archive), ir.base.ref], log)
         if code != 0:
-            Path(partial).unlink(missing_ok=True)
-            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
-        return partial
+            archive.unlink(missing_ok=True)
+            raise log.failure(f"{Path(saver).name} save {ir.base.ref} exited with {code}: {how}")
+        return [archive]
+
+    def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
+        """Build ``context/Singularity.def`` into a SIF file beside it (its path is the image's id), without its
+        ``%test`` (the pipeline's smoke test runs the same command next; ``apptainer test`` runs it later). A SIF
+        build has no layer cache: ``no_cache`` changes nothing. A failed or interrupted build leaves no file."""
+        return self._build_sif(context, "Singularity.def", context, log)
 
     def build_from_archive(self, archive: Path, sif: Path, log: BuildLog) -> None:
         """A SIF from a docker-archive tar (``modak build --oci-archive`` on a machine with Podman or Docker)."""
+        self._build_sif(sif.parent, f"docker-archive://{archive.absolute()}", sif.parent, log, sif)
+
+    def _build_sif(self, folder: Path, source: str, cwd: Path, log: BuildLog, final: Path | None = None) -> str:
+        """Build ``source`` into a temporary SIF in ``folder`` (renamed to ``final`` where given); its path."""
         self.check()
         assert self.binary
-        code = self._stream([self.binary, "build", "--fakeroot", "--force", str(sif), f"docker-archive://{archive}"],
-                            log)
-        if code != 0:
-            raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+        handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=folder)
+        os.close(handle)
+        unprivileged = ["--fakeroot"] if os.geteuid() != 0 else []  # root builds as root
+        try:
+            code = self._stream([self.binary, "build", *unprivileged, "--notest", "--force", partial, source], log,
+                                cwd=cwd)
+            if code != 0:
+                raise log.failure(f"{Path(self.binary).name} build exited with {code}")
+            if final is not None:
+                Path(partial).replace(final)
+                return str(final)
+            return partial
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
 
     def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
         """The SIF file the job script runs."""
         return str(out_dir / ir.job.sif)
 
     def add_layer(self, image: str, labels: Mapping[str, str], files: Mapping[str, Path], log: BuildLog) -> str:
-        """``image`` unchanged: a SIF's labels and files come from its definition file alone."""
-        log.note(f"a SIF file cannot change after its build: not adding the labels {', '.join(sorted(labels))}"
-                 + (f" or the files {', '.join(sorted(files))}" if files else ""))
+        """``image`` unchanged: a SIF's labels and files come from its definition file alone (its ``%post`` labels
+        the requirements lock); the log names what the SIF lacks of ``labels`` and ``files``."""
+        info = self.inspect(image)
+        lacking = sorted(k for k, v in labels.items() if (info.labels if info else {}).get(k) != v)
+        if lacking or files:
+            log.note("a SIF file cannot change after its build: it lacks "
+                     + "; ".join(part for part in (f"the labels {', '.join(lacking)}" if lacking else "",
+                                                   f"the files {', '.join(sorted(files))}" if files else "") if part))
         return image
 
     def tag(self, image: str, ref: str) -> None:

@@ -142,6 +142,11 @@ class Engine(ABC):
         """Build the engine's definition file in ``context`` and return the new image's id (untagged); failures
         raise :class:`BuildFailed`. ``no_cache``: rebuild what the engine would take from its cache."""
 
+    def bootstrap_files(self, ir: BuildDescription, context: Path, log: BuildLog) -> list[Path]:
+        """Make what this engine's build reads from ``context`` beyond the rendered files (Apptainer: the local base
+        image's docker-archive); the files made, which the pipeline removes after the build. Default: none."""
+        return []
+
     def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
         """The name a finished build gets (:meth:`tag`): the plan's image reference."""
         return ir.image.ref
