@@ -2,7 +2,8 @@
 # Provision what modak's tests and quickstart need on a fresh Debian 12 machine (run as root):
 # Python packages, Podman with a Docker-compatible API socket, a local Debian base image, a local registry
 # (docker-registry on 127.0.0.1:5000, plain HTTP), a second one that requires a login (127.0.0.1:5001, htpasswd,
-# plain HTTP) and a single-node Slurm (munge, slurmctld, slurmd).
+# plain HTTP), a single-node Slurm (munge, slurmctld, slurmd) and Apptainer (.ci/apptainer where the host cannot
+# install it).
 # Idempotent: each step checks whether it is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -234,6 +235,35 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
   return 1
 }
 
+apptainer_install() {
+  # Apptainer (Debian unstable's 1.4): a site's native apptainer or singularity is used as it is. Otherwise, as on
+  # Debian 12, whose glibc is too old for it, a debootstrapped sid root with Apptainer becomes the Podman image
+  # $MODAK_APPTAINER_IMAGE, and .ci/apptainer (installed as /usr/local/bin/apptainer) runs it with the mounts a
+  # build or run needs.
+  local image=${MODAK_APPTAINER_IMAGE:-localhost/apptainer:sid} wrapper=/usr/local/bin/apptainer native
+  native=$(PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vx /usr/local/bin | paste -sd: -) \
+    command -v apptainer singularity 2>/dev/null | head -n 1 || true)
+  if [ -n "$native" ]; then
+    log "using the installed $native"
+    return 0
+  fi
+  if ! podman image exists "$image"; then
+    log "building $image: Apptainer from Debian sid, with debootstrap (about 2 minutes)"
+    local root
+    root=$(mktemp -d /var/tmp/modak-apptainer-root.XXXXXX)
+    debootstrap --variant=minbase \
+      --include=apptainer,squashfs-tools,squashfuse,fuse3,fuse2fs,gocryptfs,ca-certificates \
+      sid "$root" http://deb.debian.org/debian >/var/log/modak-debootstrap-sid.log 2>&1
+    cp /etc/hosts "$root/etc/hosts"  # `apptainer build` needs it
+    tar -C "$root" -c . | podman import - "$image" >/dev/null
+    rm -rf "$root"
+  fi
+  if ! cmp -s .ci/apptainer "$wrapper"; then
+    install -m 0755 .ci/apptainer "$wrapper"
+  fi
+  "$wrapper" --version >/dev/null
+}
+
 chromium() {
   # A headless browser for tests/test_report.py (the HTML report is opened and its plots checked).
   install_missing chromium chromium-driver
@@ -250,6 +280,7 @@ main() {
   auth_registry
   slurm
   opera
+  apptainer_install
   chromium
   log "ready: DOCKER_HOST=unix://$MODAK_PODMAN_SOCKET, base image $BASE_IMAGE"
 }

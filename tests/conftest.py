@@ -13,7 +13,7 @@ settings.load_profile("ci")
 
 # Markers of what a test needs beyond Python and a few seconds (registered in pyproject.toml); each implies
 # `integration`, so that `pytest -m "not integration"` is the quick run.
-INTEGRATION_MARKERS = ("engine", "slurm", "opera", "netns", "slow")
+INTEGRATION_MARKERS = ("engine", "slurm", "apptainer", "opera", "netns", "slow")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects

@@ -5,8 +5,8 @@ What the tests need is what ``.ci/provision.sh`` sets up (and CI runs it first):
 (``DOCKER_HOST``, default ``unix:///run/modak/podman.sock``), the local base image
 ``localhost/debian-base:bookworm``, ``docker-registry`` on 127.0.0.1:5000, a second one that requires a login on
 127.0.0.1:5001 and Slurm with partition ``debug``.
-A missing service is a failure with the command that starts it, never a skip. Only Apptainer, which cannot be
-installed on this platform, skips where its binary is needed.
+A missing service is a failure with the command that starts it, never a skip. The SIF builds are in
+``tests/test_apptainer.py``.
 
 The first build of each image is the expensive part (package downloads); the images are built once per session
 and shared. Later sessions reuse the engine's layer cache.
@@ -580,22 +580,6 @@ def test_engine_not_reachable(tmp_path: Path) -> None:
     assert len(message.splitlines()) == 1 and "not reachable" in message
     assert ".ci/provision.sh podman_service" in message and "no-such-podman.sock" in message
     assert not out.exists(), "nothing is written when the engine is not reachable"
-
-
-@pytest.mark.engine
-def test_apptainer_engine(tmp_path: Path) -> None:
-    """Apptainer cannot be installed here (not in Debian 12, not on PyPI): without its binary, asking for it is
-    exit code 4 with how to get one; with it, the example builds and runs as a SIF."""
-    binary = shutil.which("apptainer") or shutil.which("singularity")
-    out = tmp_path / "out"
-    if binary is None:
-        result = modak("build", EXAMPLE / "job.yaml", "-o", out, "--engine", "apptainer")
-        assert result.returncode == EXIT_ENGINE_UNAVAILABLE
-        assert "neither apptainer nor singularity" in result.stderr and "docker-archive://" in result.stderr
-        pytest.skip("no apptainer or singularity binary on this machine (not installable on Debian 12): "
-                    "only the missing-engine path was checked")
-    data = build(EXAMPLE / "job.yaml", "-o", out, "--engine", "apptainer")
-    assert Path(data["image"]["ref"]).is_file() and data["smoke_test"]["status"] == "ok"
 
 
 def _folder_files(engine: DockerEngine, ref: str, folder: str) -> dict[str, bytes]:
