@@ -255,3 +255,28 @@ def test_an_unprivileged_user_builds_a_sif(readable: Path) -> None:
     assert (tmp_path / "x.sif").stat().st_uid == 1000
     ran = apptainer("exec", tmp_path / "x.sif", "cat", "/built", env=UNPRIVILEGED)
     assert ran.returncode == 0 and ran.stdout.strip() == "built", ran.stderr
+
+
+def test_the_sif_is_pushed_to_a_registry_as_an_oci_artifact_and_pulled_back(sif: Built) -> None:
+    """``--push`` of a SIF: ``apptainer push`` to ``oras://`` plus the plan's reference on the registry that requires
+    a login, the login from modak's environment variables; pulled back, its labels are the built ones; without the
+    login, a clear error."""
+    from modak.build.credentials import Credentials
+    from modak.build.engines.base import BuildLog
+    from modak.build.pipeline import push
+    from modak.errors import PushFailed
+    from tests.test_build import AUTH_PASSWORD, AUTH_REGISTRY, AUTH_USER
+
+    engine = ApptainerEngine()
+    ref = f"oras://{AUTH_REGISTRY}/modak/mnist-cnn:{Path(sif.ref).stat().st_mtime_ns}"
+    labels = engine.inspect(sif.ref).labels
+    with pytest.raises(PushFailed, match="401 Unauthorized.*MODAK_REGISTRY_USERNAME"):
+        push(engine, sif.ref, ref, labels)
+    login = Credentials(AUTH_REGISTRY, AUTH_USER, AUTH_PASSWORD, "the environment")
+    log_file = sif.out / "push.log"
+    log = BuildLog(log_file)
+    engine.push(sif.ref, ref, log, login)
+    log.close()
+    assert AUTH_PASSWORD not in log_file.read_text()
+    push(engine, sif.ref, ref, labels, login)  # pushed again, pulled back, the labels compared
+    assert engine.pull(ref, login).labels == labels

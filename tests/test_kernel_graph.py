@@ -318,3 +318,29 @@ def test_a_models_digest_is_read_once_per_content(tmp_path: Path, monkeypatch: p
     assert paths.file_digest(model) == hashlib.sha256(b"graph two").hexdigest() and len(hashed) == 2
     with pytest.raises(OSError):
         paths.file_digest(tmp_path / "missing.onnx")
+
+
+def test_a_plans_candidates_load_and_analyze_the_graph_once(cbr: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ONNX candidate's report needs the graph's input shapes and its nodes' costs: one load and one analysis
+    per file content, batch and shapes, whatever the candidates' runtimes and parameters (#65: a 100 MB model was
+    parsed and inferred 33 times in a plan); a changed file is analyzed again."""
+    import shutil
+
+    from modak.workload import kernels
+
+    loads = []
+    load = kernels.load_model
+    monkeypatch.setattr(kernels, "load_model", lambda path: loads.append(path) or load(path))
+    model = tmp_path / "cbr.onnx"
+    shutil.copy(cbr, model)
+    assert _report("onnxruntime", model, batch=7) and _report("openvino", model, batch=7)
+    assert planned_kernels("onnxruntime", model, 7, {}, "fp32", 2)  # other threads: another report
+    assert len(loads) == 1
+    _report("onnxruntime", model, batch=9)  # another batch: other shapes
+    assert len(loads) == 2
+    graph = onnx.load(model)
+    graph.graph.node[2].op_type = "Sigmoid"  # another file at the same path
+    onnx.save(graph, model)
+    _report("onnxruntime", model, batch=9)
+    assert len(loads) == 3  # the changed file, analyzed again

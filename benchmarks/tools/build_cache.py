@@ -7,6 +7,11 @@ stock image of the same framework on the same base, measured side by side in one
    pinned packages with the defaults a plain Dockerfile has (pip's cache kept, no venv, the same CA bundle and
    wheelhouse so that it gets the same versions), built in the same run for its size.
 
+4. SIF (#64): ``modak build --engine apptainer`` of the same plan (a SIF build has no layer cache: every build is
+   cold), and a SIF converted from the Docker image just built (``--oci-archive``'s docker-archive, then
+   ``apptainer build x.sif docker-archive://...``), each timed and sized beside the Docker image (skipped, and said,
+   where no ``apptainer`` is on PATH; ``--no-sif`` skips them).
+
 Both timings are end to end (rendering, the label stage; no smoke test). Needs the engine that ``modak build``
 uses (Podman's service: ``.ci/provision.sh``).
 
@@ -68,6 +73,30 @@ def stock_image(engine: Engine, ir, out_dir: Path, log: Path) -> str:
         shutil.rmtree(context, ignore_errors=True)
 
 
+def sif_builds(plan, engine: Engine, image_ref: str, folder: Path) -> dict:
+    """The plan's SIF built from its definition file, and converted from the Docker image ``image_ref``: seconds
+    and bytes of each (or why not: no apptainer here)."""
+    if shutil.which("apptainer") is None and shutil.which("singularity") is None:
+        return {"missing": "no apptainer or singularity on PATH (.ci/provision.sh apptainer_install)"}
+    sif_out = folder / "sif"
+    start = time.perf_counter()
+    built = build_job(plan, sif_out, BuildOptions(engine="apptainer", smoke=False))
+    definition_s = time.perf_counter() - start
+    apptainer = make_engine("apptainer")
+    archive, converted = folder / "image.tar", folder / "converted.sif"
+    start = time.perf_counter()
+    engine.save(image_ref, archive)
+    log = BuildLog(folder / "convert.log")
+    try:
+        apptainer.build_from_archive(archive, converted, log)  # type: ignore[attr-defined]
+    finally:
+        log.close()
+    converted_s = time.perf_counter() - start
+    archive.unlink()
+    return {"definition_seconds": round(definition_s, 2), "definition_bytes": Path(built.image_ref).stat().st_size,
+            "converted_seconds": round(converted_s, 2), "converted_bytes": converted.stat().st_size}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, default=ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml")
@@ -75,6 +104,7 @@ def main() -> int:
     parser.add_argument("--engine", choices=["docker", "podman"])
     parser.add_argument("-o", "--output", type=Path, help="build folder (default: a temporary one)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-sif", action="store_true", help="leave out the Apptainer builds")
     args = parser.parse_args()
 
     loaded = api.load(args.job, args.target)
@@ -101,7 +131,10 @@ def main() -> int:
     modak_size = warm.image.size if warm.image else None
     stock_size = stock.size if stock else None
 
+    sif = None if args.no_sif else sif_builds(plan, engine, warm.image_ref, out.parent)
+
     result = {
+        "sif": sif,
         "job": loaded.job.name, "target": loaded.target.name, "choice": plan.choice.candidate.name,
         "engine": engine.name, "image": warm.image_ref,
         "cold_build_seconds": round(cold_s, 2), "rebuild_seconds": round(warm_s, 2), "goal_seconds": GOAL_SECONDS,
@@ -120,6 +153,15 @@ def main() -> int:
               f"{'met' if warm_s <= GOAL_SECONDS else 'MISSED'}; {cached} of {steps - 2} steps after FROM cached)")
         print(f"image size: modak {mb(modak_size)}, stock {mb(stock_size)} "
               f"(pip install {' '.join(result['stock_packages'])} on {ir.base.ref}, plain defaults)")
+        if sif is None:
+            print("SIF: left out (--no-sif)")
+        elif "missing" in sif:
+            print(f"SIF: {sif['missing']}")
+        else:
+            print(f"SIF from Singularity.def (cold, no layer cache): {sif['definition_seconds']:7.1f} s, "
+                  f"{mb(sif['definition_bytes'])}")
+            print(f"SIF from the Docker image (save + convert):      {sif['converted_seconds']:7.1f} s, "
+                  f"{mb(sif['converted_bytes'])}")
     engine.remove(stock_id)
     return 0 if warm_s <= GOAL_SECONDS else 1
 

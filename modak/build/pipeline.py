@@ -195,7 +195,8 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
     seconds: dict[str, float] = {}
     progress.phase("rendering")
     ir = build_description(plan)
-    credentials = find_credentials(engine.image_ref(ir, out_dir)) if options.push else None
+    pushed_ref = engine.registry_ref(ir)
+    credentials = find_credentials(pushed_ref.partition("://")[2] or pushed_ref) if options.push else None
     written = render(ir, out_dir)
     for stale in (LOCK_NAME, SMOKE_NAME, SMOKE_LOG):  # a previous build's: they must describe this one
         (out_dir / stale).unlink(missing_ok=True)
@@ -249,10 +250,10 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
 
         pushed_digest = None
         if options.push:
-            progress.phase(f"pushing {image_ref}"
+            progress.phase(f"pushing {pushed_ref}"
                            + (f" with the credentials from {credentials.source}" if credentials else ""))
             start = time.perf_counter()
-            pushed_digest = push(engine, image_ref, image.labels if image else {}, credentials)
+            pushed_digest = push(engine, image_ref, pushed_ref, image.labels if image else {}, credentials)
             seconds["push"] = time.perf_counter() - start
 
         archive = None
@@ -269,7 +270,7 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
     return BuildResult(
         plan, ir, out_dir, engine, image_ref, image, lock_digest=lock[0] if lock else None,
         lock_packages=lock[1] if lock else None, tuned={dest: str(src) for dest, src in tuned.items()},
-        smoke=smoke, pushed_ref=image_ref if options.push else None, pushed_digest=pushed_digest,
+        smoke=smoke, pushed_ref=pushed_ref if options.push else None, pushed_digest=pushed_digest,
         oci_archive=archive, artifacts=tuple(artifacts), seconds=seconds)
 
 
@@ -335,10 +336,12 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     return report
 
 
-def push(engine: Engine, ref: str, labels: Mapping[str, str], credentials: Credentials | None = None) -> str | None:
-    """Push the tagged image ``ref``, pull it back and check that the registry's copy has the same ``labels``;
-    the registry's manifest digest, where the engine reports one. ``credentials``: the registry login, for both."""
-    digest = engine.push(ref, credentials=credentials)
+def push(engine: Engine, image: str, ref: str, labels: Mapping[str, str],
+         credentials: Credentials | None = None) -> str | None:
+    """Push the tagged ``image`` to ``ref``, pull it back and check that the registry's copy has the same
+    ``labels``; the registry's manifest digest, where the engine reports one. ``credentials``: the registry login,
+    for both."""
+    digest = engine.push(image, ref, credentials=credentials)
     pulled = engine.pull(ref, credentials)
     expected = dict(labels)
     differing = sorted(k for k in set(expected) | set(pulled.labels) if expected.get(k) != pulled.labels.get(k))

@@ -35,15 +35,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from modak.errors import ModakError, short_reason
 from modak.image.kernels import Kernel
 from modak.paths import cache_dir, file_digest, write_atomic
-from modak.workload.analysis import analyze, covering, load_model, tensor_shapes
+from modak.workload.analysis import OpStats, analyze, covering, load_model, tensor_shapes
 
 if TYPE_CHECKING:
-    import onnx
 
     from modak.image.runtimes.pytorch import Argument
     from modak.spec.loader import LoadedJob
@@ -107,7 +107,7 @@ def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input
             assert onnx_path is not None
             kernels = _onnx_kernels(runtime, Path(onnx_path), batch_size, shapes, precision, threads, chosen)
         if graph is not None:
-            kernels = _costed(kernels, load_model(Path(graph)), batch_size, shapes)
+            kernels = _costed(kernels, Path(graph), batch_size, shapes)
     except ModakError:
         raise
     except Exception as exc:  # the runtime's own errors: an op it lacks, a graph it refuses
@@ -194,9 +194,7 @@ def _onnx_kernels(runtime: str, path: Path, batch_size: int, shapes: dict[str, l
     from modak.image.runtimes import onnxruntime, openvino
     from modak.image.runtimes.base import RunRequest
 
-    model = load_model(path)
-    inputs = {v.name for v in model.graph.input} - {t.name for t in model.graph.initializer}
-    fed = {name: dims for name, dims in tensor_shapes(model, batch_size, shapes).items() if name in inputs}
+    fed, _ = _graph_facts(path, batch_size, shapes)
     request = RunRequest(runtime=runtime, device="cpu", precision=precision, params=params, threads=threads,
                          task="inference", onnx_path=str(path), zoo=None, batch_size=batch_size,
                          input_shapes=shapes, workdir="")
@@ -204,14 +202,38 @@ def _onnx_kernels(runtime: str, path: Path, batch_size: int, shapes: dict[str, l
         kernels = tuple(k.kernel() for k in onnxruntime.planned_kernels(request, fed))
     else:
         kernels = openvino.planned_kernels(request, fed)
-    return _costed(kernels, model, batch_size, shapes)
+    return _costed(kernels, path, batch_size, shapes)
 
 
-def _costed(kernels: Sequence[Kernel], model: onnx.ModelProto, batch_size: int,
+def _costed(kernels: Sequence[Kernel], path: Path, batch_size: int,
             shapes: dict[str, list[int]]) -> tuple[Kernel, ...]:
-    """``kernels`` with op classes, FLOPs and bytes from the analysis of the nodes of ``model`` each covers."""
-    stats = {op.name: op for op in analyze(model, batch_size, shapes).ops}
+    """``kernels`` with op classes, FLOPs and bytes from the analysis of the nodes of the graph at ``path`` each
+    covers."""
+    _, stats = _graph_facts(path, batch_size, shapes)
     return tuple(covering(k, [stats[n] for n in k.nodes if n in stats]) for k in kernels)
+
+
+def _graph_facts(path: Path, batch_size: int, shapes: dict[str, list[int]]
+                 ) -> tuple[Mapping[str, tuple[int, ...]], Mapping[str, OpStats]]:
+    """The shapes of the graph's fed inputs at ``batch_size`` and its analysis' ops by node name: loaded and
+    inferred once per process for a plan's candidates (:func:`_analyzed`, keyed by the file's digest)."""
+    try:
+        digest = file_digest(path)
+    except OSError as exc:
+        raise UnreportedGraph(f"cannot read {path}: {exc.strerror or exc}") from None
+    return _analyzed(str(path), digest, batch_size, json.dumps(shapes, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _analyzed(path: str, digest: str, batch_size: int, shapes: str
+              ) -> tuple[Mapping[str, tuple[int, ...]], Mapping[str, OpStats]]:
+    """:func:`_graph_facts` of the file at ``path`` whose content is ``digest`` (per-sample ``shapes`` as JSON)."""
+    model = load_model(Path(path))
+    per_sample = json.loads(shapes)
+    inputs = {v.name for v in model.graph.input} - {t.name for t in model.graph.initializer}
+    fed = {name: dims for name, dims in tensor_shapes(model, batch_size, per_sample).items() if name in inputs}
+    stats = {op.name: op for op in analyze(model, batch_size, per_sample).ops}
+    return MappingProxyType(fed), MappingProxyType(stats)
 
 
 # --- PyTorch ----------------------------------------------------------------------------------------------

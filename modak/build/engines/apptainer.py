@@ -11,13 +11,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modak.build.credentials import Credentials
-from modak.build.engines.base import ENGINES, BuildLog, Engine, ImageInfo, RunResult
+from modak.build.credentials import PASSWORD_ENV, USERNAME_ENV, Credentials
+from modak.build.engines.base import ENGINES, BuildLog, Engine, ImageInfo, RunResult, shorten
 from modak.errors import EngineUnavailable, PushFailed
 
 if TYPE_CHECKING:
     from modak.render.ir import BuildDescription
 
+ORAS = "oras://"  # a SIF file as an OCI artifact in a registry
+REGISTRY_TIMEOUT_S = 1800
 START_HINT = ("install Apptainer (https://apptainer.org/docs/admin/main/installation.html), or build with --engine "
               "podman and convert: `modak build --oci-archive image.tar` then "
               "`apptainer build image.sif docker-archive://image.tar`")
@@ -160,8 +162,47 @@ class ApptainerEngine(Engine):
         result = subprocess.run([self.binary, "exec", image, "cat", path], capture_output=True)
         return result.stdout if result.returncode == 0 else None
 
-    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
-        raise PushFailed("pushing SIF files is not supported by modak; use `apptainer push FILE.sif oras://...`")
+    def registry_ref(self, ir: BuildDescription) -> str:
+        """The plan's image reference as an OCI artifact (ORAS), as ``apptainer push`` and ``pull`` name it."""
+        return ORAS + ir.image.ref
+
+    def push(self, image: str, ref: str, log: BuildLog | None = None,
+             credentials: Credentials | None = None) -> str | None:
+        """``apptainer push SIF oras://...`` (the login as Apptainer's environment variables, never arguments);
+        no digest (Apptainer does not print one)."""
+        self._registry("push", [image, ref], ref, credentials, log)
+        return None
+
+    def pull(self, ref: str, credentials: Credentials | None = None) -> ImageInfo:
+        """``apptainer pull`` of ``ref`` into a temporary file, whose labels are read."""
+        with tempfile.TemporaryDirectory(prefix="modak-pull-") as folder:
+            pulled = Path(folder) / "pulled.sif"
+            self._registry("pull", ["--force", str(pulled), ref], ref, credentials)
+            info = self.inspect(str(pulled))
+        if info is None:
+            raise PushFailed(f"pulling {ref} gave no SIF file")
+        return ImageInfo(id=ref, tags=(ref,), labels=info.labels, size=info.size)
+
+    def _registry(self, verb: str, args: Sequence[str], ref: str, credentials: Credentials | None,
+                  log: BuildLog | None = None) -> None:
+        self.check()
+        assert self.binary
+        env = {**os.environ, **({"APPTAINER_DOCKER_USERNAME": credentials.username,
+                                 "APPTAINER_DOCKER_PASSWORD": credentials.password} if credentials else {})}
+        redact = credentials.redact if credentials else str
+        try:
+            result = subprocess.run([self.binary, verb, *args], capture_output=True, text=True, errors="replace",
+                                    env=env, stdin=subprocess.DEVNULL, timeout=REGISTRY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise PushFailed(f"{verb}ing {ref} did not finish within {REGISTRY_TIMEOUT_S} s") from None
+        output = redact(result.stdout + result.stderr)
+        if log is not None:
+            log.write(output)
+        if result.returncode != 0:
+            reason = " | ".join(line.strip() for line in output.strip().splitlines()[-3:])
+            raise PushFailed(f"{verb}ing {ref} failed: {shorten(reason, 400)}"
+                             + ("" if credentials else f"; a registry that requires a login takes "
+                                f"{USERNAME_ENV} and {PASSWORD_ENV}"))
 
     def remove(self, ref: str) -> None:
         Path(ref).unlink(missing_ok=True)

@@ -178,9 +178,16 @@ class Engine(ABC):
         """``image`` with extra labels and files (image path -> host path) on top; the new image's id, or
         ``image`` itself for an engine whose images cannot change after their build (it says so in ``log``)."""
 
-    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
-        """Push ``ref`` to its registry (logging in with ``credentials``, if any); the manifest digest when the
-        engine reports it. Nothing it logs or raises contains the password."""
+    def registry_ref(self, ir: BuildDescription) -> str:
+        """Where ``--push`` puts the image: the plan's image reference (an engine whose images are files says how
+        its registry names them)."""
+        return ir.image.ref
+
+    def push(self, image: str, ref: str, log: BuildLog | None = None,
+             credentials: Credentials | None = None) -> str | None:
+        """Push the tagged ``image`` to ``ref`` (:meth:`registry_ref`; the same name where images are named by
+        it), logging in with ``credentials``, if any; the manifest digest when the engine reports it. Nothing it
+        logs or raises contains the password."""
         raise PushFailed(f"the {self.name} engine cannot push images")
 
     def pull(self, ref: str, credentials: Credentials | None = None) -> ImageInfo:

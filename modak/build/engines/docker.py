@@ -237,8 +237,12 @@ class DockerEngine(Engine):
             if line.strip():
                 yield json.loads(line)
 
-    def push(self, ref: str, log: BuildLog | None = None, credentials: Credentials | None = None) -> str | None:
+    def push(self, image: str, ref: str, log: BuildLog | None = None,
+             credentials: Credentials | None = None) -> str | None:
         import docker.auth
+
+        if image != ref:
+            raise PushFailed(f"the {self.name} engine pushes an image by its name: {image} is not named {ref}")
 
         repository, tag = split_ref(ref)
         auth = credentials.auth_config() if credentials else {}
