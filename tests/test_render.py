@@ -226,11 +226,15 @@ def test_build_context_is_complete(rendered: dict[str, Rendered]) -> None:
 def _post_commands(ir: BuildDescription) -> list[list[str]]:
     build_dir = ir.def_build_dir
     assignments = [f"{k}={v}" for k, v in ir.build_env + ir.pip.env(build_dir)]
-    commands = [["set", "-eu"], ["export", "DEBIAN_FRONTEND=noninteractive"], ["apt-get", "update"],
-                ["apt-get", "install", "-y", "--no-install-recommends", *ir.apt_packages],
+    apt = ["apt-get", "-o", "APT::Sandbox::User=root"]
+    lock_digest = f"sha256:$(sha256sum {ir.lock_file} | cut -d ' ' -f 1)"
+    commands = [["set", "-eu"], ["export", "DEBIAN_FRONTEND=noninteractive"], [*apt, "update"],
+                [*apt, "install", "-y", "--no-install-recommends", *ir.apt_packages],
                 ["rm", "-rf", "/var/lib/apt/lists/*"], ["python3", "-m", "venv", ir.venv],
-                [*assignments, *ir.pip.argv(build_dir)], list(ir.runtime_install(build_dir)),
-                ["mkdir", "-p", ir.workdir]]
+                [*assignments, *ir.pip.argv(build_dir)], ["mkdir", "-p", str(Path(ir.lock_file).parent)],
+                [f"{ir.venv}/bin/pip", "freeze", "--all", "--disable-pip-version-check", ">", ir.lock_file],
+                ["echo", f"{ir.lock_label} {lock_digest}", ">>", "${APPTAINER_LABELS:-$SINGULARITY_LABELS}"],
+                list(ir.runtime_install(build_dir)), ["mkdir", "-p", ir.workdir]]
     return commands + [["rm", "-rf", build_dir]]
 
 
@@ -249,7 +253,10 @@ def test_spython_round_trip(rendered: dict[str, Rendered], case: str) -> None:
     files = [(c.source, c.destination) for c in ir.copies]
     files += [(path, f"{ir.def_build_dir}/{path}") for path in (*ir.pip.mounts(), ir.runtime_wheel)]
     assert [tuple(line.split()) for line in recipe.files] == files
-    assert [shlex.split(line) for line in recipe.install] == _post_commands(ir)
+    *post, test, executable = [shlex.split(line) for line in recipe.install]  # spython appends %test to %post
+    assert post == _post_commands(ir)
+    assert test == ["echo", shlex.join(["cd", ir.workdir, "&&", "exec", ir.entrypoint, *ir.self_test])
+                    .replace("'&&'", "&&"), ">>", "/tests.sh"] and executable == ["chmod", "u+x", "/tests.sh"]
     assert dict(line.split(" ", 1) for line in recipe.labels) == dict(ir.labels)
     assert shlex.split(recipe.cmd) == ["cd", ir.workdir, "&&", "exec", ir.entrypoint, "$@"]
 
