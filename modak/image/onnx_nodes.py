@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     import onnx
 
 
+# Initializers of at most this many elements (shapes, axes) keep their values for shape inference's data
+# propagation; larger ones (weights) enter it as typed inputs, so that it does not serialize their data.
+KEEP_INITIALIZER_ELEMENTS = 64
+
+
 def node_ids(graph: onnx.GraphProto) -> list[str]:
     """The identifier of each node of ``graph``, in graph order."""
     return [node.name or f"{node.op_type}_{index}" for index, node in enumerate(graph.node)]
@@ -169,12 +174,25 @@ def names_of(graph: onnx.GraphProto) -> dict[str, str]:
 def fed_shapes(model: onnx.ModelProto, inputs: Mapping[str, Collection[int]]) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor of ``model`` that ONNX shape inference fixes when its graph inputs have the shapes
     ``inputs`` (the batch included), initializers included: the shapes a runtime's kernels read, as both a profile
-    and a plan give them (``model`` loaded without its external weights: inference reads only the small
+    and a plan give them (weights, inline or external, enter inference as typed inputs: it reads only the small
     initializers that hold shapes)."""
+    import math
+
     import onnx
+    from onnx import helper
 
     skeleton = onnx.ModelProto()
     skeleton.CopyFrom(model)
+    declared = {value.name for value in skeleton.graph.input}
+    kept = []
+    for tensor in skeleton.graph.initializer:
+        if math.prod(tensor.dims) <= KEEP_INITIALIZER_ELEMENTS and tensor.data_location != onnx.TensorProto.EXTERNAL:
+            kept.append(tensor)
+        elif tensor.name not in declared:
+            skeleton.graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    del skeleton.graph.initializer[:]
+    skeleton.graph.initializer.extend(kept)
+    skeleton.ir_version = max(skeleton.ir_version, 4)  # IR 4: initializers need not be inputs
     for value in skeleton.graph.input:
         if value.name in inputs:
             dims = value.type.tensor_type.shape.dim

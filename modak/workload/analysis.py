@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.kernels import Kernel
-from modak.image.onnx_nodes import constant_tensors
+from modak.image.onnx_nodes import KEEP_INITIALIZER_ELEMENTS, constant_tensors
 from modak.image.runtimes.profiling import op_class as named_op_class
 from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
 from modak.paths import data_dir
@@ -65,7 +65,6 @@ _METADATA_ONLY = {"Shape", "Size"}  # read only their input's shape
 _WEIGHT_INPUT = {"Conv": 1, "ConvInteger": 1, "DeformConv": 1, "QLinearConv": 3, "ConvTranspose": 1}
 _CONV_BIAS = {"Conv": 2, "ConvTranspose": 2, "QLinearConv": 8}
 _MATMUL_B = {"MatMul": 1, "MatMulInteger": 1, "QLinearMatMul": 3}
-_KEEP_INITIALIZER_ELEMENTS = 64  # small initializers (shapes, axes) keep their values for data propagation
 
 
 @dataclass(frozen=True)
@@ -291,7 +290,7 @@ def _skeleton(model: onnx.ModelProto, batch: int, sample_shapes: Mapping[str, An
         inputs.append(helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, dims))
     kept = []
     for tensor in graph.initializer:
-        small = math.prod(tensor.dims) <= _KEEP_INITIALIZER_ELEMENTS
+        small = math.prod(tensor.dims) <= KEEP_INITIALIZER_ELEMENTS
         if small and tensor.data_location != onnx.TensorProto.EXTERNAL:
             kept.append(tensor)
         else:
