@@ -193,6 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--submit", action="store_true", help="then submit the job script (see `modak submit`)")
     sub.add_argument("--oci-archive", type=Path, metavar="FILE",
                      help="also save the image as a docker-archive tar (apptainer build x.sif docker-archive://FILE)")
+    sub.add_argument("--sif", action="store_true",
+                     help="also convert the image into OUT/<job name>.sif with Apptainer (Docker or Podman builds)")
     sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
 
     sub = command("submit", _cmd_submit, "render the job and submit its job script (sbatch, qsub or bash)")
@@ -366,7 +368,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from modak.output import BuildProgress, print_build
 
     plan = _plan(args)
-    options = BuildOptions(engine=args.engine, push=args.push, smoke=args.smoke, oci_archive=args.oci_archive)
+    options = BuildOptions(engine=args.engine, push=args.push, smoke=args.smoke, oci_archive=args.oci_archive,
+                           sif=args.sif)
     with BuildProgress() as progress:
         result = api.build(plan, args.output, options, progress, submit_job=args.submit)
     print_build(result, args.json)

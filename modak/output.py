@@ -267,6 +267,8 @@ def print_build(result: BuildResult, as_json: bool) -> None:
         print(f"pushed {data['pushed']['ref']} ({data['pushed']['digest']})")
     if data["oci_archive"]:
         print(f"saved {data['oci_archive']}")
+    if data["sif"]:
+        print(f"converted to {data['sif']}")
     if result.submission:
         print(f"submitted job {result.job_id}; output: {result.submission['output']}")
 

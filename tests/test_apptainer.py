@@ -280,3 +280,21 @@ def test_the_sif_is_pushed_to_a_registry_as_an_oci_artifact_and_pulled_back(sif:
     assert AUTH_PASSWORD not in log_file.read_text()
     push(engine, sif.ref, ref, labels, login)  # pushed again, pulled back, the labels compared
     assert engine.pull(ref, login).labels == labels
+
+
+def test_a_podman_build_converted_to_a_sif_keeps_the_images_labels(tmp_path: Path) -> None:
+    """``modak build --sif`` on a Podman target: the smoke-tested image, converted by Apptainer from its
+    docker-archive into OUT/<job name>.sif, carries the image's labels (the lock's included) and runs the plan's
+    runtime; asked of an Apptainer build, it is exit 2."""
+    out = tmp_path / "out"
+    data = build(EXAMPLE / "job.yaml", "-o", out, "--sif")
+    sif_file = Path(data["sif"])
+    assert sif_file == out / "mnist-cnn.sif" and sif_file.is_file() and str(sif_file) in data["artifacts"]
+    assert not list(out.glob("*.tar")) and not list(out.glob(".*.tar")) and not list(out.glob(".build.*"))
+    labels = ApptainerEngine().inspect(str(sif_file)).labels
+    assert data["image"]["labels"].items() <= labels.items() and LOCK_LABEL in labels
+    result = apptainer("run", sif_file, "modak", "self-test", timeout=900)
+    report = parse_self_test(result.stdout)
+    assert result.returncode == 0 and report and report["runtime"] == data["choice"]["runtime"], result.stderr
+    refused = modak("build", EXAMPLE / "job.yaml", "-o", tmp_path / "again", "--engine", "apptainer", "--sif")
+    assert refused.returncode == 2 and "a SIF already" in refused.stderr

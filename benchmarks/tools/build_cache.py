@@ -30,7 +30,7 @@ from pathlib import Path
 
 from modak import api
 from modak.build.engines import BuildLog, Engine, make_engine
-from modak.build.pipeline import BuildOptions, build_job
+from modak.build.pipeline import BuildOptions, build_job, convert_to_sif
 from modak.plan import make_plan
 from modak.render.ir import build_description
 from modak.render.render import sh
@@ -82,17 +82,10 @@ def sif_builds(plan, engine: Engine, image_ref: str, folder: Path) -> dict:
     start = time.perf_counter()
     built = build_job(plan, sif_out, BuildOptions(engine="apptainer", smoke=False))
     definition_s = time.perf_counter() - start
-    apptainer = make_engine("apptainer")
-    archive, converted = folder / "image.tar", folder / "converted.sif"
+    converted = folder / "converted.sif"
     start = time.perf_counter()
-    engine.save(image_ref, archive)
-    log = BuildLog(folder / "convert.log")
-    try:
-        apptainer.build_from_archive(archive, converted, log)  # type: ignore[attr-defined]
-    finally:
-        log.close()
+    convert_to_sif(engine, image_ref, converted, folder / "convert.log")  # what `modak build --sif` does
     converted_s = time.perf_counter() - start
-    archive.unlink()
     return {"definition_seconds": round(definition_s, 2), "definition_bytes": Path(built.image_ref).stat().st_size,
             "converted_seconds": round(converted_s, 2), "converted_bytes": converted.stat().st_size}
 

@@ -20,6 +20,9 @@
    registry login comes from the environment or the Docker/Podman auth files (:mod:`modak.build.credentials`).
 7. **Archive** (``oci_archive``): the image as a docker-archive tar, which ``apptainer build x.sif
    docker-archive://FILE`` turns into a SIF on a cluster.
+8. **SIF** (``sif``): the image converted by Apptainer into ``OUT_DIR/<job name>.sif`` (its docker-archive, so the
+   SIF has the image's layers and labels), for a site that runs Apptainer where the image was built by Podman or
+   Docker.
 
 Builds of different jobs may run at once: every temporary folder is private to its build, the engine builds
 untagged images that only the finished build tags, and each build writes only into its output folder, which it
@@ -44,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from modak.bench.harness import BENCH_WORKDIR
 from modak.build.credentials import Credentials, find_credentials
-from modak.build.engines import BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
+from modak.build.engines import ApptainerEngine, BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
 from modak.documents import document
 from modak.errors import InputError, Interrupted, PushFailed, SmokeTestFailed
 from modak.image.deployment import MODEL_FILE, WORK_DIR
@@ -59,6 +62,7 @@ ARTIFACTS_LABEL = "io.modak.tuned-artifacts"
 BUILD_LOG = "build.log"
 LOCK_NAME = "requirements.lock"
 SMOKE_NAME = "smoke-test.json"
+SIF_LOG = "sif.log"  # the conversion of the image into a SIF (--sif)
 SMOKE_LOG = "smoke-test.log"  # the self-test's exit code, stdout and stderr, kept for diagnosis
 OUT_DIR_LOCK = ".modak-build.lock"  # held while a build uses its output folder (see out_dir_lock)
 
@@ -69,6 +73,7 @@ class BuildOptions:
     push: bool = False
     smoke: bool = True
     oci_archive: Path | None = None
+    sif: bool = False  # also convert the built image into a SIF (Apptainer)
     smoke_timeout: float = 900.0
     no_cache: bool = False  # rebuild every layer (benchmarks/tools/build_cache.py's cold build)
 
@@ -117,6 +122,7 @@ class BuildResult:
     pushed_ref: str | None = None
     pushed_digest: str | None = None
     oci_archive: Path | None = None
+    sif: Path | None = None
     artifacts: tuple[Path, ...] = ()
     seconds: Mapping[str, float] = field(default_factory=dict)
     job_id: str | None = None
@@ -146,6 +152,7 @@ class BuildResult:
             "smoke_test": self.smoke,
             "pushed": None if self.pushed_ref is None else {"ref": self.pushed_ref, "digest": self.pushed_digest},
             "oci_archive": str(self.oci_archive) if self.oci_archive else None,
+            "sif": str(self.sif) if self.sif else None,
             "artifacts": sorted(str(p) for p in self.artifacts),
             "build_log": str(self.out_dir / BUILD_LOG),
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
@@ -163,6 +170,10 @@ def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
     engine = engine or make_engine(options.engine or target.container.engine)
     if options.push and not target.container.registry:
         raise plan.loaded.target_doc.error(("container",), "--push needs container.registry (where to push)")
+    if options.sif:
+        if isinstance(engine, ApptainerEngine):
+            raise InputError("the image is a SIF already: --sif converts the image of a Docker or Podman build")
+        ApptainerEngine().check()
     engine.check()  # before rendering: an unreachable engine changes nothing on disk
     with out_dir_lock(out_dir):
         return _build(plan, out_dir, options, progress, engine)
@@ -264,6 +275,15 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
             engine.save(image_ref, archive)
             artifacts.append(archive)
             seconds["archive"] = time.perf_counter() - start
+
+        sif = None
+        if options.sif:
+            progress.phase(f"converting {image_ref} to a SIF with Apptainer")
+            start = time.perf_counter()
+            sif = out_dir / ir.job.sif
+            convert_to_sif(engine, image_ref, sif, out_dir / SIF_LOG)
+            artifacts += [sif, out_dir / SIF_LOG]
+            seconds["sif"] = time.perf_counter() - start
     except KeyboardInterrupt:
         raise Interrupted("interrupted after the build; the image is built but may be untagged") from None
     seconds["total"] = time.perf_counter() - started
@@ -271,7 +291,20 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
         plan, ir, out_dir, engine, image_ref, image, lock_digest=lock[0] if lock else None,
         lock_packages=lock[1] if lock else None, tuned={dest: str(src) for dest, src in tuned.items()},
         smoke=smoke, pushed_ref=pushed_ref if options.push else None, pushed_digest=pushed_digest,
-        oci_archive=archive, artifacts=tuple(artifacts), seconds=seconds)
+        oci_archive=archive, sif=sif, artifacts=tuple(artifacts), seconds=seconds)
+
+
+def convert_to_sif(engine: Engine, ref: str, sif: Path, log_path: Path) -> None:
+    """The image ``ref`` of ``engine`` as the SIF file ``sif``: saved as a docker-archive beside it, built into a
+    SIF by Apptainer (the image's layers and labels), the archive removed; the conversion's log in ``log_path``."""
+    archive = sif.with_name(f".{sif.stem}.docker-archive.tar")
+    log = BuildLog(log_path)
+    try:
+        engine.save(ref, archive)
+        ApptainerEngine().build_from_archive(archive, sif, log)
+    finally:
+        log.close()
+        archive.unlink(missing_ok=True)
 
 
 def _save_lock(engine: Engine, image: str, lock_file: str, path: Path, log: BuildLog) -> tuple[str, int] | None:
