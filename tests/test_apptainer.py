@@ -235,7 +235,7 @@ def test_a_failed_sif_build_is_exit_5_and_leaves_no_sif(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = modak("build", job, "-o", out)
     assert result.returncode == EXIT_BUILD_FAILED, result.stderr
-    assert "apptainer build exited with" in result.stderr and str(out / "build.log") in result.stderr
+    assert "build failed: apptainer build exited with" in result.stderr and str(out / "build.log") in result.stderr
     assert "modak-no-such-package" in (out / "build.log").read_text()
     assert not list(out.glob("*.sif")) and not list(out.glob(".build.*")) and not (out / "base-image.tar").exists()
 

@@ -99,7 +99,8 @@ class BuildLog:
     def failure(self, reason: str) -> BuildFailed:
         """A :class:`BuildFailed` naming the current step, the reason and the log file."""
         log = f"; full log: {self.path}" if self.path else ""
-        return BuildFailed(f"build failed at {self.where()}: {shorten(reason, 400)}{log}",
+        at = f" at {self.step}" if self.step else ""  # an engine whose log has no steps (Apptainer) says none
+        return BuildFailed(f"build failed{at}: {shorten(reason, 400)}{log}",
                            step=str(self.step) if self.step else None, log=self.path)
 
 
