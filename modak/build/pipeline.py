@@ -52,7 +52,7 @@ from modak.documents import document
 from modak.errors import InputError, Interrupted, PushFailed, SmokeTestFailed
 from modak.image.deployment import MODEL_FILE, WORK_DIR
 from modak.image.runtimes.base import reusable_artifacts
-from modak.render.ir import LOCK_LABEL, BuildDescription, build_description
+from modak.render.ir import LOCK_LABEL, BuildDescription, build_description, self_test_command
 from modak.render.render import DOCKERIGNORE, render
 
 if TYPE_CHECKING:
@@ -343,7 +343,7 @@ def smoke_test(engine: Engine, image: str, plan: Plan, timeout: float = 900.0,
     ``log`` gets the run's exit code, stdout and stderr (whatever the outcome)."""
     candidate = plan.choice.candidate
     gpus = plan.ceilings.gpu_count if candidate.device == "gpu" else 0
-    command = build_description(plan).self_test
+    command = self_test_command(plan.loaded.job.task.value)
     outcome = engine.run(image, command, timeout=timeout, gpus=gpus)
     if log is not None:
         log.write_text(f"# modak: {' '.join(command)} in image {image}: exit {outcome.exit_code}"

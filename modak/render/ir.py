@@ -248,11 +248,16 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
         image=image, base=base, apt_packages=tuple(_unique(apt)),
         build_env=(("CFLAGS", flags), ("CXXFLAGS", flags)) if flags else (), pip=_pip_step(plan),
         copies=tuple(copies), runtime_env=runtime_env, labels=_labels(plan, image, base, created),
-        command=command, self_test=(*SELF_TEST_COMMAND, *(("--serve",) if job.task.value == "inference" else ())),
+        command=command, self_test=self_test_command(job.task.value),
         context=tuple(context), job=_job_script(plan, image, command, sharing),
         plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
         runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", ports=(SERVE_PORT,) if serving else (),
         templates=files.templates)
+
+
+def self_test_command(task: str) -> tuple[str, ...]:
+    """The smoke test's command for a job of ``task``: the self-test, which for inference also serves one request."""
+    return (*SELF_TEST_COMMAND, *(("--serve",) if task == "inference" else ()))
 
 
 def _pip_step(plan: Plan) -> PipStep:

@@ -80,14 +80,15 @@ class ApptainerEngine(Engine):
         """Build ``context/Singularity.def`` into a SIF file beside it (its path is the image's id), without its
         ``%test`` (the pipeline's smoke test runs the same command next; ``apptainer test`` runs it later). A SIF
         build has no layer cache: ``no_cache`` changes nothing. A failed or interrupted build leaves no file."""
-        return self._build_sif(context, "Singularity.def", context, log)
+        return self._build_sif(context, "Singularity.def", log)
 
     def build_from_archive(self, archive: Path, sif: Path, log: BuildLog) -> None:
         """A SIF from a docker-archive tar (``modak build --oci-archive`` on a machine with Podman or Docker)."""
-        self._build_sif(sif.parent, f"docker-archive://{archive.absolute()}", sif.parent, log, sif)
+        self._build_sif(sif.parent, f"docker-archive://{archive.absolute()}", log, sif)
 
-    def _build_sif(self, folder: Path, source: str, cwd: Path, log: BuildLog, final: Path | None = None) -> str:
-        """Build ``source`` into a temporary SIF in ``folder`` (renamed to ``final`` where given); its path."""
+    def _build_sif(self, folder: Path, source: str, log: BuildLog, final: Path | None = None) -> str:
+        """Build ``source`` (relative to ``folder``, where the build runs) into a temporary SIF in ``folder``
+        (renamed to ``final`` where given); its path."""
         self.check()
         assert self.binary
         handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=folder)
@@ -95,7 +96,7 @@ class ApptainerEngine(Engine):
         unprivileged = ["--fakeroot"] if os.geteuid() != 0 else []  # root builds as root
         try:
             code = self._stream([self.binary, "build", *unprivileged, "--notest", "--force", partial, source], log,
-                                cwd=cwd)
+                                cwd=folder)
             if code != 0:
                 raise log.failure(f"{Path(self.binary).name} build exited with {code}")
             if final is not None:
