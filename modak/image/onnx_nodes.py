@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 KEEP_INITIALIZER_ELEMENTS = 64
 
 
+def holds_shape(tensor: onnx.TensorProto) -> bool:
+    """Whether shape inference keeps the initializer ``tensor``'s values (a small inline one: shapes, axes) rather
+    than only its type and dims (weights, external data)."""
+    import math
+
+    import onnx
+
+    return math.prod(tensor.dims) <= KEEP_INITIALIZER_ELEMENTS and tensor.data_location != onnx.TensorProto.EXTERNAL
+
+
 def node_ids(graph: onnx.GraphProto) -> list[str]:
     """The identifier of each node of ``graph``, in graph order."""
     return [node.name or f"{node.op_type}_{index}" for index, node in enumerate(graph.node)]
@@ -176,8 +186,6 @@ def fed_shapes(model: onnx.ModelProto, inputs: Mapping[str, Collection[int]]) ->
     ``inputs`` (the batch included), initializers included: the shapes a runtime's kernels read, as both a profile
     and a plan give them (weights, inline or external, enter inference as typed inputs: it reads only the small
     initializers that hold shapes)."""
-    import math
-
     import onnx
     from onnx import helper
 
@@ -186,7 +194,7 @@ def fed_shapes(model: onnx.ModelProto, inputs: Mapping[str, Collection[int]]) ->
     declared = {value.name for value in skeleton.graph.input}
     kept = []
     for tensor in skeleton.graph.initializer:
-        if math.prod(tensor.dims) <= KEEP_INITIALIZER_ELEMENTS and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        if holds_shape(tensor):
             kept.append(tensor)
         elif tensor.name not in declared:
             skeleton.graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))

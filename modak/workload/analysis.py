@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.kernels import Kernel
-from modak.image.onnx_nodes import KEEP_INITIALIZER_ELEMENTS, constant_tensors
+from modak.image.onnx_nodes import constant_tensors, holds_shape
 from modak.image.runtimes.profiling import op_class as named_op_class
 from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
 from modak.paths import data_dir
@@ -273,7 +273,6 @@ def format_table(profile: WorkloadProfile) -> Table:
 def _skeleton(model: onnx.ModelProto, batch: int, sample_shapes: Mapping[str, Any]
               ) -> tuple[onnx.ModelProto, dict[str, tuple[int, ...]]]:
     """A copy of ``model`` for shape inference: fixed input shapes, large initializers as typed inputs."""
-    import onnx
     from onnx import helper
 
     graph = model.graph
@@ -290,8 +289,7 @@ def _skeleton(model: onnx.ModelProto, batch: int, sample_shapes: Mapping[str, An
         inputs.append(helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, dims))
     kept = []
     for tensor in graph.initializer:
-        small = math.prod(tensor.dims) <= KEEP_INITIALIZER_ELEMENTS
-        if small and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        if holds_shape(tensor):
             kept.append(tensor)
         else:
             inputs.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
