@@ -219,11 +219,12 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
   if [ "$(cat /etc/slurm/slurm.conf 2>/dev/null)" != "$conf" ]; then
     printf '%s\n' "$conf" > /etc/slurm/slurm.conf
   fi
-  if ! pgrep -x slurmctld >/dev/null; then
+  # By their pid files: other Slurm daemons may run here (tests/test_two_nodes.py starts a cluster of its own).
+  if ! kill -0 "$(cat "$state/slurmctld.pid" 2>/dev/null)" 2>/dev/null; then
     log "starting slurmctld"
     nohup slurmctld -D >/dev/null 2>&1 </dev/null &
   fi
-  if ! pgrep -x slurmd >/dev/null; then
+  if ! kill -0 "$(cat "$state/slurmd.pid" 2>/dev/null)" 2>/dev/null; then
     log "starting slurmd"
     nohup slurmd -D >/dev/null 2>&1 </dev/null &
   fi
