@@ -23,6 +23,7 @@ from modak.predict.default import default_predictor
 from modak.predict.kernels import NOTES as KERNEL_NOTES
 from modak.predict.measured import CORRECTED, CORRECTION_TERM, corrected, corrections, measures
 from modak.predict.measured import describe as describe_corrections
+from modak.scaling import DataParallel, decide
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.spec.resolve import module_code
@@ -115,6 +116,7 @@ class Plan:
     stock: RankedCandidate | None  # the stock deployment (a recipe marked ``stock``), if it can run the job
     tuned: TunedChoice | None = None  # the winner ``modak tune`` measured for this workload on this target, if chosen
     batches: tuple[BatchOption, ...] = ()  # model.batch_size auto: every batch size tried; () for a given batch
+    data_parallel: DataParallel | None = None  # the workers a training job with ``scaling`` runs on (job.sh's)
 
     @property
     def choice(self) -> RankedCandidate:
@@ -213,6 +215,7 @@ class Plan:
             "batches": [option.to_dict() for option in self.batches],
             "reasons": list(self.reasons),
             **({"model_source": self.source.user.describe()} if self.source.user is not None else {}),
+            **({"data_parallel": self.data_parallel.to_dict()} if self.data_parallel is not None else {}),
         })
         return body
 
@@ -318,7 +321,8 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     correction = describe_corrections(factors, loaded.target.name)
     reasons = _reasons(loaded, ranked, pruned, stock, kept_over, tuned,
                        (*gate_reasons, *_source_reasons(source), *((correction,) if correction else ())))
-    return Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
+    plan = Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
+    return replace(plan, data_parallel=decide(plan))
 
 
 def _source_reasons(source: ModelSource) -> tuple[str, ...]:

@@ -33,15 +33,46 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from modak.documents import document, duration, rounded
 from modak.errors import InputError
 from modak.spec.loader import read_catalog
 
 if TYPE_CHECKING:
-    from modak.plan import Plan
+    from modak.candidates.enumerate import Candidate
+    from modak.hardware.ceilings import TargetCeilings
+    from modak.predict.base import Prediction
+    from modak.spec.loader import LoadedJob
     from modak.spec.models import Scaling
+    from modak.workload.analysis import WorkloadProfile
+
+
+class Chosen(Protocol):
+    """What the scaling model reads of a plan's choice (:class:`modak.plan.RankedCandidate`)."""
+
+    @property
+    def candidate(self) -> Candidate: ...
+
+    @property
+    def prediction(self) -> Prediction: ...
+
+
+class Planned(Protocol):
+    """What the scaling model reads of a plan (:class:`modak.plan.Plan`, which decides its worker count with
+    :func:`advise` and so cannot be imported here)."""
+
+    @property
+    def loaded(self) -> LoadedJob: ...
+
+    @property
+    def workload(self) -> WorkloadProfile: ...
+
+    @property
+    def ceilings(self) -> TargetCeilings: ...
+
+    @property
+    def choice(self) -> Chosen: ...
 
 ALGORITHMS = ("ring", "tree")
 GRADIENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes per gradient value, by scaling.gradient_dtype
@@ -374,7 +405,7 @@ def _describe(model: ScalingModel, base: ScalingModel, name: str, value: float, 
 # The model of a plan, and the advice
 
 
-def scaling_model(plan: Plan, gradient_dtype: str = "fp32", single_node: bool = False) -> ScalingModel:
+def scaling_model(plan: Planned, gradient_dtype: str = "fp32", single_node: bool = False) -> ScalingModel:
     """The default model of the plan's choice on its target: one worker per GPU (per node for a CPU choice),
     links from the GPU catalog, the interconnect table and the target's ``network``."""
     from modak.hardware.ceilings import gpu_catalog
@@ -463,7 +494,7 @@ class ScaleAdvice:
             "reasons": list(self.reasons)})
 
 
-def advise(plan: Plan, scaling: Scaling | None = None, max_workers: int | None = None,
+def advise(plan: Planned, scaling: Scaling | None = None, max_workers: int | None = None,
            measured: Mapping[int, float] | None = None, single_node: bool = False) -> ScaleAdvice:
     """Predict 1..N workers for the plan's choice and pick the largest N that keeps ``min_efficiency``.
 
@@ -496,7 +527,7 @@ def advise(plan: Plan, scaling: Scaling | None = None, max_workers: int | None =
     return replace(advice, reasons=_reasons(advice, plan, single_node))
 
 
-def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, ...]:
+def _reasons(advice: ScaleAdvice, plan: Planned, single_node: bool) -> tuple[str, ...]:
     model, chosen, batch = advice.model, advice.chosen, advice.batch_size
     target = plan.loaded.target
     worker = "GPU" if plan.choice.candidate.device == "gpu" else "node"
@@ -545,3 +576,41 @@ def _reasons(advice: ScaleAdvice, plan: Plan, single_node: bool) -> tuple[str, .
             reasons.append("modak render and build fit to the job's scaling.measured: put these points there for "
                            "the job script to request what this fit chooses")
     return tuple(reasons)
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """The data-parallel layout a plan decided for a training job with ``scaling``: what its job script runs."""
+
+    workers: int
+    nodes: int
+    per_node: int
+    efficiency: float  # predicted
+    step_s: float  # predicted, with ``workers`` workers
+    min_efficiency: float
+    summary: str  # one line: the layout and its predicted efficiency
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workers": self.workers, "nodes": self.nodes, "workers_per_node": self.per_node,
+                "efficiency": rounded(self.efficiency), "step_seconds": rounded(self.step_s),
+                "min_efficiency": self.min_efficiency, "summary": self.summary}
+
+
+def decide(plan: Planned) -> DataParallel | None:
+    """The worker count of a training job with ``scaling`` (None for any other job): the largest that keeps its
+    ``min_efficiency`` (:func:`advise`), on one node where the target's scheduler cannot start processes on
+    others."""
+    from modak import schedulers
+    from modak.spec.models import Task
+
+    job, target = plan.loaded.job, plan.loaded.target
+    if job.scaling is None or job.task is not Task.training:
+        return None
+    single_node = not schedulers.scheduler(target.scheduler.kind).multi_node
+    chosen = advise(plan, single_node=single_node).chosen
+    summary = (f"{chosen.workers} data-parallel worker(s), {chosen.nodes} node(s) x {chosen.per_node}: predicted "
+               f"efficiency {chosen.efficiency:.2f} (min_efficiency {job.scaling.min_efficiency:g}; modak scale)"
+               + ("; one node at most: without a scheduler, the script starts no processes on other nodes"
+                  if single_node and target.nodes > 1 else ""))
+    return DataParallel(chosen.workers, chosen.nodes, chosen.per_node, chosen.efficiency, chosen.step_s,
+                        job.scaling.min_efficiency, summary)

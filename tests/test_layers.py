@@ -27,8 +27,8 @@ LAYERS = {
     "candidates": 5,
     "measurements": 6,
     "predict": 7,
+    "scaling": 7.5,  # data-parallel scaling of a plan's choice (modak scale); the plan records the workers it picks
     "plan": 8,
-    "scaling": 8.5,  # data-parallel scaling of a plan (modak scale); job scripts request the workers it picks
     "render": 9, "bench": 9,
     "build": 10, "report": 10, "integrations": 10,
     "advise": 10.5,  # modak whatif and modak pack: plans on several targets or shares (the API plans them)

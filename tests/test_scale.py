@@ -22,7 +22,7 @@ import modak
 from modak.cli import main
 from modak.render.ir import build_description
 from modak.render.render import render
-from modak.scaling import Link, ScalingModel, default_overlap, fit, network_link
+from modak.scaling import Link, ScalingModel, advise, default_overlap, fit, network_link
 from tests.support.onnx_graphs import write_onnx
 from tests.test_render import CREATED, GOLDEN, GOLDEN_VERSION, Preferred, _normalized, make_plan_for
 
@@ -352,6 +352,26 @@ def test_each_nodes_container_gets_the_gpus_allocated_on_that_node(tmp_path: Pat
     assert [[t[i + 1] for i, a in enumerate(t) if a == "--device"] for t in tasks] == [
         ["nvidia.com/gpu=0", "nvidia.com/gpu=1"], ["nvidia.com/gpu=2", "nvidia.com/gpu=3"]]
     assert all(t[:2] == ["run", "--device"] and "torchrun" in t for t in tasks)
+
+
+def test_the_plan_decides_the_workers_and_job_sh_runs_them(tmp_path: Path) -> None:
+    """The worker count is the plan's (plan.json's data_parallel, modak scale's choice); the job script renders it
+    and decides nothing; a job without scaling has none."""
+    plan = scaled_case(tmp_path / "spec", "slurm", "podman", max_workers=8)
+    chosen = plan.to_dict()["data_parallel"]
+    assert (chosen["workers"], chosen["nodes"], chosen["workers_per_node"]) == (8, 2, 4)
+    assert chosen["min_efficiency"] == 0.8 and chosen["efficiency"] >= 0.8
+    scale = advise(plan, single_node=False).chosen
+    assert (scale.workers, scale.efficiency) == (chosen["workers"], pytest.approx(chosen["efficiency"], rel=1e-5))
+    job = build_description(plan, CREATED).job
+    assert (job.workers, job.nodes, job.workers_per_node) == (8, 2, 4)
+    assert job.scaling_summary == chosen["summary"]
+    write_onnx(tmp_path / "plain" / "model.onnx")
+    single = make_plan_for(tmp_path / "plain", {"name": "mlp", "target": "target.yaml", "task": "training",
+                                                 "model": {"zoo": "mlp", "batch_size": 64}},
+                           {"name": "cpu", "cpu": {"microarchitecture": "zen3", "cores_per_socket": 8},
+                            "memory": {"size_gb": 32}}, Preferred("pytorch", "cpu", "fp32"), zoo="mlp")[0]
+    assert single.data_parallel is None and "data_parallel" not in single.to_dict()
 
 
 def test_one_worker_renders_the_single_process_script(tmp_path: Path) -> None:

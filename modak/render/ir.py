@@ -23,7 +23,6 @@ from modak import schedulers
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.render.package import wheel_name
 from modak.render.sharing import Sharing
-from modak.scaling import advise
 from modak.spec.loader import read_catalog
 from modak.spec.resolve import APP_DIR, DataBind
 
@@ -369,18 +368,13 @@ def _job_script(plan: Plan, image: Image, command: tuple[str, ...], sharing: Sha
         gpus=(1 if sharing and sharing.gpu else plan.ceilings.gpu_count) if gpu else 0,
         engine=engine, image=image.ref, sif=f"{image.name}.sif", data=loaded.files.data,
         log_file=scheduler.log_file(job.name), default_command=_job_command(job, loaded.files.data), sharing=sharing)
-    if job.scaling is None or sharing is not None:  # a job sharing a node or GPU (modak pack) runs one process
+    chosen = plan.data_parallel
+    if chosen is None or sharing is not None:  # a job sharing a node or GPU (modak pack) runs one process
         return script
-    # A job script without a scheduler runs on the node it is started on: one node at most.
-    chosen = advise(plan, single_node=not scheduler.multi_node).chosen
-    summary = (f"{chosen.workers} data-parallel worker(s), {chosen.nodes} node(s) x {chosen.per_node}: predicted "
-               f"efficiency {chosen.efficiency:.2f} (min_efficiency {job.scaling.min_efficiency:g}; modak scale)"
-               + ("; one node at most: without a scheduler, the script starts no processes on other nodes"
-                  if not scheduler.multi_node and target.nodes > 1 else ""))
     if chosen.workers == 1:
-        return replace(script, scaling_summary=summary)
+        return replace(script, scaling_summary=chosen.summary)
     return replace(script, nodes=chosen.nodes, gpus=chosen.per_node if gpu else 0, workers=chosen.workers,
-                   workers_per_node=chosen.per_node, default_command=command, scaling_summary=summary)
+                   workers_per_node=chosen.per_node, default_command=command, scaling_summary=chosen.summary)
 
 
 def _job_command(job: Any, data: DataBind | None) -> tuple[str, ...]:
