@@ -32,27 +32,19 @@ from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor, for_model
 from modak.predict.default import default_predictor
-from modak.predict.kernels import (
-    PREDICTOR,
-    TRANSFER_PREDICTOR,
-    KernelData,
+from modak.predict.kernel_fit import (
     KernelEstimate,
-    KernelModel,
-    KernelPredictor,
-    MachineCeilings,
-    Recurrence,
     attributable,
     calibrate,
     calibrate_runs,
     class_kind,
-    features,
     fit_kind,
     fit_kinds,
     kernel_seconds,
-    recurrence,
-    roofline_seconds,
-    sized,
 )
+from modak.predict.kernel_model import PREDICTOR, TRANSFER_PREDICTOR, KernelData, KernelModel
+from modak.predict.kernel_terms import MachineCeilings, Recurrence, features, recurrence, roofline_seconds, sized
+from modak.predict.kernels import KernelPredictor
 from modak.predict.learned import NEW_MACHINE_SPREAD, Z80
 from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import kernel_set

@@ -45,7 +45,8 @@ from modak.predict.evaluate import (
     subset,
     with_runs,
 )
-from modak.predict.kernels import KernelModel, MachineCeilings
+from modak.predict.kernel_model import KernelModel
+from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.training import ok_rows, shipped_rows
 from tests.test_ci_step import assert_valid
 from tests.test_decision_metrics import row

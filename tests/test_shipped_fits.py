@@ -11,9 +11,9 @@ import pytest
 from modak.candidates.catalog import load_catalog
 from modak.paths import data_dir
 from modak.predict import fits
-from modak.predict.kernels import FIT_FORMAT as KERNEL_FORMAT
-from modak.predict.kernels import PREDICTOR as KERNELS
-from modak.predict.kernels import KernelModel
+from modak.predict.kernel_model import FIT_FORMAT as KERNEL_FORMAT
+from modak.predict.kernel_model import PREDICTOR as KERNELS
+from modak.predict.kernel_model import KernelModel
 from modak.predict.learned import PREDICTOR as LEARNED
 from modak.predict.learned import LearnedPredictor, fit_key
 from modak.predict.training import kernel_set, training_set

@@ -64,7 +64,9 @@ from modak.measurements.kernels import (
 from modak.measurements.store import Measurement, read_csv
 from modak.predict.base import Prediction
 from modak.predict.evaluate import HIT, UNDECIDED, decision, family, launch_times, planned_for_row
-from modak.predict.kernels import PREDICTOR, Composition, KernelEstimate, KernelModel, MachineCeilings
+from modak.predict.kernel_fit import KernelEstimate
+from modak.predict.kernel_model import PREDICTOR, Composition, KernelModel
+from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.learned import candidate_from_row
 from modak.predict.measured import corrected, corrections
 from modak.predict.training import ok_rows

@@ -32,7 +32,8 @@ from pathlib import Path
 from modak.bench.kprobe import PROBE_MODEL_PREFIX, PROBE_RUNTIMES, Sampling, probe_kernels
 from modak.candidates.candidate import Candidate, Precision
 from modak.measurements.store import Measurement, PerfStore, read_csv
-from modak.predict.kernels import KernelModel, MachineCeilings
+from modak.predict.kernel_model import KernelModel
+from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.training import ok_rows
 
 MARKS_MIN = (2.0, 5.0, 10.0, 15.0)  # the curve's probe minutes

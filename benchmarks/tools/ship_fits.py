@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from modak.predict import fits
-from modak.predict.kernels import PREDICTOR as KERNELS
-from modak.predict.kernels import KernelModel
+from modak.predict.kernel_model import PREDICTOR as KERNELS
+from modak.predict.kernel_model import KernelModel
 from modak.predict.learned import PREDICTOR as LEARNED
 from modak.predict.learned import LearnedPredictor
 from modak.predict.training import kernel_set, training_set

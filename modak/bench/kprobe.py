@@ -35,7 +35,7 @@ from modak.errors import InputError, ModakError
 from modak.measurements.kernels import PROBE_MODEL_PREFIX, KernelRow, Reconciliation
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
-from modak.predict.kernels import per_call_seconds
+from modak.predict.kernel_terms import per_call_seconds
 
 if TYPE_CHECKING:
     import onnx
@@ -298,7 +298,8 @@ def _draw(left: Sequence[Layer], measured: Sequence[Layer], error: Mapping[tuple
 def kind_predictor(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
     """``predict`` for :func:`sample`: the per-kind model of :mod:`modak.predict.kernels` fit on the fp32 ``rows`` of
     ``row``'s runtime and kind, ``row``'s kernel's seconds per call; None where there are none."""
-    from modak.predict.kernels import MachineCeilings, fit_kinds, kernel_seconds, row_candidate
+    from modak.predict.kernel_fit import fit_kinds, kernel_seconds
+    from modak.predict.kernel_terms import MachineCeilings, row_candidate
 
     own = [r for r in rows if (r.runtime, r.device, r.kernel.kind, r.precision)
            == (row.runtime, row.device, row.kernel.kind, "fp32")]

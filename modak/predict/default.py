@@ -15,7 +15,8 @@ def default_predictor(store: Path | None = None, kernels: bool = True) -> Predic
     store's kernel rows, where there are any and ``kernels`` (bound to a job's graph by
     :func:`modak.predict.base.for_model`), then the learned model fit on ``perfmodels/*.csv`` and the local store,
     then the roofline; each fit cached by its data."""
-    from modak.predict.kernels import KernelModel, KernelPredictor
+    from modak.predict.kernel_model import KernelModel
+    from modak.predict.kernels import KernelPredictor
     from modak.predict.learned import LearnedPredictor, NoTrainingRows
     from modak.predict.training import kernel_set, training_set
 

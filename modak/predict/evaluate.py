@@ -44,8 +44,9 @@ from modak.measurements.stats import EQUIVALENCE_MARGIN, Ratio, ratio
 from modak.measurements.store import Measurement
 from modak.predict.base import Prediction as PlanPrediction
 from modak.predict.base import paired_ratio_p90
-from modak.predict.kernels import PREDICTOR as KERNELS
-from modak.predict.kernels import KernelModel, MachineCeilings
+from modak.predict.kernel_model import PREDICTOR as KERNELS
+from modak.predict.kernel_model import KernelModel
+from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.learned import LearnedPredictor, candidate_from_row, example_from_row
 from modak.predict.measured import corrected, corrections
 from modak.predict.training import ok_rows

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modak.predict.kernels import KernelModel, MachineModel
+from modak.predict.kernel_model import KernelModel, MachineModel
 
 
 def only(model: KernelModel) -> MachineModel:
