@@ -70,13 +70,14 @@ def plan_job(job: str | Path, target: str | Path | None = None, predictor_name: 
              store: Path | None = None, using: Predictor | None = None) -> Plan:
     """Load, resolve and analyse the job, then rank its candidates (``using`` overrides the named predictor). With
     ``model.batch_size: auto``, the plan of the batch size with the most predicted samples per second within the
-    limits (:func:`modak.plan.choose_batch`): its job has that batch, and its ``batches`` list every one tried."""
+    limits (:func:`modak.batching.choose_batch`): its job has that batch, and its ``batches`` list every one tried."""
     return plan_loaded(load(job, target), using or predictor(predictor_name, store), store)
 
 
 def plan_loaded(loaded: LoadedJob, using: Predictor, store: Path | None = None) -> Plan:
     """:func:`plan_job` of a job already loaded (e.g. with its target changed: ``modak whatif``, ``modak pack``)."""
-    from modak.plan import choose_batch, make_plan
+    from modak.batching import choose_batch
+    from modak.plan import make_plan
     from modak.spec.models import AUTO_BATCH
     from modak.workload.source import load_analysis
 

@@ -20,11 +20,12 @@ from jsonschema import Draft202012Validator
 from onnx import TensorProto, helper, numpy_helper
 
 from modak import api
+from modak.batching import AUTO_BATCH_SIZES
 from modak.candidates.catalog import load_catalog
 from modak.candidates.enumerate import enumerate_candidates
 from modak.errors import InputError
 from modak.hardware.ceilings import target_ceilings
-from modak.plan import AUTO_BATCH_SIZES, MEMORY_SHARE, NoCandidate, Plan, step_memory_gb
+from modak.plan import MEMORY_SHARE, NoCandidate, Plan, step_memory_gb
 from modak.predict.learned import Features, example_from
 from modak.predict.roofline import RooflinePredictor
 from modak.render.ir import build_description

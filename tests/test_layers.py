@@ -27,8 +27,10 @@ LAYERS = {
     "candidates": 5,
     "measurements": 6,
     "predict": 7,
+    "allreduce": 7.4,  # the alpha-beta all-reduce model of data-parallel steps: links, layouts, step times
     "scaling": 7.5,  # data-parallel scaling of a plan's choice (modak scale); the plan records the workers it picks
     "plan": 8,
+    "batching": 8.2,  # model.batch_size auto: the job planned at each batch size, the best plan within limits
     "render": 9, "bench": 9,
     "build": 10, "report": 10, "integrations": 10,
     "advise": 10.5,  # modak whatif and modak pack: plans on several targets or shares (the API plans them)

@@ -14,10 +14,11 @@ import msgspec
 import pytest
 
 from modak.api import load as load_job
+from modak.batching import with_batch
 from modak.bench.harness import measurement_row
 from modak.candidates.catalog import Parameter, load_catalog
 from modak.measurements.store import Measurement, PerfStore
-from modak.plan import make_plan, with_batch
+from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor
 from modak.predict.evaluate import evaluate, score
 from modak.predict.learned import (

@@ -19,10 +19,11 @@ import yaml
 from jsonschema import Draft202012Validator
 
 import modak
+from modak.allreduce import Link, ScalingModel, default_overlap, network_link
 from modak.cli import main
 from modak.render.ir import build_description
 from modak.render.render import render
-from modak.scaling import Link, ScalingModel, advise, default_overlap, fit, network_link
+from modak.scaling import advise, fit
 from tests.support.onnx_graphs import write_onnx
 from tests.test_render import CREATED, GOLDEN, GOLDEN_VERSION, Preferred, _normalized, make_plan_for
 

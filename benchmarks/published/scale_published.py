@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modak.paths import data_dir
-from modak.scaling import MIB, Link, ScalingModel, default_overlap, fit, interconnects, network_link
+from modak.allreduce import MIB, Link, ScalingModel, default_overlap, interconnects, network_link
+from modak.scaling import fit
 
 DATA = data_dir("perfmodels") / "published" / "data_parallel_scaling.csv"
 FIT_ON = "vgg16"  # the row of a setup the bandwidth is fitted to: the most communication-bound

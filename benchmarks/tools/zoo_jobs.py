@@ -7,11 +7,12 @@ import random
 import statistics
 from dataclasses import replace
 
+from modak.batching import choose_batch
 from modak.bench.harness import BenchSettings, bench
 from modak.candidates.catalog import Recipe
 from modak.candidates.enumerate import Candidate
 from modak.measurements.store import PerfStore
-from modak.plan import Plan, choose_batch, make_plan
+from modak.plan import Plan, make_plan
 from modak.predict.base import Predictor
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.document import SpecDocument
@@ -25,7 +26,7 @@ def zoo_plan(model: str, batch: int | str, task: str, precision: list[str], targ
              target_doc: SpecDocument, catalog: dict[str, Recipe] | None = None, predictor: Predictor | None = None,
              **job_fields: object) -> Plan:
     """Plan a zoo workload on ``target`` without a job file (campaigns and benchmarks); ``batch`` ``auto``: the
-    plan of the batch size :func:`modak.plan.choose_batch` chooses."""
+    plan of the batch size :func:`modak.batching.choose_batch` chooses."""
     job = validate({"apiVersion": "modak/v1", "kind": "Job", "name": f"{model}-{task}-b{batch}", "task": task,
                     "model": {"zoo": model, "batch_size": batch}, "precision": precision, **job_fields}, Job)
     job_doc = SpecDocument(target_doc.path)

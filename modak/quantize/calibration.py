@@ -47,7 +47,7 @@ class Samples:
 def load_samples(loaded: LoadedJob, source: ModelSource) -> Samples:
     """The job's calibration samples (its folder's, else seeded random ones); bad files are located input errors."""
     wanted, batch = loaded.job.calibration.samples, loaded.job.model.batch_size
-    assert isinstance(batch, int)  # a planned job's: the plan resolved 'auto' (modak.plan.with_batch)
+    assert isinstance(batch, int)  # a planned job's: the plan resolved 'auto' (modak.batching.with_batch)
     specs = _input_specs(source)
     folder = loaded.files.calibration
     if folder is None:

@@ -42,7 +42,7 @@ else:
 Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: are a job's cores its own?
 Interconnect = Literal["ethernet", "roce", "infiniband", "omnipath", "slingshot", "none"]  # network.interconnect
 InputDtype = Literal["float32", "int64"]  # the element type of a user model's input (model.input_dtype)
-AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.plan.choose_batch)
+AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.batching.choose_batch)
 
 
 class Strict(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

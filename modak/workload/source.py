@@ -75,7 +75,7 @@ def load_analysis(loaded: LoadedJob, optimizer: str = "sgd_momentum") -> tuple[M
 
     The result is cached by the ONNX file's identity (path, size, modification time) and everything else the
     analysis reads, so planning the same model again neither imports onnx nor reads the graph. A batch size of
-    ``auto`` is an input error: the plan chooses it (:func:`modak.plan.choose_batch`), analysing each batch."""
+    ``auto`` is an input error: the plan chooses it (:func:`modak.batching.choose_batch`), analysing each batch."""
     batch = loaded.job.model.batch_size
     if not isinstance(batch, int):  # 'auto'
         raise loaded.job_doc.error(("model", "batch_size"), "the analysis needs a number: 'auto' is chosen by `modak "
