@@ -409,7 +409,7 @@ def probe_kernels(budget_min: float | None = None, store: Path | None = None, al
 
     import yaml
 
-    from modak.bench.kprobe import DEFAULT_BUDGET_MIN, PROBE_RUNTIMES
+    from modak.bench.kprobe import DEFAULT_BUDGET_MIN, probe_runtimes
     from modak.bench.kprobe import probe_kernels as measure
     from modak.hardware.probe import to_target
     from modak.measurements.store import PerfStore, default_store_path
@@ -424,7 +424,7 @@ def probe_kernels(budget_min: float | None = None, store: Path | None = None, al
             target.write_text(yaml.safe_dump(to_target(measured, "local"), sort_keys=False), encoding="utf-8")
         done = measure(lambda job: plan_loaded(load(job, target), roofline),
                        perf, DEFAULT_BUDGET_MIN if budget_min is None else budget_min, models,
-                       PROBE_RUNTIMES if runtimes is None else runtimes)
+                       probe_runtimes() if runtimes is None else runtimes)
         for machine in also:
             perf.add_kernels([replace(r, machine=machine) for r in done.rows],
                              [replace(r, machine=machine) for r in done.reconciliations])

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from modak.image.kernels import OP_CLASSES, Profile
-from modak.image.runtimes.base import RunRequest, load_runtime, make_inputs
+from modak.image.runtimes.base import Adapter, RunRequest, adapter, make_inputs
 from modak.image.runtimes.profiling import median_step, op_class
 from modak.image.zoo import get_entry
 from modak.workload.zoo import export_onnx
@@ -27,9 +27,8 @@ def profiled(runtime: str, zoo: str, task: str, workdir: Path,
     request = RunRequest(runtime=runtime, device="cpu", precision="fp32", params=dict(params), threads=None,
                          task=task, onnx_path=str(export_onnx(zoo, given)), zoo=zoo, batch_size=2,
                          input_shapes={k: list(v) for k, v in given.items()}, workdir=str(workdir))
-    profile = getattr(load_runtime(runtime), "profile", None)
-    assert profile is not None, f"{runtime} has no profile"
-    found = profile(request, make_inputs(request), STEPS)
+    assert adapter(runtime).implements(Adapter.profile), f"{runtime} has no profile"
+    found = adapter(runtime).profile(request, make_inputs(request), STEPS)
     assert isinstance(found, Profile) and found.steps == STEPS and found.kernels
     assert all(k.seconds > 0 and k.calls >= 1 and k.kernel.op in OP_CLASSES for k in found.kernels)
     assert len({k.kernel for k in found.kernels}) == len(found.kernels)  # one entry per kernel

@@ -279,11 +279,11 @@ def in_its_own_process(runtime: str, function: Any, *args: Any, **kwargs: Any) -
 
 def first_loss_and_measurement(request: Any) -> tuple[float, dict]:
     """The loss of the runtime's first training step on the request's inputs, and the runner's measurement."""
-    from modak.image.runtimes.base import load_runtime, make_inputs
+    from modak.image.runtimes.base import adapter, make_inputs
     from modak.runtime import measure as runner
 
     inputs = make_inputs(request)
-    first = float(load_runtime(request.runtime).prepare(request, inputs).run(inputs)[0])
+    first = float(adapter(request.runtime).prepare(request, inputs).run(inputs)[0])
     return first, runner.measure(request, min_seconds=0.1, budget_s=1)
 
 

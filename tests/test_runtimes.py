@@ -12,15 +12,13 @@ import os
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import modak.runtime
 from modak.image.deployment import Deployment
-from modak.image.runtimes.base import TOLERANCE, FunctionSession, RunRequest
+from modak.image.runtimes.base import TOLERANCE, Adapter, FunctionSession, RunRequest
 from modak.image.zoo import get_entry
 from modak.runtime import measure as runner
 from modak.workload.zoo import export_onnx
@@ -147,10 +145,9 @@ def test_openvino_streams_that_never_agree_fail_loudly(tmp_path, monkeypatch):
 
 
 def _register(monkeypatch: pytest.MonkeyPatch, name: str, prepare) -> None:
-    """Make ``name`` a runtime for ``runner.measure`` (a test-only module with ``prepare``)."""
-    module = types.SimpleNamespace(prepare=prepare)
-    original = modak.runtime.load_runtime
-    monkeypatch.setattr(modak.runtime, "load_runtime", lambda n: module if n == name else original(n))
+    """Make ``name`` a runtime for ``runner.measure``: an adapter registered for this test alone."""
+    monkeypatch.setattr(Adapter, "registry", dict(Adapter.registry))  # restored after the test
+    type(name, (Adapter,), {"name": name, "framework": "pytorch", "prepare": staticmethod(prepare)})
 
 
 @pytest.mark.parametrize("task", ["inference", "training"])
@@ -186,7 +183,7 @@ XLA_CASES = {
     "mnist_cnn-bf16-inside": ("mnist_cnn", "inference", "fp32", "xla-bf16-inside"),
 }
 _XLA_SCRIPT = """
-import json, sys, types
+import json, sys
 from modak.runtime import measure as runner
 from modak.image.deployment import Deployment
 from modak.image.runtimes import xla
@@ -195,10 +192,10 @@ from modak.image.runtimes.base import RunRequest
 def lowered(request, inputs):
     return xla.prepare(RunRequest(**{**request.__dict__, "precision": "bf16"}), inputs)
 
-import modak.runtime
-original = modak.runtime.load_runtime
-modak.runtime.load_runtime = (lambda n: types.SimpleNamespace(prepare=lowered) if n == "xla-bf16-inside"
-                              else original(n))
+from modak.image.runtimes.base import Adapter
+
+class Lowered(Adapter):  # a runtime of this process alone
+    name, framework, prepare = "xla-bf16-inside", "jax", staticmethod(lowered)
 results = {}
 for name, text in json.loads(sys.stdin.read()).items():
     try:

@@ -27,7 +27,7 @@ def ceiling(settings: dict[str, float], threads: int) -> float:
     import torch
 
     torch.set_num_threads(threads)
-    return max(probe.gemm_rates(torch, ["fp32"], threads, probe.GEMM_SIZES, **settings).values())
+    return max(probe.gemm_rates(["fp32"], threads, probe.GEMM_SIZES, **settings).values())
 
 
 def main() -> None:

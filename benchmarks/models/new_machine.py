@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from modak.bench.kprobe import PROBE_MODEL_PREFIX, PROBE_RUNTIMES, Sampling, probe_kernels
+from modak.bench.kprobe import PROBE_MODEL_PREFIX, Sampling, probe_kernels, probe_runtimes
 from modak.candidates.candidate import Candidate, Precision
 from modak.measurements.store import Measurement, PerfStore, read_csv
 from modak.predict.kernel_model import KernelModel
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"a {QUICK_BUDGET_MIN}-minute probe of {', '.join(QUICK_MODELS)} on onnxruntime only")
     args = parser.parse_args(argv)
     budget = QUICK_BUDGET_MIN if args.quick else args.budget
-    runtimes = ("onnxruntime",) if args.quick else PROBE_RUNTIMES
+    runtimes = ("onnxruntime",) if args.quick else probe_runtimes()
     rows = campaign_rows(args.campaign, runtimes)
     if args.quick:
         rows = [r for r in rows if r.model in QUICK_MODELS]

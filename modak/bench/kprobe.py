@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modak.errors import InputError, ModakError
+from modak.image.runtimes.base import adapter, adapters
 from modak.measurements.kernels import PROBE_MODEL_PREFIX, KernelRow, Reconciliation
 from modak.measurements.store import PerfStore
 from modak.plan import Plan
@@ -40,7 +41,6 @@ from modak.predict.kernel_terms import per_call_seconds
 if TYPE_CHECKING:
     import onnx
 
-PROBE_RUNTIMES = ("onnxruntime", "openvino")  # the runtimes a cut ONNX graph runs on (PyTorch traces zoo models)
 PROBE_BATCHES = (1, 8, 32)  # the batch sizes each zoo model's layers are taken at
 DEFAULT_BUDGET_MIN = 15.0  # modak probe --kernels: minutes, at most
 ANALYSIS_SHARE = 0.3  # the share of the budget the zoo's analysis may take (exports and plans are cached)
@@ -54,6 +54,11 @@ PROBE_STEPS = 5  # profiled steps per layer
 WHOLE_MODELS = (("mnist_cnn", 8), ("mlp", 64), ("squeezenet", 1), ("mobilenet_v2", 1), ("resnet18", 1),
                 ("bert_small", 1), ("efficientnet_b0", 1), ("gpt_small", 1), ("unet_small", 1))
 WHOLE_SHARE = 0.2  # the share of the budget after which no whole model is started
+
+
+def probe_runtimes() -> tuple[str, ...]:
+    """The runtimes a layer cut from an ONNX graph runs on (``Adapter.cut_graphs``; PyTorch traces zoo models)."""
+    return tuple(name for name, runtime in adapters().items() if runtime.cut_graphs)
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class Layer:
         return f"{PROBE_MODEL_PREFIX}{self.model}-{self.runtime}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def zoo_layers(models: Iterable[str], runtimes: Sequence[str] = PROBE_RUNTIMES,
+def zoo_layers(models: Iterable[str], runtimes: Sequence[str] | None = None,
                batches: Sequence[int] = PROBE_BATCHES, threads: int = 0,
                more: Callable[[], bool] = lambda: True) -> list[Layer]:
     """The distinct layers of zoo ``models`` at ``batches`` as each of ``runtimes`` plans them (a model or runtime
@@ -99,7 +104,7 @@ def zoo_layers(models: Iterable[str], runtimes: Sequence[str] = PROBE_RUNTIMES,
         except ModakError:
             continue
         shapes = {name: list(dims) for name, dims in get_entry(model).shapes(None).items()}
-        for runtime in runtimes:
+        for runtime in runtimes if runtimes is not None else probe_runtimes():
             for batch in batches:
                 try:
                     kernels = planned_kernels(runtime, path, batch, shapes, "fp32", threads, zoo=model)
@@ -311,7 +316,7 @@ def kind_predictor(rows: Sequence[KernelRow], row: KernelRow) -> float | None:
 
 
 def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min: float = DEFAULT_BUDGET_MIN,
-                  models: Sequence[str] | None = None, runtimes: Sequence[str] = PROBE_RUNTIMES,
+                  models: Sequence[str] | None = None, runtimes: Sequence[str] | None = None,
                   seed: int = 0, clock: Callable[[], float] = time.monotonic) -> Sampling:
     """Probe this machine's kernels within ``budget_min`` minutes (the zoo's analysis included): profile the
     :data:`WHOLE_MODELS` among zoo ``models`` (default: all) within :data:`WHOLE_SHARE` of the budget, then sample
@@ -320,10 +325,10 @@ def probe_kernels(plan_of: Callable[[Path], Plan], store: PerfStore, budget_min:
     import importlib.util
 
     from modak.image.zoo import ZOO
-    from modak.workload.kernels import PACKAGES
 
     start = clock()
-    installed = [r for r in runtimes if importlib.util.find_spec(PACKAGES[r]) is not None]
+    runtimes = probe_runtimes() if runtimes is None else runtimes
+    installed = [r for r in runtimes if importlib.util.find_spec(adapter(r).packages[0]) is not None]
     if not installed:
         raise InputError(f"none of the runtimes {', '.join(runtimes)} is installed here")
     order = list(models if models is not None else ZOO)

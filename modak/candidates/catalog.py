@@ -11,6 +11,7 @@ from msgspec import Meta, Struct, field
 
 from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_key
 from modak.errors import InputError
+from modak.image.runtimes.base import plugin_recipes
 from modak.paths import data_dir
 from modak.spec.loader import load_spec
 from modak.spec.models import Allocation, Name, Precision, Requirement, Task
@@ -154,10 +155,13 @@ class Recipe(_Recipe, frozen=True, kw_only=True):
 
 @lru_cache(maxsize=4)
 def load_catalog(folder: Path | None = None) -> dict[str, Recipe]:
-    """All recipes in ``folder`` (default: the shipped ``recipes/runtimes``), keyed by name."""
-    folder = folder or data_dir("recipes") / "runtimes"
+    """All recipes in ``folder`` (default: the shipped ``recipes/runtimes`` and the recipe of every runtime outside
+    modak, :func:`modak.image.runtimes.base.plugin_recipes`), keyed by name."""
+    paths = sorted((folder or data_dir("recipes") / "runtimes").glob("*.yaml"))
+    if folder is None:
+        paths += plugin_recipes()  # the runtimes outside modak (modak.image.runtimes.base.ENTRY_POINTS)
     recipes: dict[str, Recipe] = {}
-    for path in sorted(folder.glob("*.yaml")):
+    for path in paths:
         recipe, doc = load_spec(path, Recipe)
         if recipe.name in recipes:
             raise doc.error(("name",), f"runtime '{recipe.name}' is defined twice")
@@ -172,5 +176,5 @@ def load_catalog(folder: Path | None = None) -> dict[str, Recipe]:
                                         f"invalid environment variable name {variable!r}")
         recipes[recipe.name] = recipe
     if not recipes:
-        raise InputError("no runtime recipes found", folder)
+        raise InputError("no runtime recipes found", folder or data_dir("recipes") / "runtimes")
     return recipes

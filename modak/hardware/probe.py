@@ -18,9 +18,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
+
+from modak.image.runtimes.base import adapters
 
 GEMM_SIZES = (512, 1024, 2048)
 QUICK_GEMM_SIZES = (256, 512)
@@ -104,7 +105,7 @@ def probe(thread_counts: list[int] | None = None, quick: bool = False) -> ProbeR
         with CpuWatch() as watch:
             for threads in counts:
                 torch.set_num_threads(threads)
-                for (precision, kernel), rate in gemm_rates(torch, precisions, threads, sizes).items():
+                for (precision, kernel), rate in gemm_rates(precisions, threads, sizes).items():
                     kernels[precision].setdefault(kernel, {})[threads] = rate
                 runs = [_triad_gbs(torch, elements, "cpu") for _ in range(TRIAD_REPEATS)]
                 triad[threads] = statistics.median(runs)
@@ -213,7 +214,7 @@ def _frequency_ghz() -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def gemm_rates(torch: Any, precisions: list[str], threads: int, sizes: tuple[int, ...], rounds: int = GEMM_ROUNDS,
+def gemm_rates(precisions: list[str], threads: int, sizes: tuple[int, ...], rounds: int = GEMM_ROUNDS,
                round_seconds: float = GEMM_ROUND_SECONDS) -> dict[tuple[str, str], float]:
     """GFLOP/s (GOP/s for int8) of each available GEMM kernel per precision at ``threads`` threads (PyTorch's set
     to them), the best over ``sizes`` and over ``rounds`` rounds that time every kernel and size in turn for
@@ -221,16 +222,11 @@ def gemm_rates(torch: Any, precisions: list[str], threads: int, sizes: tuple[int
     int8 is ONNX Runtime's MatMulInteger (uint8 x int8 -> int32, the kernel its quantized models run)."""
     calls: dict[tuple[str, str, int], Callable[[], Any]] = {}
     for precision in precisions:
-        makers: dict[str, Callable[[int], Callable[[], Any]]] = {}
-        if precision != "int8":
-            makers["pytorch"] = partial(_torch_gemm, torch, precision=precision)
-        if precision in ("fp32", "int8"):
-            makers["onnxruntime"] = partial(_onnxruntime_gemm, threads=threads, precision=precision)
-        if precision != "int8":
-            makers["openvino"] = partial(_openvino_gemm, threads=threads, precision=precision)
-        for kernel, make in makers.items():
+        for kernel, runtime in adapters().items():
+            if precision not in runtime.gemm_precisions:
+                continue
             try:
-                calls.update({(precision, kernel, n): make(n) for n in sizes})
+                calls.update({(precision, kernel, n): runtime.gemm(n, threads, precision) for n in sizes})
             except ImportError:
                 continue  # that runtime is not installed here
     best = dict.fromkeys(calls, float("inf"))
@@ -241,51 +237,6 @@ def gemm_rates(torch: Any, precisions: list[str], threads: int, sizes: tuple[int
     for (precision, kernel, n), seconds in best.items():
         rates[(precision, kernel)] = max(rates.get((precision, kernel), 0.0), 2.0 * n**3 / seconds / 1e9)
     return rates
-
-
-def _torch_gemm(torch: Any, n: int, precision: str) -> Callable[[], Any]:
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    c = torch.empty(n, n, dtype=dtype)
-    return lambda: torch.matmul(a, b, out=c)
-
-
-def _onnxruntime_gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
-    import numpy as np
-    import onnxruntime
-    from onnx import TensorProto, helper
-
-    integer = precision == "int8"
-    a_type, b_type = (TensorProto.UINT8, TensorProto.INT8) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
-    node = helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])
-    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("a", a_type, [n, n]),
-                                               helper.make_tensor_value_info("b", b_type, [n, n])],
-                              [helper.make_tensor_value_info("c", TensorProto.INT32 if integer else TensorProto.FLOAT,
-                                                             [n, n])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    feeds = ({"a": rng.integers(0, 255, (n, n), dtype=np.uint8), "b": rng.integers(-127, 127, (n, n), dtype=np.int8)}
-             if integer else {x: rng.standard_normal((n, n), dtype=np.float32) for x in "ab"})
-    return lambda: session.run(None, feeds)
-
-
-def _openvino_gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
-    import numpy as np
-    import openvino
-    from openvino import opset13
-
-    a, b = (opset13.parameter([n, n], openvino.Type.f32) for _ in range(2))
-    model = openvino.Model([opset13.matmul(a, b, False, False)], [a, b])
-    compiled = openvino.Core().compile_model(model, "CPU", {
-        "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
-        "PERFORMANCE_HINT": "LATENCY"})
-    request = compiled.create_infer_request()
-    inputs = [np.random.default_rng(0).standard_normal((n, n), dtype=np.float32) for _ in range(2)]
-    return lambda: request.infer(inputs)
 
 
 def _default_thread_counts(cores: int) -> list[int]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from modak.candidates.enumerate import Candidate
 from modak.image.kernels import Kernel
+from modak.image.runtimes.base import adapters
 from modak.measurements.kernels import KernelRow, Reconciliation, whole_step
 from modak.paths import write_atomic
 from modak.predict import fits
@@ -43,11 +44,6 @@ from modak.predict.kernel_terms import ROOFLINE_FLOOR_S, KindModel, MachineCeili
 from modak.predict.learned import NEW_MACHINE_SPREAD, Z80
 from modak.spec.models import Precision
 
-# The runtimes whose kernels at plan time are the kernels their profiles show, by construction (one mapping of
-# the runtime's own graph per runtime: ONNX Runtime's optimized graph, OpenVINO's runtime model, PyTorch's
-# dispatched aten ops on fake CPU tensors). torch.compile's profiles are Inductor's fused kernels, which its plan
-# (the eager ops) does not name: the forest answers for it.
-PLANNED_AS_PROFILED = frozenset({"onnxruntime", "openvino", "pytorch"})
 PREDICTOR = "kernels"  # its name in plans, and its fits' (modak.predict.fits)
 FIT_FORMAT = 1  # raise when a fit of the same rows would give other arrays (the key of shipped and cached fits)
 TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by its ceilings
@@ -220,13 +216,18 @@ class KernelModel:
         check_rows(rows, reconciliations)
         # What a step adds to its kernels (dispatch, the profiler's cost, the calibration) is learned from whole
         # models' steps: a probed layer's session is mostly the fixed cost of a run.
+        # Only the runtimes whose kernels at plan time are the kernels their profiles show, by construction (one
+        # mapping of the runtime's own graph: ONNX Runtime's optimized graph, OpenVINO's runtime model, PyTorch's
+        # dispatched aten ops on fake CPU tensors). torch.compile's profiles are Inductor's fused kernels, which its
+        # plan (the eager ops) does not name: the forest answers for it.
+        planned = {name for name, runtime in adapters().items() if runtime.profiles_as_planned}
         by_machine: dict[tuple, tuple[list[KernelRow], list[Reconciliation]]] = {}
         for row in rows:
-            if row.runtime in PLANNED_AS_PROFILED:
+            if row.runtime in planned:
                 by_machine.setdefault(MachineCeilings.of_row(row).key, ([], []))[0].append(row)
         for rec in reconciliations:
             key = MachineCeilings.of_row(rec).key
-            if rec.runtime in PLANNED_AS_PROFILED and whole_step(rec) and key in by_machine:
+            if rec.runtime in planned and whole_step(rec) and key in by_machine:
                 by_machine[key][1].append(rec)
         machines = [by_machine[key] for key in sorted(by_machine, key=repr)]
         sets = [MachineModel.training_sets(*machine) for machine in machines]

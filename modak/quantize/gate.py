@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from modak.image.runtimes.base import RunRequest, load_runtime, relative_error
+from modak.image.runtimes.base import RunRequest, adapter, relative_error
 from modak.paths import cache_dir, write_atomic
 from modak.quantize.calibration import Samples
 from modak.spec.models import Accuracy, AccuracyMetric
@@ -162,7 +162,7 @@ def _figures(source: ModelSource, runtime: str, quantized: Path, samples: Sample
     request = RunRequest(runtime=runtime, device="cpu", precision="int8", params={}, threads=None, task="inference",
                          onnx_path=str(quantized), zoo=source.zoo, batch_size=batch,
                          input_shapes=source.input_shapes, workdir=tempfile.gettempdir())
-    session = load_runtime(runtime).prepare(request, dict(samples.batches[0]))
+    session = adapter(runtime).prepare(request, dict(samples.batches[0]))
     fp32 = _concatenate([reference.run(None, dict(b)) for b in samples.batches], samples.count)
     int8 = _concatenate([session.run(b) for b in samples.batches], samples.count)
     first_fp32, first_int8 = (o.reshape(samples.count, -1) for o in (fp32[0], int8[0]))

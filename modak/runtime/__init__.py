@@ -7,7 +7,7 @@
     model.inputs, model.outputs                   # names, per-sample shapes and dtypes (from the ONNX graph)
 
 :func:`load` prepares the plan's runtime with the plan's parameters through the same code that ``modak bench``
-timed and the build's smoke test ran (:func:`modak.image.runtimes.base.load_runtime`), with the threads of the real
+timed and the build's smoke test ran (:func:`modak.image.runtimes.base.adapter`), with the threads of the real
 allocation (set by the image's entrypoint, :mod:`modak.image.launch`). A session runs batches of exactly the
 plan's batch size (times the runtime's ``batches_per_step``): :meth:`Model.run` cuts larger inputs into such
 batches and pads the last one, so any number of samples runs at the shape that was measured; a partial batch runs
@@ -43,8 +43,8 @@ from modak.image.runtimes.base import (
     TOLERANCE,
     RunRequest,
     Session,
+    adapter,
     has_graph,
-    load_runtime,
     make_inputs,
     relative_error,
 )
@@ -187,7 +187,7 @@ def open_model(request: RunRequest, deployment: Deployment | None = None) -> Mod
     deployment = deployment or _deployment_of(request)
     sample = make_inputs(request)
     start = time.perf_counter()
-    session = load_runtime(request.runtime).prepare(request, sample)
+    session = adapter(request.runtime).prepare(request, sample)
     prepare_s = time.perf_counter() - start
     if has_graph(request):
         inputs, outputs = _graph_specs(request)

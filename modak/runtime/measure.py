@@ -32,12 +32,19 @@ import numpy as np
 
 from modak.errors import EXIT_OK, EXIT_RUN_FAILED
 from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE
-from modak.image.runtimes.base import TOLERANCE, RunRequest, has_graph, load_profiler, make_inputs, relative_error
+from modak.image.runtimes.base import (
+    TOLERANCE,
+    RunRequest,
+    adapters,
+    has_graph,
+    load_profiler,
+    make_inputs,
+    relative_error,
+)
 from modak.runtime import Model, open_model, request_from_environment
 from modak.runtime.corelink import round_trip_seconds
 
-_PACKAGES = ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "openvino", "apache-tvm", "jax", "jaxlib",
-             "torchax")
+_PACKAGES = ("numpy", "onnx")  # besides every runtime's own (Adapter.packages)
 TRAINING_CHECK_STEPS = 2  # the second loss depends on the first update, so gradients and optimizer are checked
 
 
@@ -248,7 +255,7 @@ def _peak_rss_mb() -> float:
 
 def _versions() -> dict[str, str]:
     versions = {"python": sys.version.split()[0]}
-    for package in _PACKAGES:
+    for package in dict.fromkeys([*_PACKAGES, *(p for a in adapters().values() for p in a.packages)]):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from modak.image.deployment import PLAN_VARIABLE, Deployment, environment, location, read_deployment
+from modak.image.runtimes.base import adapter, adapters
 from modak.image.runtimes.pytorch import AUTOCAST
-
-TORCH_RUNTIMES = ("pytorch", "torch-compile")
 
 
 @dataclass
@@ -120,9 +119,10 @@ def prepare(model: Any, optimizer: Any, *, plan: str | Path | None = None) -> tu
     import torch
 
     deployment = read_deployment(plan or location(PLAN_VARIABLE))
-    if deployment.runtime not in TORCH_RUNTIMES:
+    if adapter(deployment.runtime).framework != "pytorch":
+        torch_runtimes = [name for name, runtime in adapters().items() if runtime.framework == "pytorch"]
         raise ValueError(f"the plan chose runtime {deployment.runtime!r}; modak.runtime.torch applies only the "
-                         f"PyTorch runtimes ({', '.join(TORCH_RUNTIMES)}): constrain the job's runtimes to them")
+                         f"PyTorch runtimes ({', '.join(torch_runtimes)}): constrain the job's runtimes to them")
     threads = _threads(deployment)
     torch.set_num_threads(threads)
     device = torch.device("cuda" if deployment.device == "gpu" else "cpu")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from modak.errors import ModakError, short_reason
 from modak.image.kernels import Kernel
+from modak.image.runtimes.base import Adapter, adapter
 from modak.paths import cache_dir, file_digest, write_atomic
 from modak.workload.analysis import OpStats, analyze, covering, load_model, tensor_shapes
 
@@ -48,10 +49,6 @@ if TYPE_CHECKING:
     from modak.image.runtimes.pytorch import Argument
     from modak.spec.loader import LoadedJob
 
-# runtime -> the package whose version the answer depends on
-PACKAGES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "pytorch": "torch", "torch-compile": "torch"}
-TORCH_RUNTIMES = ("pytorch", "torch-compile")
-MAPPED_TORCH = "pytorch"  # the PyTorch runtime whose profiles map its forward ops to the ONNX graph's nodes
 TRACE = "trace"  # the key of the user model child's request that asks for a trace: batch, params, task, loss
 _CHILD = "modak.workload.kernels_child"
 _ATEN = "aten::"
@@ -74,20 +71,20 @@ def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input
     then unused, None where no exporter could export it), a training step with the job's built-in ``loss``; the
     ONNX runtimes infer. Cached (see the module docstring); raises :class:`UnreportedGraph` where there is no
     answer."""
-    if runtime not in PACKAGES:
-        raise UnreportedGraph(f"{runtime} does not report its kernels at plan time")
-    if task != "inference" and runtime not in TORCH_RUNTIMES:
+    reports = _reporting(runtime)
+    traced = reports.kernels == "torch"
+    if task != "inference" and not traced:
         raise UnreportedGraph(f"{runtime} runs no {task} step")
-    if runtime in TORCH_RUNTIMES and zoo is None and user is None:
+    if traced and zoo is None and user is None:
         raise UnreportedGraph(f"{runtime} traces a zoo model or the user's own, not an ONNX file")
     if loss is not None and ":" in loss:
         raise UnreportedGraph(f"{runtime}: a training step with the user's own loss function is not traced at plan "
                               "time")
-    if runtime not in TORCH_RUNTIMES and onnx_path is None:
+    if not traced and onnx_path is None:
         raise UnreportedGraph(f"{runtime} runs an ONNX graph; the model has none")
     shapes = {name: [int(d) for d in dims] for name, dims in input_shapes.items()}
     chosen = dict(params or {})
-    own = runtime in TORCH_RUNTIMES and zoo is None  # the user's own PyTorch model
+    own = traced and zoo is None  # the user's own PyTorch model
     key = _key(runtime, _model_identity(runtime, onnx_path, zoo, user), batch_size, shapes, precision, threads,
                chosen, task, loss)
     file = cache_dir() / "kernels" / f"{key}.json"
@@ -96,11 +93,12 @@ def planned_kernels(runtime: str, onnx_path: Path | None, batch_size: int, input
         return cached
     try:
         # PyTorch's eager forward ops map to the ONNX graph's nodes as its profiles map them
-        graph = str(onnx_path) if runtime == MAPPED_TORCH and task == "inference" and onnx_path else None
+        mapped = traced and reports.profiles_as_planned and task == "inference"
+        graph = str(onnx_path) if mapped and onnx_path else None
         if own:
             assert user is not None
             kernels = _user_kernels(user, batch_size, chosen, precision, task, loss, graph)
-        elif runtime in TORCH_RUNTIMES:
+        elif traced:
             assert zoo is not None
             kernels = _aten_kernels(zoo, batch_size, shapes, chosen, precision, task, loss, graph)
         else:
@@ -121,7 +119,7 @@ def _model_identity(runtime: str, path: Path | None, zoo: str | None, user: Load
     the architectures), the digests of the user's files and arguments, or the ONNX graph's digest."""
     from modak.workload.usercode import model_digests
 
-    if runtime in TORCH_RUNTIMES:
+    if _reporting(runtime).kernels == "torch":
         return {"zoo": zoo} if zoo is not None else model_digests(user) if user is not None else None
     try:
         return file_digest(Path(path or ""))
@@ -132,9 +130,10 @@ def _model_identity(runtime: str, path: Path | None, zoo: str | None, user: Load
 def _key(runtime: str, model: Any, batch_size: int, shapes: dict[str, list[int]], precision: str, threads: int,
          params: dict[str, Any], task: str, loss: str | None) -> str:
     """The cache key: the model's identity and everything else the answer depends on."""
-    version = _installed_version(PACKAGES[runtime])
+    package = _reporting(runtime).packages[0]
+    version = _installed_version(package)
     if version is None:
-        raise UnreportedGraph(f"{runtime} is not installed here ({PACKAGES[runtime]})")
+        raise UnreportedGraph(f"{runtime} is not installed here ({package})")
     fields = {"model": model, "runtime": runtime, "version": version, "batch": batch_size, "shapes": shapes,
               "precision": precision, "threads": threads, "params": params, "task": task, "loss": loss,
               "code": _code_digest(runtime)}
@@ -150,18 +149,28 @@ def _installed_version(package: str) -> str | None:
         return None
 
 
+def _reporting(runtime: str) -> type[Adapter]:
+    """The adapter of ``runtime``, which reports the kernels it plans (else :class:`UnreportedGraph`)."""
+    try:
+        found = adapter(runtime)
+    except KeyError as exc:
+        raise UnreportedGraph(str(exc.args[0])) from None
+    if found.kernels is None:
+        raise UnreportedGraph(f"{runtime} does not report its kernels at plan time")
+    return found
+
+
 @functools.cache
 def _code_digest(runtime: str) -> str:
     """The digest of the code an answer comes from: this module, the analysis (the kernels' FLOPs and bytes), the
-    runtime's module in the image (its session options, its step) and, for the PyTorch runtimes, the zoo's
-    architectures and the user model's children."""
-    from modak.image import runtimes, zoo
+    runtime's module that plans its kernels (its session options, its step) and, for the traced runtimes, the
+    zoo's architectures and the user model's children."""
+    from modak.image import zoo
 
-    module = "pytorch" if runtime in TORCH_RUNTIMES else runtime
-    files = [Path(__file__), Path(__file__).with_name("analysis.py"),
-             Path(runtimes.__file__ or "").with_name(f"{module}.py"),
+    reports = _reporting(runtime)
+    files = [Path(__file__), Path(__file__).with_name("analysis.py"), reports.source_file(),
              Path(zoo.__file__ or "").with_name("onnx_nodes.py")]
-    if runtime in TORCH_RUNTIMES:  # files read, not imported (zoo_models would import torch)
+    if reports.kernels == "torch":  # files read, not imported (zoo_models would import torch)
         here = Path(__file__)
         files += [Path(zoo.__file__ or ""), Path(zoo.__file__ or "").with_name("zoo_models.py"),
                   here.with_name("kernels_child.py"), here.with_name("usercode_child.py")]
@@ -191,18 +200,13 @@ def _onnx_kernels(runtime: str, path: Path, batch_size: int, shapes: dict[str, l
                   threads: int, params: dict[str, Any]) -> tuple[Kernel, ...]:
     """The runtime's own plan (the function its profile maps kernels with), with op classes, FLOPs and bytes from
     the analysis of the nodes each kernel covers."""
-    from modak.image.runtimes import onnxruntime, openvino
     from modak.image.runtimes.base import RunRequest
 
     fed, _ = _graph_facts(path, batch_size, shapes)
     request = RunRequest(runtime=runtime, device="cpu", precision=precision, params=params, threads=threads,
                          task="inference", onnx_path=str(path), zoo=None, batch_size=batch_size,
                          input_shapes=shapes, workdir="")
-    if runtime == "onnxruntime":
-        kernels = tuple(k.kernel() for k in onnxruntime.planned_kernels(request, fed))
-    else:
-        kernels = openvino.planned_kernels(request, fed)
-    return _costed(kernels, path, batch_size, shapes)
+    return _costed(adapter(runtime).planned_kernels(request, fed), path, batch_size, shapes)
 
 
 def _costed(kernels: Sequence[Kernel], path: Path, batch_size: int,

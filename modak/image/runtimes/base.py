@@ -1,38 +1,46 @@
-"""The interface every runtime/graph compiler module implements.
+"""The interface every runtime/graph compiler implements, and the registry of them.
 
-A module ``modak.image.runtimes.<name>`` (the recipe name with ``-`` as ``_``) exposes ``prepare(request,
-inputs) -> Session``. ``prepare`` does everything that is paid once (load, compile, tune) for inputs shaped like
-``inputs`` (one batch of the request's size); ``Session.run(feeds)`` is one steady-state step on ``feeds``: input
-name -> array of ``batch_size * batches_per_step`` samples (``batches_per_step`` is 1 unless a session says
+A runtime is one module with one :class:`Adapter` subclass, which registers itself under its ``name`` (the recipe's
+name, ``recipes/runtimes/<name>.yaml``) and declares what it can do: its framework, the packages its results
+depend on, how it reports the kernels it plans (``kernels``), whether its profiles name those kernels, whether it
+runs a layer cut from an ONNX graph, the GEMM it times for ``modak probe``. The shipped runtimes are the modules of
+this package (``modak.image.runtimes.<name>``, ``-`` as ``_``); one outside modak is found through the entry point
+group ``modak.runtimes`` (``NAME = module:Class``), and its class names its recipe file (:attr:`Adapter.recipe`).
+Every place that asks what a runtime can do asks :func:`adapter` or :func:`adapters`, never a list of names.
+
+``prepare(request, inputs) -> Session`` does everything that is paid once (load, compile, tune) for inputs shaped
+like ``inputs`` (one batch of the request's size); ``Session.run(feeds)`` is one steady-state step on ``feeds``:
+input name -> array of ``batch_size * batches_per_step`` samples (``batches_per_step`` is 1 unless a session says
 otherwise, as OpenVINO's throughput streams do). :mod:`modak.runtime` puts a user's batches in that shape, padding
 a partial batch unless the session says ``open_batch`` and one sample gives the full batch's answer for it.
-Parameters and container requirements live in the runtime's recipe (``recipes/runtimes/<name>.yaml``), which the
-host reads; this package never does.
+Parameters and container requirements live in the runtime's recipe, which the host reads; this package never does.
 
-A module whose runs leave something a later run reuses (TVM's tuning databases) also exposes
-``artifacts(workdir, model_stem, batch_size, image_model_stem) -> dict[str, Path]``: what an earlier run in
-``workdir`` (a request's ``workdir``) left for this model and batch, as path relative to the image's work folder
--> host path, named for the image's runner, whose model stem is ``image_model_stem`` (a model's stem is its zoo
-name, else its ONNX file's stem). ``modak build`` copies them into the image. :func:`reusable_artifacts` is
-``{}`` for the runtimes without it.
+A runtime whose runs leave something a later run reuses (TVM's tuning databases) implements ``artifacts(workdir,
+model_stem, batch_size, image_model_stem) -> dict[str, Path]``: what an earlier run in ``workdir`` (a request's
+``workdir``) left for this model and batch, as path relative to the image's work folder -> host path, named for
+the image's runner, whose model stem is ``image_model_stem`` (a model's stem is its zoo name, else its ONNX file's
+stem). ``modak build`` copies them into the image.
 
-A module that can say where a step's time goes also exposes ``profile(request, inputs, steps) ->
+A runtime that can say where a step's time goes implements ``profile(request, inputs, steps) ->
 modak.image.kernels.Profile``: the candidate prepared as ``prepare`` does, warmed up, then ``steps`` profiled steps,
-reported as per-kernel times of one step (:func:`load_profiler`; ``modak measure --profile``).
+reported as per-kernel times of one step (``modak measure --profile``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from modak.image.kernels import Profile
+from modak.image.kernels import Kernel, Profile
 
 # Largest error tolerated before a runtime's output counts as wrong, relative to the reference's largest
 # magnitude: fp32 leaves room for reassociation, reduced precisions for their mantissas.
@@ -75,13 +83,110 @@ class Session(Protocol):
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]: ...
 
 
-class Runtime(Protocol):
-    def prepare(self, request: RunRequest, inputs: dict[str, np.ndarray]) -> Session: ...
+KernelReport = Literal["onnx", "torch"]  # from the runtime's own plan of an ONNX graph; from a PyTorch trace
+ENTRY_POINTS = "modak.runtimes"  # the entry point group of runtimes outside modak
+_NOT_RUNTIMES = {"base", "profiling"}  # this package's modules that are not runtimes
 
 
-def load_runtime(name: str) -> Runtime:
-    """The module implementing runtime ``name``."""
-    return importlib.import_module(f"modak.image.runtimes.{name.replace('-', '_')}")  # type: ignore[return-value]
+class Adapter:
+    """One runtime: what it declares, and its steps (static methods over its module's functions)."""
+
+    name: ClassVar[str]  # the recipe's name
+    framework: ClassVar[str]  # the recipe's framework (pytorch, onnxruntime, openvino, tvm, jax)
+    packages: ClassVar[tuple[str, ...]] = ()  # the distributions its results depend on, the first the main one
+    kernels: ClassVar[KernelReport | None] = None  # how it reports the kernels it plans for a step; None: it does not
+    kernel_source: ClassVar[str] = ""  # the module whose code plans those kernels (default: the adapter's)
+    profiles_as_planned: ClassVar[bool] = False  # its profiles name the kernels its plan names, by construction
+    cut_graphs: ClassVar[bool] = False  # it runs a layer cut from an ONNX graph (``modak probe --kernels``)
+    gemm_precisions: ClassVar[tuple[str, ...]] = ()  # the precisions of the GEMM :meth:`gemm` times
+    recipe: ClassVar[Path | None] = None  # a runtime outside modak: its recipe file (else recipes/runtimes/)
+    registry: ClassVar[dict[str, type[Adapter]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name in Adapter.registry and Adapter.registry[cls.name] is not cls:
+            raise ValueError(f"runtime {cls.name!r} is registered twice ({Adapter.registry[cls.name].__module__}, "
+                             f"{cls.__module__})")
+        Adapter.registry[cls.name] = cls
+
+    @staticmethod
+    def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> Session:
+        raise NotImplementedError
+
+    @staticmethod
+    def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> Profile:
+        """Where ``steps`` steps' time goes (see the module docstring); a runtime may not implement it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def artifacts(workdir: Path, model_stem: str, batch_size: int, image_model_stem: str) -> Mapping[str, Path]:
+        """What earlier runs left for a later one to reuse (see the module docstring); a runtime may not."""
+        raise NotImplementedError
+
+    @staticmethod
+    def planned_kernels(request: RunRequest, input_shapes: Mapping[str, tuple[int, ...]]) -> tuple[Kernel, ...]:
+        """The kernels it plans for one step of ``request`` on inputs of these shapes (``kernels == "onnx"``)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
+        """A call of an ``n`` x ``n`` GEMM in ``precision`` on ``threads`` threads (ImportError: not installed)."""
+        raise NotImplementedError
+
+    @classmethod
+    def implements(cls, step: Callable[..., Any]) -> bool:
+        """Whether it implements ``step``, one of this class's optional static methods (``Adapter.profile``)."""
+        return getattr(cls, step.__name__) is not step
+
+    @classmethod
+    def source_file(cls) -> Path:
+        """The file of the module that plans its kernels."""
+        module = importlib.import_module(cls.kernel_source or cls.__module__)
+        return Path(module.__file__ or "")
+
+
+def adapter(name: str) -> type[Adapter]:
+    """The runtime called ``name``: registered, a module of this package, or an entry point of
+    :data:`ENTRY_POINTS`; a :class:`KeyError` naming the known ones otherwise."""
+    if name not in Adapter.registry:
+        module = f"{__package__}.{name.replace('-', '_')}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            if name in _plugins():
+                _plugins()[name].load()
+    if name not in Adapter.registry:
+        raise KeyError(f"no runtime {name!r} (known: {', '.join(sorted(adapters()))})")
+    return Adapter.registry[name]
+
+
+def adapters() -> dict[str, type[Adapter]]:
+    """Every runtime: this package's modules and the entry points of :data:`ENTRY_POINTS`, by name."""
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if module.name not in _NOT_RUNTIMES:
+            importlib.import_module(f"{__package__}.{module.name}")
+    plugin_recipes()
+    return dict(sorted(Adapter.registry.items()))
+
+
+def plugin_recipes() -> list[Path]:
+    """The recipe files of the runtimes outside modak (their entry points loaded)."""
+    recipes = []
+    for name, point in _plugins().items():
+        if name not in Adapter.registry:
+            point.load()
+        recipe = Adapter.registry[name].recipe if name in Adapter.registry else None
+        if recipe is not None:
+            recipes.append(recipe)
+    return recipes
+
+
+@functools.cache
+def _plugins() -> dict[str, EntryPoint]:
+    """The entry points of :data:`ENTRY_POINTS` (read once: scanning the installed distributions takes time)."""
+    return {point.name: point for point in entry_points(group=ENTRY_POINTS)}
 
 
 Profiler = Callable[[RunRequest, dict[str, np.ndarray], int], Profile]
@@ -89,14 +194,17 @@ Profiler = Callable[[RunRequest, dict[str, np.ndarray], int], Profile]
 
 def load_profiler(name: str) -> Profiler | None:
     """Runtime ``name``'s ``profile`` (see the module docstring), or None where it reports no profile."""
-    return getattr(load_runtime(name), "profile", None)
+    runtime = adapter(name)
+    return runtime.profile if runtime.implements(Adapter.profile) else None
 
 
 def reusable_artifacts(name: str, workdir: Path, model_stem: str, batch_size: int,
                        image_model_stem: str) -> dict[str, Path]:
     """Runtime ``name``'s ``artifacts`` (see the module docstring); ``{}`` when it declares none."""
-    artifacts = getattr(load_runtime(name), "artifacts", None)
-    return dict(artifacts(workdir, model_stem, batch_size, image_model_stem)) if artifacts else {}
+    runtime = adapter(name)
+    if not runtime.implements(Adapter.artifacts):
+        return {}
+    return dict(runtime.artifacts(workdir, model_stem, batch_size, image_model_stem))
 
 
 def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> float:

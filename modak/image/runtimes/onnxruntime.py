@@ -11,7 +11,7 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ import numpy as np
 from modak.image.deployment import WAIT_VARIABLE
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.onnx_nodes import Cover, attributes_json, fed_shapes, has_unique_names, node_ids
-from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, FunctionSession, RunRequest
+from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, Adapter, FunctionSession, RunRequest
 
 if TYPE_CHECKING:
     import onnx
@@ -296,3 +296,46 @@ def named_model(onnx_path: str, folder: Path) -> str:
     path = folder / "named.onnx"
     onnx.save_model(model, path, save_as_external_data=True, location="named.weights", size_threshold=1024)
     return str(path)
+
+
+def gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
+    """ONNX Runtime's MatMul (int8: MatMulInteger, uint8 x int8 -> int32, the kernel its quantized models run)."""
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    integer = precision == "int8"
+    a_type, b_type = (TensorProto.UINT8, TensorProto.INT8) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
+    node = helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])
+    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("a", a_type, [n, n]),
+                                               helper.make_tensor_value_info("b", b_type, [n, n])],
+                              [helper.make_tensor_value_info("c", TensorProto.INT32 if integer else TensorProto.FLOAT,
+                                                             [n, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = ({"a": rng.integers(0, 255, (n, n), dtype=np.uint8), "b": rng.integers(-127, 127, (n, n), dtype=np.int8)}
+             if integer else {x: rng.standard_normal((n, n), dtype=np.float32) for x in "ab"})
+    return lambda: session.run(None, feeds)
+
+
+def planned_kernel_rows(request: RunRequest, input_shapes: Mapping[str, tuple[int, ...]]) -> tuple[Kernel, ...]:
+    """:func:`planned_kernels` as the kernel model reads them."""
+    return tuple(k.kernel() for k in planned_kernels(request, input_shapes))
+
+
+class OnnxRuntime(Adapter):
+    name = "onnxruntime"
+    framework = "onnxruntime"
+    packages = ("onnxruntime", "onnxruntime-gpu")
+    kernels = "onnx"  # its optimized graph (planned_kernels)
+    profiles_as_planned = True
+    cut_graphs = True
+    gemm_precisions = ("fp32", "int8")
+    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    profile = staticmethod(profile)
+    planned_kernels = staticmethod(planned_kernel_rows)
+    gemm = staticmethod(gemm)

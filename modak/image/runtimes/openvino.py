@@ -32,14 +32,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.onnx_nodes import Cover, names_of, resolve, shape_static_nodes
-from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, TOLERANCE, RunRequest, relative_error
+from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, TOLERANCE, Adapter, RunRequest, relative_error
 
 if TYPE_CHECKING:
     import onnx
@@ -254,3 +254,33 @@ def _executed(info: Any) -> bool:
     (an in-place Reshape's is ``unknown``)."""
     return info["layerType"].astype(str) not in ("Input", "Output") and not info[
         "primitiveType"].astype(str).startswith("unknown")
+
+
+def gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
+    """OpenVINO's MatMul on the CPU plugin, its inference precision hinted."""
+    import numpy as np
+    import openvino
+    from openvino import opset13
+
+    a, b = (opset13.parameter([n, n], openvino.Type.f32) for _ in range(2))
+    model = openvino.Model([opset13.matmul(a, b, False, False)], [a, b])
+    compiled = openvino.Core().compile_model(model, "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+        "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    inputs = [np.random.default_rng(0).standard_normal((n, n), dtype=np.float32) for _ in range(2)]
+    return lambda: request.infer(inputs)
+
+
+class OpenVino(Adapter):
+    name = "openvino"
+    framework = "openvino"
+    packages = ("openvino",)
+    kernels = "onnx"  # its runtime model (planned_kernels)
+    profiles_as_planned = True
+    cut_graphs = True
+    gemm_precisions = ("fp32", "bf16")
+    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    profile = staticmethod(profile)
+    planned_kernels = staticmethod(planned_kernels)
+    gemm = staticmethod(gemm)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from modak.image.kernels import Kernel, KernelTime, Profile
-from modak.image.runtimes.base import FunctionSession, RunRequest, has_graph, loss_targets
+from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest, has_graph, loss_targets
 from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
 
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
@@ -526,3 +526,25 @@ def _aten_names() -> frozenset[str]:
 
     return frozenset(name.partition("::")[2].partition(".")[0] for name in torch._C._dispatch_get_all_op_names()
                      if name.startswith("aten::"))
+
+
+def gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
+    """``torch.matmul`` into a preallocated output (the caller sets PyTorch's threads)."""
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    c = torch.empty(n, n, dtype=dtype)
+    return lambda: torch.matmul(a, b, out=c)
+
+
+class PyTorch(Adapter):
+    name = "pytorch"
+    framework = "pytorch"
+    packages = ("torch",)
+    kernels = "torch"  # the aten ops dispatched on fake tensors (modak.workload.kernels.trace_step)
+    profiles_as_planned = True
+    gemm_precisions = ("fp32", "bf16")
+    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    profile = staticmethod(profile)
+    gemm = staticmethod(gemm)

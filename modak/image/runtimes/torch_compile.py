@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from modak.image.kernels import Profile
-from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest
 from modak.image.runtimes.pytorch import build_session, profile_steps
 
 
@@ -34,3 +34,13 @@ def _compiler(request: RunRequest) -> Any:
 
     mode = request.params.get("mode", "default")
     return lambda module: torch.compile(module, mode=mode)
+
+
+class TorchCompile(Adapter):
+    name = "torch-compile"
+    framework = "pytorch"
+    packages = ("torch",)
+    kernels = "torch"  # its eager ops; its profiles are Inductor's fused kernels, which the plan does not name
+    kernel_source = "modak.image.runtimes.pytorch"
+    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    profile = staticmethod(profile)

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from modak.image.kernels import Kernel, KernelTime, Profile
-from modak.image.runtimes.base import FunctionSession, RunRequest
+from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest
 from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
 from modak.paths import write_atomic
 
@@ -308,3 +308,12 @@ def _as_list(outputs: Any) -> list[Any]:
     if isinstance(outputs, tvm.runtime.Tensor):
         return [outputs]
     return [item for output in outputs for item in _as_list(output)]
+
+
+class Tvm(Adapter):
+    name = "tvm"
+    framework = "tvm"
+    packages = ("apache-tvm",)
+    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    profile = staticmethod(profile)
+    artifacts = staticmethod(artifacts)

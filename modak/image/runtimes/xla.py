@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from modak.image.runtimes.base import FunctionSession, RunRequest, loss_targets
+from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest, loss_targets
 
 LR = 1e-3
 MOMENTUM = 0.9
@@ -195,3 +195,10 @@ def _to_jax(tensor: Any, device: Any) -> Any:
     import jax
 
     return jax.device_put(tensor.detach().cpu().numpy(), device)
+
+
+class Xla(Adapter):
+    name = "xla"
+    framework = "jax"
+    packages = ("jax", "jaxlib", "torchax")
+    prepare = staticmethod(prepare)  # type: ignore[assignment]
