@@ -35,6 +35,11 @@ def enumerate_candidates(loaded: LoadedJob, ceilings: TargetCeilings, catalog: M
     """All candidates the job's constraints and the target's hardware allow, plus the reasons for the rest;
     ``no_onnx``: why the job's model has no ONNX graph (the user's own model that no exporter could export)."""
     job = loaded.job
+    unknown = [name for name in job.constraints.runtimes or () if name not in catalog]
+    if unknown:
+        raise loaded.job_doc.error(("constraints", "runtimes"),
+                                   f"no runtime {', '.join(map(repr, unknown))} (known: {', '.join(catalog)}; a "
+                                   "runtime outside modak is installed with its entry point in modak.runtimes)")
     candidates: list[Candidate] = []
     pruned: list[Pruned] = []
     seen: set[tuple] = set()
