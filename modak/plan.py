@@ -459,7 +459,7 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
         "objective_seconds": rounded(ranked.objective_seconds),
         "throughput_per_second": rounded(batch / ranked.objective_seconds),
         "bound": p.bound,
-        "roofline": {k: rounded(v) for k, v in p.terms},
+        "roofline": {k: rounded(v) for k, v in (*p.terms, *(p.widening.terms() if p.widening else ()))},
         "accuracy": ranked.accuracy.to_dict() if ranked.accuracy else None,
         "failed_check": ranked.failed_check,
     }
@@ -495,11 +495,11 @@ def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Prun
             reasons.append(f"{doubt}; the chosen one is the fastest predicted within it (its ratio to stock is up "
                            f"to {paired_ratio_high(best, stock, job.objective.steps):.2f}); `modak tune` measures "
                            "them")
-    if dict(p.terms).get("new_machine_spread"):
+    if p.widening and p.widening.new_machine:
         reasons.append(f"the model has no measurements of target '{loaded.target.name}' (rows of two workloads or "
                        f"more), so its intervals are widened by the spread of machines it was not fit on; `modak "
                        f"tune` measures the shortlist there, and its rows calibrate the model")
-    elif dict(p.terms).get("same_kind_spread"):
+    elif p.widening and p.widening.same_kind:
         reasons.append(f"the model has no measurements with the ceilings of target '{loaded.target.name}', but has "
                        f"of a machine of the same kind (microarchitecture or GPU model, and cores), as another probe "
                        f"of one machine gives: the target's ceilings scale the predictions, and their intervals are "

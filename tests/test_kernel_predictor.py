@@ -136,7 +136,7 @@ def test_composition_arithmetic_on_a_fixed_kernel_table(fixed: KernelModel) -> N
     assert p.step_seconds == pytest.approx(14.5 * MS)
     assert (p.low_seconds, p.high_seconds) == pytest.approx((14.5 * MS * math.exp(q10), 14.5 * MS * math.exp(q90)))
     assert (p.term("compute_s"), p.term("memory_s"), p.term("overhead_s")) == pytest.approx((12 * MS, MS, 1.5 * MS))
-    assert p.bound == "compute" and p.term("kernels") == 5 and p.term("new_machine_spread") == 0.0
+    assert p.bound == "compute" and p.term("kernels") == 5 and p.widening and p.widening.new_machine == 0.0
     # The same from the model alone (what an evaluation composes from a launch's kernels, without a workload).
     candidate = Candidate("onnxruntime", "cpu", Precision.fp32, (), 4)
     composed = fixed.compose((CONV, CONV, RELU, CONV, RELU), BOX, candidate)
@@ -223,7 +223,7 @@ def test_a_machine_without_kernel_rows_transfers_by_ceilings_and_widens(fixed: K
     widen = (Z80 * NEW_MACHINE_SPREAD) ** 2
     assert p.low_seconds == pytest.approx(8 * MS / math.exp(math.sqrt(q10 ** 2 + widen)))
     assert p.high_seconds == pytest.approx(8 * MS * math.exp(math.sqrt(q90 ** 2 + widen)))
-    assert p.term("new_machine_spread") == NEW_MACHINE_SPREAD
+    assert p.widening and p.widening.new_machine == NEW_MACHINE_SPREAD
 
 
 def test_each_machine_kind_is_fit_apart_and_a_machine_of_neither_is_composed_by_the_nearest() -> None:

@@ -17,8 +17,8 @@ from modak.candidates.enumerate import Candidate
 from modak.errors import InputError
 from modak.hardware.ceilings import target_ceilings
 from modak.image.deployment import resolve_threads
-from modak.plan import make_plan, objective_seconds
-from modak.predict.base import FallbackPredictor, Prediction
+from modak.plan import Plan, make_plan, objective_seconds
+from modak.predict.base import FallbackPredictor, Prediction, Widening
 from modak.predict.roofline import RooflinePredictor, overhead_seconds, tuning_factor
 from modak.spec.models import Precision
 from modak.workload.analysis import OpStats, WorkloadProfile
@@ -36,6 +36,13 @@ def host_has_avx512() -> bool:
         return " avx512f" in Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
+
+
+def widening(plan: Plan) -> Widening:
+    """How much the chosen candidate's interval was widened for what its model has not seen."""
+    found = plan.choice.prediction.widening
+    assert found is not None, plan.choice.prediction.predictor
+    return found
 
 
 def plan_for(job: Path, target: Path | None = None):
@@ -327,7 +334,7 @@ def test_a_known_kind_with_the_catalog_s_ceilings_is_an_unseen_machine(tmp_path)
     (tmp_path / "zen3-catalog.yaml").write_text(head + "memory:\n  size_gb: 23.5\n")
     plan = api.plan_job(CNN, tmp_path / "zen3-catalog.yaml", "learned", store=tmp_path / "empty.sqlite")
     assert not plan.ceilings.cpu.measured and plan.choice.prediction.predictor == "learned"
-    assert plan.choice.prediction.term("new_machine_spread") > 0 == plan.choice.prediction.term("same_kind_spread")
+    assert widening(plan).new_machine > 0 == widening(plan).same_kind
 
 
 def test_the_plan_says_when_the_model_has_not_seen_the_target(tmp_path):
@@ -341,9 +348,8 @@ def test_the_plan_says_when_the_model_has_not_seen_the_target(tmp_path):
     reprobed = api.plan_job(CNN, zen3_target(tmp_path), "learned", store=empty)
     seen = api.plan_job(CNN, ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml", "learned", store=empty)
     assert {p.choice.prediction.predictor for p in (unseen, reprobed, seen)} == {"learned"}
-    assert unseen.choice.prediction.term("new_machine_spread") > 0 == seen.choice.prediction.term("new_machine_spread")
-    assert reprobed.choice.prediction.term("same_kind_spread") > 0 == reprobed.choice.prediction.term(
-        "new_machine_spread") == seen.choice.prediction.term("same_kind_spread")
+    assert widening(unseen).new_machine > 0 == widening(seen).new_machine
+    assert widening(reprobed).same_kind > 0 == widening(reprobed).new_machine == widening(seen).same_kind
     widths = [p.choice.prediction.high_seconds / p.choice.prediction.low_seconds for p in (seen, reprobed, unseen)]
     assert widths == sorted(widths) and len(set(widths)) == 3
     assert any("no measurements of target" in r for r in unseen.reasons)
@@ -362,7 +368,7 @@ def test_the_shortlist_follows_the_trees_not_the_unseen_machine_widening(tmp_pat
     seen, unseen = (api.plan_job(CNN, target, "learned", store=empty)
                     for target in (ROOT / "perfmodels" / "targets" / "ci-zen3-2c.yaml",
                                    zen3_target(tmp_path, "zen2")))
-    assert unseen.choice.prediction.term("new_machine_spread") > 0
+    assert widening(unseen).new_machine > 0
     assert unseen.choice.prediction.high_seconds / unseen.choice.prediction.low_seconds > \
         seen.choice.prediction.high_seconds / seen.choice.prediction.low_seconds
     low, high = unseen.choice.prediction.spread()  # the zen3 rows' machine offset, not learned for it, scales all

@@ -15,6 +15,22 @@ from modak.workload.analysis import WorkloadProfile
 
 
 @dataclass(frozen=True)
+class Widening:
+    """The SDs in log step time a prediction's interval was widened by, in quadrature, for what its model has not
+    seen: the target (no rows of it, no machine of its kind: CPU microarchitecture or GPU model, and cores), another
+    probe of a kind it knows (other ceilings), or the model graph (no rows of it on a target or kind it knows)."""
+
+    new_machine: float = 0.0
+    same_kind: float = 0.0
+    new_model: float = 0.0
+
+    def terms(self) -> tuple[tuple[str, float], ...]:
+        """As the plan's ``roofline`` terms name them."""
+        return (("new_machine_spread", self.new_machine), ("same_kind_spread", self.same_kind),
+                ("new_model_spread", self.new_model))
+
+
+@dataclass(frozen=True)
 class Prediction:
     """Predicted steady-state step time with an interval, compile/tune time, and the terms behind it."""
 
@@ -31,6 +47,7 @@ class Prediction:
     # The kernel model's: the factors of the step that bound 80% of its interval once the step is corrected by a
     # measured run of its runtime, device and precision (modak.predict.measured); None: the interval is scaled.
     run_spread: tuple[float, float] | None = None
+    widening: Widening | None = None  # a predictor that widens its interval for what it has not seen: by how much
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]

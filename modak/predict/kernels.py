@@ -52,7 +52,7 @@ from modak.candidates.catalog import Recipe
 from modak.candidates.enumerate import Candidate
 from modak.hardware.ceilings import TargetCeilings
 from modak.image.kernels import Kernel
-from modak.predict.base import Prediction, PredictionRequest
+from modak.predict.base import Prediction, PredictionRequest, Widening
 from modak.predict.kernel_model import PREDICTOR, KernelModel, Walked
 from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.learned import NEW_MACHINE_SPREAD
@@ -112,8 +112,9 @@ class KernelPredictor:
         own = {"compute_s", "memory_s", "overhead_s"}
         terms = (("compute_s", c.compute_s), ("memory_s", c.memory_s), ("overhead_s", c.dispatch_s),
                  *(t for t in physics.terms if t[0] not in own), ("kernels", float(c.kernels)),
-                 ("calibration", c.calibration), ("new_machine_spread", 0.0 if c.known_machine else NEW_MACHINE_SPREAD))
+                 ("calibration", c.calibration))
         bound = max((("compute", c.compute_s), ("memory", c.memory_s), ("overhead", c.dispatch_s)),
                     key=lambda t: t[1])[0]
         return Prediction(c.step_s, c.low_s, c.high_s, physics.compile_seconds, terms, bound, c.predictor,
-                          run_spread=c.run_spread)
+                          run_spread=c.run_spread,
+                          widening=Widening(new_machine=0.0 if c.known_machine else NEW_MACHINE_SPREAD))

@@ -32,7 +32,7 @@ from modak.hardware.ceilings import TargetCeilings
 from modak.measurements.store import Measurement
 from modak.paths import write_atomic
 from modak.predict import fits
-from modak.predict.base import Prediction, PredictionRequest
+from modak.predict.base import Prediction, PredictionRequest, Widening
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.roofline import RooflinePredictor, op_seconds, overhead_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
@@ -474,7 +474,7 @@ class LearnedPredictor:
             physics = self._roofline.predict(workload, ceilings, candidate, recipe)
             machine, same_kind, model = self.unseen_spread(example)
             terms = physics.terms + (("roofline_bound_s", example.bound_seconds),
-                                     ("utilization", example.anchor_seconds / step), ("new_machine_spread", machine),
-                                     ("same_kind_spread", same_kind), ("new_model_spread", model))
-            results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name, members)
+                                     ("utilization", example.anchor_seconds / step))
+            results[i] = Prediction(step, low, high, compile_s, terms, physics.bound, self.name, members,
+                                    widening=Widening(machine, same_kind, model))
         return results
