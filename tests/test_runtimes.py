@@ -314,4 +314,4 @@ def test_runner_subprocess_prints_one_json_result(tmp_path):
 
     code, result = _run_subprocess(zoo_request("no-such-runtime", "mlp", workdir=tmp_path), tmp_path)
     assert code == 3
-    assert result["status"] == "error" and "no_such_runtime" in result["error"]
+    assert result["status"] == "error" and "no runtime 'no-such-runtime'" in result["error"]
