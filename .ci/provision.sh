@@ -181,7 +181,7 @@ CONF
 
 slurm() {
   # A single-node Slurm: munge, slurmctld and slurmd on this host; jobs run as the user who submits them.
-  install_missing slurmctld slurmd slurm-client munge
+  install_missing slurmctld slurmd slurm-client munge iproute2  # iproute2: the two-node test's namespaces
   local host cpus state=/var/spool/modak-slurm conf
   host=$(hostname -s)
   cpus=$(nproc)

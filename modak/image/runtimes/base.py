@@ -111,6 +111,7 @@ class Adapter:
 
     @staticmethod
     def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> Session:
+        """The candidate built for inputs shaped like ``inputs`` (see the module docstring); every runtime has it."""
         raise NotImplementedError
 
     @staticmethod
@@ -167,20 +168,22 @@ def adapters() -> dict[str, type[Adapter]]:
     for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if module.name not in _NOT_RUNTIMES:
             importlib.import_module(f"{__package__}.{module.name}")
-    plugin_recipes()
+    _load_plugins()
     return dict(sorted(Adapter.registry.items()))
 
 
 def plugin_recipes() -> list[Path]:
     """The recipe files of the runtimes outside modak (their entry points loaded)."""
-    recipes = []
+    _load_plugins()
+    found = (Adapter.registry.get(name) for name in _plugins())
+    return [runtime.recipe for runtime in found if runtime is not None and runtime.recipe is not None]
+
+
+def _load_plugins() -> None:
+    """Load every entry point of :data:`ENTRY_POINTS` not registered yet (loading one registers its class)."""
     for name, point in _plugins().items():
         if name not in Adapter.registry:
             point.load()
-        recipe = Adapter.registry[name].recipe if name in Adapter.registry else None
-        if recipe is not None:
-            recipes.append(recipe)
-    return recipes
 
 
 @functools.cache

@@ -335,7 +335,7 @@ class OnnxRuntime(Adapter):
     profiles_as_planned = True
     cut_graphs = True
     gemm_precisions = ("fp32", "int8")
-    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    prepare = staticmethod(prepare)
     profile = staticmethod(profile)
     planned_kernels = staticmethod(planned_kernel_rows)
     gemm = staticmethod(gemm)

@@ -280,7 +280,7 @@ class OpenVino(Adapter):
     profiles_as_planned = True
     cut_graphs = True
     gemm_precisions = ("fp32", "bf16")
-    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    prepare = staticmethod(prepare)
     profile = staticmethod(profile)
     planned_kernels = staticmethod(planned_kernels)
     gemm = staticmethod(gemm)

@@ -545,6 +545,6 @@ class PyTorch(Adapter):
     kernels = "torch"  # the aten ops dispatched on fake tensors (modak.workload.kernels.trace_step)
     profiles_as_planned = True
     gemm_precisions = ("fp32", "bf16")
-    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    prepare = staticmethod(prepare)
     profile = staticmethod(profile)
     gemm = staticmethod(gemm)

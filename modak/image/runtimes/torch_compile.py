@@ -42,5 +42,5 @@ class TorchCompile(Adapter):
     packages = ("torch",)
     kernels = "torch"  # its eager ops; its profiles are Inductor's fused kernels, which the plan does not name
     kernel_source = "modak.image.runtimes.pytorch"
-    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    prepare = staticmethod(prepare)
     profile = staticmethod(profile)

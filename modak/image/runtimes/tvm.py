@@ -314,6 +314,6 @@ class Tvm(Adapter):
     name = "tvm"
     framework = "tvm"
     packages = ("apache-tvm",)
-    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    prepare = staticmethod(prepare)
     profile = staticmethod(profile)
     artifacts = staticmethod(artifacts)

@@ -201,4 +201,4 @@ class Xla(Adapter):
     name = "xla"
     framework = "jax"
     packages = ("jax", "jaxlib", "torchax")
-    prepare = staticmethod(prepare)  # type: ignore[assignment]
+    prepare = staticmethod(prepare)
