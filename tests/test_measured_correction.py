@@ -4,6 +4,7 @@ arithmetic of the factors, and the plan that uses them and says so."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -121,15 +122,20 @@ def test_each_runtime_selects_the_predicted_best_of_each_runtime_and_precision(p
 
 @pytest.mark.slow
 def test_the_measured_runs_benchmark_measures_corrects_and_scores() -> None:
-    """``python -m benchmarks.models.measured_runs``: a job's OpenVINO candidates measured for real, the plan redone
-    with the run of each precision: the run's own prediction is then its measurement, the other is scored."""
+    """``python -m benchmarks.models.measured_runs``: a job's ONNX Runtime candidates measured for real, the plan
+    redone with the run of its precision: the run's own prediction is then its measurement, the others are scored.
+    (ONNX Runtime, whose kernels the kernel model predicts on AVX2 and AVX-512 hosts alike: OpenVINO picks other
+    primitives on AVX2, which no shipped kernel row holds, so the learned model answers there and nothing is
+    corrected.)"""
     done = subprocess.run([sys.executable, "-m", "benchmarks.models.measured_runs",
-                           str(ROOT / "examples" / "own-model-cpu" / "job.yaml"), "--runtimes", "openvino",
+                           str(ROOT / "examples" / "own-model-cpu" / "job.yaml"), "--runtimes", "onnxruntime",
                            "--rounds", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert "2 candidates measured, 1 of them the runs" in lines[0], done.stdout
+    counted = re.search(r": (\d+) candidates measured, 1 of them the runs", lines[0])
+    assert counted and int(counted[1]) > 1, done.stdout
     runs = [line for line in lines if line.startswith("run ")]
     assert len(runs) == 1 and runs[0].split()[-2] == "+0.0%", done.stdout  # after: its measurement
-    assert any(line.startswith("after   1 candidates not runs: MAPE ") for line in lines), done.stdout
+    others = int(counted[1]) - 1
+    assert any(line.startswith(f"after   {others} candidates not runs: MAPE ") for line in lines), done.stdout
     assert sum(line.startswith("pick ") for line in lines) == 2, done.stdout
