@@ -46,9 +46,7 @@ def file_digest(path: Path) -> str:
     file's resolved path, size, modification time and inode, as Python's bytecode cache tells a changed source, so
     a plan does not hash a 100 MB model again. Raises OSError where the file cannot be read."""
     resolved = Path(path).resolve()
-    status = resolved.stat()
-    identity = f"{resolved}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ino}"
-    entry = cache_dir() / "digests" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    entry = content_entry(resolved, "digests")
     try:
         known = entry.read_text()
     except OSError:
@@ -59,6 +57,16 @@ def file_digest(path: Path) -> str:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
     write_atomic(entry, digest)
     return digest
+
+
+def content_entry(path: Path, folder: str) -> Path:
+    """The file in modak's cache folder ``folder`` that stands for the present content of the file at ``path``: named
+    by its resolved path, size, modification time and inode, as Python's bytecode cache tells a changed source.
+    Raises OSError where the file cannot be read."""
+    resolved = Path(path).resolve()
+    status = resolved.stat()
+    identity = f"{resolved}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ino}"
+    return cache_dir() / folder / hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:

@@ -340,6 +340,7 @@ def test_tree_arrays_predict_what_scikit_learn_predicts_and_round_trip_without_p
 def test_a_damaged_forest_file_is_refused_not_followed(tmp_path) -> None:
     from array import array
 
+    from modak.paths import content_entry
     from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 
     # one tree: node 0 splits on feature 0 into leaves 1 and 2
@@ -366,6 +367,12 @@ def test_a_damaged_forest_file_is_refused_not_followed(tmp_path) -> None:
         (tmp_path / "f").write_bytes(damaged)
         with pytest.raises(ValueError, match=message):
             load_arrays(tmp_path / "f")
+    (tmp_path / "g").write_bytes(data)  # mapped, checked once per content, and the same values as written
+    assert not content_entry(tmp_path / "g", "verified").exists()
+    header, arrays = load_arrays(tmp_path / "g")
+    assert content_entry(tmp_path / "g", "verified").exists()
+    assert header == {} and {name: list(values) for name, values in arrays.items()} == {
+        name: list(values) for name, values in good.items()}
 
 
 def test_the_cached_fit_predicts_as_the_fresh_one_and_new_data_refits(plans, tmp_path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from modak.image.runtimes.base import adapters
 from modak.measurements.kernels import KernelRow, Reconciliation, whole_step
 from modak.paths import write_atomic
 from modak.predict import fits
-from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
+from modak.predict.forest import TreeEnsemble, Values, encode_arrays, load_arrays
 from modak.predict.kernel_fit import (
     ALL_PARAMETERS,
     CalibrationKey,
@@ -141,7 +140,7 @@ class MachineModel:
         }
 
     @classmethod
-    def of_header(cls, header: Mapping, arrays: Mapping[str, array], prefix: str) -> MachineModel:
+    def of_header(cls, header: Mapping, arrays: Mapping[str, Values], prefix: str) -> MachineModel:
         """The model :meth:`header` wrote, its kinds' forests read from ``arrays`` under ``prefix``."""
         device, name, cores, fp32, bf16, bandwidth = header["ceilings"]
         return cls(tuple(header["key"]),
@@ -246,7 +245,7 @@ class KernelModel:
 
     def save(self, path: Path) -> None:
         """Write the model (plain arrays and a JSON header, :mod:`modak.predict.forest`), atomically."""
-        arrays: dict[str, array] = {}
+        arrays: dict[str, Values] = {}
         for j, machine in enumerate(self.machines):
             for i, (_, model) in enumerate(sorted(machine.kinds.items())):
                 arrays |= model.forest.arrays(f"m{j}kind{i}")
@@ -289,7 +288,7 @@ class _SavedKinds(Mapping[KindKey, KindModel]):
     """The kind models of a saved :class:`MachineModel`, each decoded (and its arrays checked) when first asked: a
     plan asks for the few dozen kinds its candidates run, of hundreds."""
 
-    def __init__(self, entries: Sequence[Sequence], arrays: Mapping[str, array], prefix: str) -> None:
+    def __init__(self, entries: Sequence[Sequence], arrays: Mapping[str, Values], prefix: str) -> None:
         self._entries = {(str(e[0]), str(e[1]), str(e[2])): (i, e) for i, e in enumerate(entries)}
         self._arrays = arrays
         self._prefix = prefix

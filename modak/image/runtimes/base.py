@@ -36,11 +36,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from modak.image.kernels import Kernel, Profile
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Largest error tolerated before a runtime's output counts as wrong, relative to the reference's largest
 # magnitude: fp32 leaves room for reassociation, reduced precisions for their mantissas.
@@ -192,7 +193,7 @@ def _plugins() -> dict[str, EntryPoint]:
     return {point.name: point for point in entry_points(group=ENTRY_POINTS)}
 
 
-Profiler = Callable[[RunRequest, dict[str, np.ndarray], int], Profile]
+Profiler = Callable[[RunRequest, "dict[str, np.ndarray]", int], Profile]
 
 
 def load_profiler(name: str) -> Profiler | None:
@@ -212,6 +213,8 @@ def reusable_artifacts(name: str, workdir: Path, model_stem: str, batch_size: in
 
 def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> float:
     """Largest absolute difference over all outputs, relative to the reference's largest magnitude."""
+    import numpy as np
+
     if len(output) != len(reference):
         return float("inf")
     worst = 0.0
@@ -228,6 +231,8 @@ def relative_error(output: list[np.ndarray], reference: list[np.ndarray]) -> flo
 def loss_targets(loss: str, output_shape: tuple[int, ...], seed: int) -> np.ndarray:
     """The seeded targets of built-in training loss ``loss`` for a first output of ``output_shape`` (the same in
     every runtime): class labels over its last dimension for cross_entropy, values shaped like it for mse."""
+    import numpy as np
+
     rng = np.random.default_rng(seed + 1)
     if loss == "cross_entropy":
         return rng.integers(0, output_shape[-1], size=output_shape[:-1]).astype(np.int64)
@@ -243,6 +248,7 @@ def has_graph(request: RunRequest) -> bool:
 def make_inputs(request: RunRequest) -> dict[str, np.ndarray]:
     """Deterministic inputs for the request's ONNX graph: random floats, in-range integer ids (without a graph:
     floats of the request's input shapes)."""
+    import numpy as np
     import onnx
 
     rng = np.random.default_rng(request.seed)

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from modak.image.deployment import WAIT_VARIABLE
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.onnx_nodes import Cover, attributes_json, fed_shapes, has_unique_names, node_ids
 from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, Adapter, FunctionSession, RunRequest
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
 _LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",

@@ -35,13 +35,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.onnx_nodes import Cover, names_of, resolve, shape_static_nodes
 from modak.image.runtimes.base import PROFILE_WARMUP_STEPS, TOLERANCE, Adapter, RunRequest, relative_error
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
 _PRECISION = {"bf16": "bf16", "fp16": "f16"}
@@ -67,6 +66,7 @@ class WaveSession:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """One wave over ``feeds``: k batches (k <= ``batches_per_step``) on the first k requests."""
+        import numpy as np
         import openvino as ov
 
         samples = len(next(iter(feeds.values())))
@@ -93,6 +93,7 @@ def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> WaveSession:
 
 def _prepare(request: RunRequest, inputs: dict[str, np.ndarray], extra: dict[str, Any]) -> WaveSession:
     """:func:`prepare` with ``extra`` plugin properties besides the candidate's (profiling's ``PERF_COUNT``)."""
+    import numpy as np
     import openvino as ov
 
     core = ov.Core()
@@ -165,6 +166,7 @@ def profile(request: RunRequest, inputs: dict[str, np.ndarray], steps: int) -> P
     The plugin reports each node's mean over all inferences of a request's graph so far, in whole microseconds: a
     kernel's time is the growth of its total over the profiled waves (mean x inferences, after minus before) per
     wave, averaged over the wave's infer requests and divided by the batches a wave runs (as the step time is)."""
+    import numpy as np
     import onnx
 
     session = _prepare(request, inputs, {"PERF_COUNT": True})

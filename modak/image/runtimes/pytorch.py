@@ -16,13 +16,14 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest, has_graph, loss_targets
 from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
+
+if TYPE_CHECKING:
+    import numpy as np
 
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
 
@@ -42,6 +43,7 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
            profiled: bool = False) -> tuple[FunctionSession, Any]:
     """:func:`build_session`'s session, and the module it runs (before ``wrap``); ``profiled``: the session
     converts its feeds and outputs inside a profiler range named :data:`IO_RANGE`."""
+    import numpy as np
     import torch
     from torch.profiler import record_function
 

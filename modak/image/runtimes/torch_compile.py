@@ -6,13 +6,14 @@ reports Inductor's kernels (its fused ``cpp_fused_*`` / ``triton_*`` kernels and
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from modak.image.kernels import Profile
 from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest
 from modak.image.runtimes.pytorch import build_session, profile_steps
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:

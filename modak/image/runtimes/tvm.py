@@ -39,14 +39,15 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest
 from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
 from modak.paths import write_atomic
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MARKER = "modak-tuned.json"
 TUNING_FOLDER = "tvm-tuning"  # under the request's workdir
@@ -149,6 +150,7 @@ def _virtual_machine(request: RunRequest, inputs: dict[str, np.ndarray]) -> tupl
 
 def _step(vm: Any, names: list[str]) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
     """One step: ``main`` of ``vm`` on the feeds ``names`` (copied into TVM tensors; outputs copied back)."""
+    import numpy as np
     import tvm
 
     main = vm["main"]

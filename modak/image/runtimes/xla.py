@@ -29,11 +29,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest, loss_targets
+
+if TYPE_CHECKING:
+    import numpy as np
 
 LR = 1e-3
 MOMENTUM = 0.9
@@ -42,6 +43,8 @@ _LOWER = {"bf16": "bfloat16", "fp16": "float16"}  # compute dtype of the reduced
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
+    import numpy as np
+
     if request.zoo is None and request.pytorch is None:
         raise ValueError("xla runs PyTorch modules (a zoo architecture or the user's own); this request has only an "
                          "ONNX file")
@@ -124,6 +127,7 @@ def _loss(request: RunRequest, outputs: list) -> Any:
     else the mean square of the outputs (a ``module:function`` loss is PyTorch code: the plan leaves XLA out)."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     if request.loss is None:
         return sum((o.astype(np.float32) ** 2).mean() for o in outputs)
