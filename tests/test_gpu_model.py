@@ -14,7 +14,14 @@ from modak.candidates.candidate import Candidate
 from modak.candidates.catalog import load_catalog
 from modak.hardware.ceilings import PAGEABLE_SHARE, HostLink, target_ceilings
 from modak.predict.gpu import (
-    GpuPredictor, GpuRow, GpuTerms, LaunchKey, device_seconds, fit_launch, host_bytes, prior_node_us,
+    GpuPredictor,
+    GpuRow,
+    GpuTerms,
+    LaunchKey,
+    device_seconds,
+    fit_launch,
+    host_bytes,
+    prior_node_us,
     transfer_seconds,
 )
 from modak.spec.models import Precision

@@ -654,6 +654,30 @@ def _aten_names() -> frozenset[str]:
                      if name.startswith("aten::"))
 
 
+HOST_COPY_BYTES = 256 << 20  # the host-link probe's buffer (large enough that the copy's setup is noise)
+
+
+def host_copy_gbs(nbytes: int = HOST_COPY_BYTES) -> dict[str, float]:
+    """GB/s of copies between host and the current CUDA device, each direction, from pinned and pageable host
+    memory (best of a few, :func:`modak.hardware.probe`'s and the GPU session's host-link figures, as the target's
+    ``gpus.peaks`` name them). Needs CUDA."""
+    import torch
+
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    found: dict[str, float] = {}
+    for pinned in (True, False):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        for name, target, source in (("h2d", device, host), ("d2h", host, device)):
+            best = float("inf")
+            for run in range(6):  # the first warms up
+                start = time.perf_counter()
+                target.copy_(source, non_blocking=pinned)
+                torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - start) if run else best
+            found[f"{name}_{'pinned' if pinned else 'pageable'}_gbs"] = round(nbytes / best / 1e9, 2)
+    return found
+
+
 def gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
     """``torch.matmul`` into a preallocated output (the caller sets PyTorch's threads)."""
     import torch
