@@ -67,7 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,17 +85,24 @@ JOBS = (("resnet50", "inference", 1), ("resnet50", "inference", 32), ("bert_base
         ("resnet18", "training", 32), ("bert_small", "training", 32))
 PRECISIONS = ["fp32", "tf32", "bf16", "fp16"]
 RUNTIMES = ("pytorch", "torch-compile")
-COMPILE_MODES = ("default",)  # of the recipe's; each also measured as REDUCE_OVERHEAD
-REDUCE_OVERHEAD = "reduce-overhead"
+AUTOTUNE = "max-autotune-no-cudagraphs"  # the recipe's autotuning mode (with cuda_graphs: max-autotune): last
 # The dry run: the same jobs on small inputs (YOLO's head needs a multiple of 32) and batches 1 and 2.
 DRY_SHAPES = {"resnet50": [3, 32, 32], "resnet18": [3, 32, 32], "mobilenet_v2": [3, 32, 32],
               "yolo_small": [3, 64, 64], "bert_base": [16], "bert_small": [16]}
 DRY_BATCH = {1: 1, 32: 2}
-SHARED_JOBS = (("resnet50", "inference", 1), ("yolo_small", "inference", 1))  # the published sharing rows' kind
+SHARED_JOBS = (("resnet50", "inference", 1), ("yolo_small", "inference", 1))  # launch-bound (#41's rows), in order
+SHARING_PROCESSES = (2, 4, 8)  # processes of it sharing the GPU, time-sliced and under MPS
+DRY_SHARING_PROCESSES = (2,)  # the rehearsal's (2 cores)
+# The first session's best samples/s (perfmodels/README.md, "gpu-h100.csv") and MLPerf Inference v4.0's ResNet-50
+# Offline on one H100-SXM (TensorRT, int8): what the report holds the new rows against.
+FIRST_SESSION_BEST = {"resnet50-inference-b32": 32 / 4.172e-3, "resnet50-inference-b1": 1 / 3.220e-3,
+                      "bert_base-inference-b32": 32 / 7.071e-3, "yolo_small-inference-b32": 32 / 55.104e-3}
+MLPERF_RESNET50_OFFLINE = 88714.0
 SHARING_COLUMNS_FILE = ROOT / "perfmodels" / "published" / "gpu_sharing.csv"
 # The device tool's call (:func:`device_call`): run's budget, and the command's limit above it (the last launch's
 # end, MPS's quit, the writes).
 DEVICE_BUDGET_S = 480
+SHARING_RESERVE_S = 120.0  # of it, kept for the sharing step (2, 4, 8 processes, time-sliced and MPS: ~15 s each)
 DEVICE_TIMEOUT_S = 560
 
 
@@ -156,24 +163,21 @@ def plan_session(session: Path, dry_run: bool, models: list[str] | None) -> dict
             sort_keys=False))
         plan = api.plan_job(job)
         (session / "jobs" / f"{name}.plan.json").write_text(json.dumps(plan.to_dict(), indent=1, sort_keys=True))
-        ranked = [r for r in plan.ranked if r.candidate.param("mode", "default") in COMPILE_MODES]
-        chosen = [(r.candidate, r.prediction.step_seconds) for r in ranked]
-        for r in ranked:  # the reduce-overhead twin right after its default-mode candidate
-            if r.candidate.runtime == "torch-compile":
-                twin = replace(r.candidate, params=tuple((k, REDUCE_OVERHEAD if k == "mode" else v)
-                                                         for k, v in r.candidate.params))
-                chosen.insert(chosen.index((r.candidate, r.prediction.step_seconds)) + 1, (twin, None))
+        chosen = [(r.candidate, r.prediction) for r in plan.ranked]  # the levers are the plan's own (#68)
         plan_rank = {r.candidate: rank for rank, r in enumerate(plan.ranked, 1)}
         entries = []
-        for number, (candidate, predicted) in enumerate(chosen):
-            key = f"{name}-{number:02d}"
+        for number, (candidate, prediction) in enumerate(chosen):
+            key = f"{name}-{number:03d}"
             deployment = plan.deployment(candidate).to_dict()
             (session / "candidates" / f"{key}.json").write_text(json.dumps({"deployment": deployment},
                                                                           sort_keys=True))
             row = measurement_row(plan, candidate, {})
             entries.append({"id": key, "job": name, "name": candidate.name, "runtime": candidate.runtime,
                             "mode": candidate.param("mode"), "stock": plan.recipe(candidate).is_stock(candidate),
-                            "predicted_step_s": predicted, "plan_rank": plan_rank.get(candidate),
+                            "cuda_graphs": candidate.param("cuda_graphs") is True, "io": candidate.param("io"),
+                            "precision": candidate.precision.value,
+                            "predicted_step_s": prediction.step_seconds, "regime": prediction.regime,
+                            "predicted_compile_s": prediction.compile_seconds, "plan_rank": plan_rank.get(candidate),
                             "row": {c: getattr(row, c) for c in COLUMNS}})
         candidates.append(entries)
         jobs.append({"id": name, "zoo": zoo, "task": task, "batch": batch, "plan_choice": plan.choice.candidate.name,
@@ -185,41 +189,42 @@ def plan_session(session: Path, dry_run: bool, models: list[str] | None) -> dict
                 "columns": list(COLUMNS), "sharing_columns": sharing_columns, "jobs": jobs,
                 "candidates": prioritized(candidates),
                 "sharing": [job_id(z, t, DRY_BATCH[b] if dry_run else b) for z, t, b in SHARED_JOBS
-                            if not models or z in models]}
+                            if not models or z in models],
+                "sharing_processes": list(DRY_SHARING_PROCESSES if dry_run else SHARING_PROCESSES)}
     (session / "session.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
 
+PASSES = (  # what each job's first candidates are, in the plan's order within each (#68's levers after #41's)
+    ("stock", lambda e: e["stock"]),
+    ("best eager", lambda e: e["runtime"] == "pytorch"),
+    ("best compile", lambda e: e["runtime"] == "torch-compile" and e["mode"] != AUTOTUNE),
+    ("eager CUDA graphs", lambda e: e["runtime"] == "pytorch" and e["cuda_graphs"]),
+    ("compile CUDA graphs", lambda e: e["runtime"] == "torch-compile" and e["cuda_graphs"] and e["mode"] != AUTOTUNE),
+    ("pinned", lambda e: e["io"] == "pinned"),
+    ("tf32", lambda e: e["precision"] == "tf32" and e["mode"] != AUTOTUNE),
+    ("fp16", lambda e: e["precision"] == "fp16" and e["mode"] != AUTOTUNE),
+)
+
+
 def prioritized(per_job: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Every job's candidates (each list in the plan's order) in passes: every job's stock deployment, its best
-    eager candidate, its best compile candidate, that one's reduce-overhead twin; then the rest, the jobs taking
-    turns. Each entry gets its ``pass``."""
-    firsts = [
-        lambda e: e["stock"],
-        lambda e: e["runtime"] == "pytorch",
-        lambda e: e["runtime"] == "torch-compile" and e["mode"] != REDUCE_OVERHEAD,
-        lambda e: e["mode"] == REDUCE_OVERHEAD,
-    ]
+    """Every job's candidates (each list in the plan's order) in passes: each of :data:`PASSES` takes every job's
+    first candidate it wants that no earlier pass took; then the rest but the autotuning mode's, the jobs taking
+    turns; then those (an autotuning compile alone can take minutes). Each entry gets its ``pass``."""
     left = [list(entries) for entries in per_job]
     order: list[dict[str, Any]] = []
     taken: set[str] = set()
-    for number, wanted in enumerate(firsts):
+    for number, (_, wanted) in enumerate(PASSES, 1):
         for entries in left:
-            found = next((e for e in entries if wanted(e) and e["id"] not in taken
-                          and (number != 3 or _twin_of(e, order))), None)
+            found = next((e for e in entries if wanted(e) and e["id"] not in taken), None)
             if found:
-                order.append({**found, "pass": number + 1})
+                order.append({**found, "pass": number})
                 taken.add(found["id"])
-    rest = [[e for e in entries if e["id"] not in taken] for entries in left]
-    for index in range(max((len(r) for r in rest), default=0)):
-        order.extend({**r[index], "pass": len(firsts) + 1} for r in rest if index < len(r))
+    for number, last in ((len(PASSES) + 1, False), (len(PASSES) + 2, True)):
+        rest = [[e for e in entries if e["id"] not in taken and (e["mode"] == AUTOTUNE) == last] for entries in left]
+        for index in range(max((len(r) for r in rest), default=0)):
+            order.extend({**r[index], "pass": number} for r in rest if index < len(r))
     return order
-
-
-def _twin_of(entry: dict[str, Any], order: list[dict[str, Any]]) -> bool:
-    """Whether ``entry`` (reduce-overhead) is the twin of a compile candidate already in ``order``."""
-    return any(o["job"] == entry["job"] and o["name"] == entry["name"].replace(REDUCE_OVERHEAD, "default")
-               for o in order)
 
 
 # ---------------------------------------------------------------------------------------------- run (GPU machine)
@@ -369,6 +374,10 @@ def ceilings(settings: Settings) -> dict[str, Any]:
             tiny.add_(1.0)
             sync()
 
+    if cuda:  # the host link, pinned and pageable (the GPU model's transfer term; the target's gpus.peaks)
+        from modak.image.runtimes.pytorch import host_copy_gbs
+
+        peaks.update(host_copy_gbs())
     launch = {"queued_us": round(best(queued, runs=3, budget_s=0.0) / settings.launches * 1e6, 2),
               "synchronized_us": round(best(round_trip, runs=3, budget_s=0.0) / (settings.launches // 20) * 1e6, 2)}
     return {"device": device, "peaks": peaks, "launch_overhead": launch,
@@ -532,8 +541,9 @@ def measure_candidates(run: Run, exports: Exports) -> None:
 
 
 def share(run: Run, exports: Exports) -> None:
-    """Two processes of each sharing job's stock candidate at once: time-sliced, then under MPS if its daemon
-    starts; one sharing.csv row per mode and job (each job's slowdown against its launch alone)."""
+    """:data:`SHARING_PROCESSES` processes of each sharing job's stock candidate at once: time-sliced, then under
+    MPS if its daemon starts; one sharing.csv row per mode, job and count (each process's mean step against the
+    job's launch alone: the slowdown; the processes' throughput over one alone is count / slowdown)."""
     settings = run.settings
     modes = [("time-slicing", {})]
     mps: dict[str, str] = {}
@@ -562,26 +572,8 @@ def share(run: Run, exports: Exports) -> None:
                 if alone is None:
                     run.log(f"sharing {mode} {job_name}: its stock candidate was not measured alone; skipped")
                     continue
-                need = settings.share_seconds * 3 + 10
-                if run.left() < need:
-                    run.log(f"sharing {mode} {job_name}: {run.left():.0f} s left of the budget, {need:.0f} needed")
-                    continue
-                job = jobs[job_name]
-                env = {**prepare_launch(run, alone["entry"], exports.model(job_name)), **extra}
-                command = launch_command(settings, settings.share_seconds, settings.share_seconds, check=False)
-                processes = [start(command, env, run.scratch) for _ in range(2)]
-                results = [finish(p, min(run.left(), settings.launch_limit), settings) for p in processes]
-                if not all(r.get("status") == "ok" for r in results):
-                    run.log(f"sharing {mode} {job_name}: failed: {[r.get('error') for r in results]}")
-                    continue
-                alone_s = float(alone["result"]["step_mean_s"])
-                shared_s = sum(float(r["step_mean_s"]) for r in results) / len(results)
-                slowdown = shared_s / alone_s
-                run.log(f"sharing {mode} {job_name} ({alone['entry']['name']}): {alone_s * 1e3:.3f} ms alone, "
-                        f"{shared_s * 1e3:.3f} ms each of 2 shared: slowdown {slowdown:.2f}, 2 jobs' throughput "
-                        f"{2 / slowdown:.2f}x one alone")
-                run.sharing.append(_sharing_row(run, mode, job, alone, results, alone_s, shared_s))
-                run.write()
+                for count in run.manifest.get("sharing_processes", [2]):
+                    share_once(run, exports, mode, extra, jobs[job_name], alone, count)
         finally:
             if mode == "mps":
                 try:
@@ -592,24 +584,51 @@ def share(run: Run, exports: Exports) -> None:
                     run.log("MPS: the daemon did not answer 'quit' in 30 s")
 
 
+def share_once(run: Run, exports: Exports, mode: str, extra: dict[str, str], job: dict[str, Any],
+               alone: dict[str, Any], count: int) -> None:
+    """``count`` processes of ``job``'s stock candidate started together; its sharing.csv row."""
+    settings = run.settings
+    need = settings.share_seconds * 3 + 10
+    if run.left() < need:
+        run.log(f"sharing {mode} {job['id']} x{count}: {run.left():.0f} s left of the budget, {need:.0f} needed")
+        return
+    env = {**prepare_launch(run, alone["entry"], exports.model(job["id"])), **extra}
+    command = launch_command(settings, settings.share_seconds, settings.share_seconds, check=False)
+    processes = [start(command, env, run.scratch) for _ in range(count)]
+    results = [finish(p, min(run.left(), settings.launch_limit), settings) for p in processes]
+    if not all(r.get("status") == "ok" for r in results):
+        run.log(f"sharing {mode} {job['id']} x{count}: failed: {[r.get('error') for r in results]}")
+        return
+    alone_s = float(alone["result"]["step_mean_s"])
+    shared_s = sum(float(r["step_mean_s"]) for r in results) / len(results)
+    slowdown = shared_s / alone_s
+    run.log(f"sharing {mode} {job['id']} x{count} ({alone['entry']['name']}): {alone_s * 1e3:.3f} ms alone, "
+            f"{shared_s * 1e3:.3f} ms each of {count} shared: slowdown {slowdown:.2f}, {count} jobs' throughput "
+            f"{count / slowdown:.2f}x one alone")
+    run.sharing.append(_sharing_row(run, mode, job, alone, results, alone_s, shared_s))
+    run.write()
+
+
 def _sharing_row(run: Run, mode: str, job: dict[str, Any], alone: dict[str, Any], results: list[dict[str, Any]],
                  alone_s: float, shared_s: float) -> dict[str, Any]:
     target = run.manifest["target"]
     gpu = target["gpus"]["model"] if run.machine == target["name"] else ""  # the catalog's name, if it is that GPU
     entry = alone["entry"]
+    count = len(results)
     shape = "x".join(str(d) for d in next(iter(job["input_shapes"].values())))
-    return {"point": f"gpu-session-{job['id']}-{mode}-2", "source": "modak benchmarks/data/gpu_session.py",
+    return {"point": f"gpu-session-{job['id']}-{mode}-{count}", "source": "modak benchmarks/data/gpu_session.py",
             "where": f"log.txt of {run.id}",
             "quote": f"alone {alone_s:.6g} s per step (mean over the timed window); shared {shared_s:.6g} s "
-                     f"(mean of 2 processes: {', '.join(format(float(r['step_mean_s']), '.6g') for r in results)})",
+                     f"(mean of {count} processes: "
+                     f"{', '.join(format(float(r['step_mean_s']), '.6g') for r in results)})",
             "gpu": run.describe.get("gpu", run.settings.device), "modak_gpu": gpu, "mode": mode,
-            "metric": "slowdown", "jobs": 2, "profile": "", "alone_profile": "",
+            "metric": "slowdown", "jobs": count, "profile": "", "alone_profile": "",
             "workload": f"{job['zoo']} {job['task']} at batch {job['batch']}, {entry['name']}",
             "zoo": job["zoo"], "input_shape": shape, "task": job["task"], "batch_alone": job["batch"],
             "batch_shared": job["batch"], "precision": entry["row"]["precision"],
             "modak_precision": entry["row"]["precision"], "unit": "s per inference", "alone": alone_s,
             "shared": shared_s, "published": round(shared_s / alone_s, 6), "calibrate_on": "", "role": "compare",
-            "notes": "two processes of the same deployment started together, each timed for "
+            "notes": f"{count} processes of the same deployment started together, each timed for "
                      f"{run.settings.share_seconds:g} s without the reference check"
                      + (" (dry run on the CPU: not a GPU figure)" if run.settings.device == "cpu" else "")}
 
@@ -817,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="the output folder (default $OUT, else ./gpu-session-out)")
     run.add_argument("--budget", type=float, help=f"seconds for the whole run (default {DEVICE_BUDGET_S}; dry run 60)")
     run.add_argument("--sharing-seconds", type=float,
-                     help="seconds of the budget kept for the sharing step (default 75; dry run 15)")
+                     help=f"seconds of the budget kept for sharing (default {SHARING_RESERVE_S:g}; dry run 15)")
     run.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and short")
     run.add_argument("--skip", type=Path, metavar="LAUNCHES",
                      help="an earlier run's launches.jsonl: its launched candidates are not launched again")
@@ -858,10 +877,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_session: no {args.session}/session.json: run the plan phase first", file=sys.stderr)
         return 2
     budget = args.budget if args.budget is not None else (60.0 if args.dry_run else float(DEVICE_BUDGET_S))
-    reserve = args.sharing_seconds if args.sharing_seconds is not None else (15.0 if args.dry_run else 75.0)
+    reserve = args.sharing_seconds if args.sharing_seconds is not None else (
+        15.0 if args.dry_run else SHARING_RESERVE_S)
     skip = set()
     if args.skip:
-        skip = {launch["id"] for launch in map(json.loads, args.skip.read_text().splitlines()) if not cut_by_budget(launch)}
+        skip = {launch["id"] for launch in map(json.loads, args.skip.read_text().splitlines())
+                if not cut_by_budget(launch)}
     return run_session(args.session.resolve(), args.out.resolve(), budget, args.dry_run, reserve, skip)
 
 
