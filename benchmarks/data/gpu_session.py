@@ -823,6 +823,85 @@ def zero_shot_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
+def report(outs: list[Path], session: Path) -> dict[str, Any]:
+    """What #68 item 4 holds the runs against, from their outputs (nothing written): per job the zero-shot pick
+    against the measured best (:func:`zero_shot_table`), the best samples/s against the first session's
+    (:data:`FIRST_SESSION_BEST`) and MLPerf's ResNet-50 (:data:`MLPERF_RESNET50_OFFLINE`), the sharing rows'
+    throughput (count / slowdown) time-sliced and under MPS and their ratio, and the GPU model's launch term fit
+    leave-one-model-out on the runs' rows (MAPE of its steps)."""
+    from modak.candidates.catalog import load_catalog
+    from modak.measurements.store import read_csv
+    from modak.predict.gpu import fit_launch, gpu_row, prior_node_us
+
+    manifest = json.loads((session / "session.json").read_text())
+    predicted = {(e["job"], e["name"]): e for e in manifest["candidates"]}
+    zero_shot, rows, sharing = [], [], []
+    for out in outs:
+        for line in (out / "launches.jsonl").read_text().splitlines():
+            launch = json.loads(line)
+            if line and not cut_by_budget(launch):
+                entry = predicted.get((launch["job"], launch["name"]), {})
+                zero_shot.append({"job": launch["job"], "name": launch["name"], "status": launch["result"]["status"],
+                                  "predicted_step_s": entry.get("predicted_step_s"), "regime": entry.get("regime"),
+                                  "measured_step_s": launch["result"].get("step_median_s")})
+        rows += [r for r in read_csv(out / "rows.csv") if r.status == "ok"]
+        if (out / "sharing.csv").is_file():
+            with (out / "sharing.csv").open(newline="") as handle:
+                sharing += list(csv.DictReader(handle))
+    batches = {job["id"]: job["batch"] for job in manifest["jobs"]}
+    best: dict[str, float] = {}
+    for entry in zero_shot:
+        if entry["status"] == "ok" and entry["measured_step_s"]:
+            rate = batches[entry["job"]] / entry["measured_step_s"]
+            best[entry["job"]] = max(best.get(entry["job"], 0.0), rate)
+    throughput = [{"job": job, "samples_per_s": rate, "first_session": FIRST_SESSION_BEST.get(job),
+                   "mlperf": MLPERF_RESNET50_OFFLINE if job.startswith("resnet50-inference") else None}
+                  for job, rate in sorted(best.items())]
+    shared: dict[tuple[str, int], dict[str, float]] = {}
+    for row in sharing:
+        jobs = int(row["jobs"])
+        shared.setdefault((row["workload"], jobs), {})[row["mode"]] = jobs / float(row["published"])
+    sharing_table = [{"workload": w, "processes": n, **modes,
+                      "mps_over_time_slicing": modes["mps"] / modes["time-slicing"]
+                      if {"mps", "time-slicing"} <= set(modes) else None} for (w, n), modes in sorted(shared.items())]
+    catalog = load_catalog()
+    gpu_rows = [g for g in (gpu_row(r, catalog) for r in rows) if g is not None]
+    errors = []
+    for model in sorted({g.model for g in gpu_rows}):
+        fits = fit_launch([g for g in gpu_rows if g.model != model])
+        for g in (g for g in gpu_rows if g.model == model):
+            fitted = fits.get(g.key)
+            us = fitted.node_us if fitted else prior_node_us(catalog[g.key.runtime].performance["gpu"], g.key)
+            errors.append(abs((g.transfer_s + max((g.nodes * us + g.call_us) * 1e-6, g.device_s)) / g.step_s - 1))
+    return {"zero_shot": zero_shot_table([{"zero_shot": zero_shot}]), "throughput": throughput,
+            "sharing": sharing_table, "launch_fit_lomo_mape": sum(errors) / len(errors) if errors else None,
+            "launch_fit_rows": len(gpu_rows), "machine": rows[0].machine if rows else None}
+
+
+def print_report(found: dict[str, Any]) -> None:
+    print(f"{'job':<26} {'n':>2}  {'zero-shot pick':<72} {'pick ms':>8} {'best ms':>8} {'pick/best':>9} {'MAPE':>6}")
+    for line in found["zero_shot"]:
+        print(f"{line['job']:<26} {line['measured']:>2}  {line['pick']:<72} {line['pick_s'] * 1e3:>8.3f} "
+              f"{line['best_s'] * 1e3:>8.3f} {line['pick_over_best']:>9.2f} {line['mape']:>6.0%}")
+    print(f"\n{'job':<26} {'best samples/s':>14} {'first session':>13} {'x':>5} {'MLPerf':>8} {'x':>6}")
+    for line in found["throughput"]:
+        first, mlperf = line["first_session"], line["mlperf"]
+        print(f"{line['job']:<26} {line['samples_per_s']:>14.1f} {first or 0:>13.1f} "
+              f"{line['samples_per_s'] / first if first else 0:>5.2f} {mlperf or 0:>8.0f} "
+              f"{line['samples_per_s'] / mlperf if mlperf else 0:>6.3f}")
+    print(f"\n{'sharing workload':<60} {'n':>2} {'time-sliced':>11} {'MPS':>6} {'MPS/ts':>6}  (throughput / one alone)")
+    for line in found["sharing"]:
+        ratio = line["mps_over_time_slicing"]
+        print(f"{line['workload'][:60]:<60} {line['processes']:>2} {line.get('time-slicing', 0):>11.2f} "
+              f"{line.get('mps', 0):>6.2f} {ratio if ratio else 0:>6.2f}")
+    mape = found["launch_fit_lomo_mape"]
+    print(f"\nGPU model, launch term fit leave-one-model-out on {found['launch_fit_rows']} rows: MAPE "
+          + (f"{mape:.1%}" if mape is not None else "-"))
+    if found["machine"]:
+        print(f"next: python3 -m modak model eval --machine {found['machine']} --seeds 1; "
+              "python3 -m benchmarks.tools.ship_fits (after the import)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     phases = parser.add_subparsers(dest="phase", required=True)
@@ -844,6 +923,9 @@ def main(argv: list[str] | None = None) -> int:
     imports.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="run output folders, oldest first")
     imports.add_argument("--session", type=Path, default=SESSION, help="the session folder the runs measured")
     imports.add_argument("--perfmodels", type=Path, default=ROOT / "perfmodels", help=argparse.SUPPRESS)
+    reports = phases.add_parser("report", help="the runs against the zero-shot plan, the first session, MLPerf")
+    reports.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="run output folders")
+    reports.add_argument("--session", type=Path, default=SESSION, help="the session folder the runs measured")
     probe = phases.add_parser("ceilings", help="(run's own step) the machine and its ceilings as JSON")
     probe.add_argument("--dry-run", action="store_true", help="the CPU, small sizes")
     args = parser.parse_args(argv)
@@ -855,6 +937,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # reported: the candidates are measured all the same
             found = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         print(json.dumps({**found, "machine": machine}, sort_keys=True))
+        return 0
+    if args.phase == "report":
+        print_report(report(args.outs, args.session.resolve()))
         return 0
     if args.phase == "import":
         summary = import_runs(args.outs, args.session.resolve(), args.perfmodels.resolve())
