@@ -6,12 +6,12 @@
 ``plan`` (the CPU machine, the whole of modak) builds the ``modak-runtime`` wheel (:mod:`modak.render.package`),
 writes the GPU target (:data:`TARGET`: one H100-SXM, 16 cores), the jobs (:data:`JOBS`: inference of ResNet-50,
 BERT-base, MobileNetV2 and YOLO-small at batch 1 and 32, training of ResNet-18 and BERT-small at batch 32; every
-architecture is in the zoo) and plans each with modak's planner. The candidates are the plan's PyTorch eager and
-``torch.compile`` ones at fp32, TF32, bf16 and fp16 autocast, with and without channels_last for the CNNs; the
-recipe's compile modes are ``default`` and ``max-autotune-no-cudagraphs``: the latter is left out (its autotuning
-alone would spend the session), and each ``default`` candidate gets a ``reduce-overhead`` twin (CUDA graphs), which
-the recipe does not list and the plan therefore does not predict. Each candidate's ``plan.json`` (its deployment),
-its row's columns known before measuring (:func:`modak.bench.harness.measurement_row`) and its priority go into
+architecture is in the zoo) and plans each with modak's planner. The candidates are all of the plan's PyTorch eager
+and ``torch.compile`` ones (#68): fp32, TF32, bf16 and fp16 autocast, channels_last on and off for the CNNs, the
+GPU levers ``cuda_graphs`` (eager: a captured inference step; compile: ``reduce-overhead``/``max-autotune``) and
+``io`` (pinned or pageable host buffers), and compile's modes ``default`` and ``max-autotune-no-cudagraphs``, each
+with the GPU model's prediction and regime. Each candidate's ``plan.json`` (its deployment), its row's columns
+known before measuring (:func:`modak.bench.harness.measurement_row`) and its priority (:data:`PASSES`) go into
 ``SESSION/session.json``; each job's whole plan into ``SESSION/jobs/``. The session folder is git-ignored
 (``.gitignore``) and travels to the GPU machine by the device tool's ``carry``.
 
@@ -24,17 +24,22 @@ ONNX export (:mod:`modak.workload.zoo`, whose imports are all in the wheel); the
 1. the GPU's ceilings, measured here with torch directly (``modak probe`` is host-side code: its GPU part, the
    same GEMMs and triad, cannot run from the wheel) in a process of its own (``gpu_session.py ceilings``: this
    one never holds a CUDA context beside the launches): GEMM TFLOP/s at fp32 (TF32 off), TF32, bf16 and fp16 of
-   8192x8192 matrices, HBM bandwidth (stream triad over 1 GiB arrays), kernel launch overhead (queued launches of
-   a one-element add, and launch plus synchronize);
+   8192x8192 matrices, HBM bandwidth (stream triad over 1 GiB arrays), the host link (256 MiB copies each way
+   from pinned and pageable memory: the wheel's :func:`modak.image.runtimes.pytorch.host_copy_gbs`, as ``modak
+   probe``'s), kernel launch overhead (queued launches of a one-element add, and launch plus synchronize);
 2. the ONNX export of each model (the reference the check runs; exported there, so that its weights are those
    the GPU's PyTorch builds from the zoo's seed);
 3. every candidate through ``python -m modak.image.launch -- python -m modak.runtime measure`` (what ``modak
-   bench`` launches: the same launcher, reference check and timing), one launch each, in passes: the stock
-   deployment (eager fp32) of every job, then the plan's best eager candidate of every job, its best compile
-   candidate, that one's reduce-overhead twin, then the rest of each job in the plan's order, the jobs taking
-   turns. A launch's time, compilation included, counts against the budget; a launch gets at most what is left;
-4. if time is left (``--sharing-seconds`` are kept for it): two processes of the same candidate sharing the GPU,
-   time-sliced (the default) and under MPS if ``nvidia-cuda-mps-control -d`` starts (quit again afterwards).
+   bench`` launches: the same launcher, reference check and timing), one launch each, in :data:`PASSES`: the
+   stock deployment (eager fp32) of every job, then each job's best (in the plan's order) eager candidate, compile
+   candidate, eager and compile candidates with CUDA graphs, pinned one, TF32 and fp16 ones, then the rest of each
+   job in the plan's order, the jobs taking turns, the autotuning mode last. A launch's time, compilation and
+   graph capture included (its row's ``compile_s``), counts against the budget; a launch gets at most what is
+   left;
+4. if time is left (``--sharing-seconds``, default :data:`SHARING_RESERVE_S`, are kept for it): 2, 4 and 8
+   processes (:data:`SHARING_PROCESSES`) of each sharing job's stock candidate (launch-bound ResNet-50 b1, then
+   YOLO-small b1) sharing the GPU, time-sliced (the default) and under MPS if ``nvidia-cuda-mps-control -d``
+   starts (quit again afterwards).
 
 It leaves MIG and the GPU's settings as they are (``nvidia-smi`` is only queried). Into ``--out`` (``$OUT`` on the
 GPU machine; at most 8 files come back): ``rows.csv`` (the perf store's columns, one row per launched candidate,
@@ -49,7 +54,11 @@ On the GPU machine (the device tool's ``run``), from the repository root, after 
     timeout_s: 560
     command: PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --out $OUT --budget 480
 
-(``--session`` defaults to ``.gpu-session`` in the repository root.) The budget counts from the script's start, so
+(``--session`` defaults to ``.gpu-session`` in the repository root.) Afterwards, here: ``import OUT [OUT2 ...]``
+writes the rows into ``perfmodels/`` and ``report OUT [OUT2 ...]`` prints what #68 holds them against (the
+zero-shot pick against the measured best per job, the best samples/s against the first session's and MLPerf's,
+the sharing throughput time-sliced and under MPS per process count, the GPU model's launch term fit
+leave-one-model-out) and the commands that follow (``modak model eval --machine``, ``ship_fits``). The budget counts from the script's start, so
 the command ends by about 490 s: with the machine's start and the transfers, about 10.5 of the 15 minutes of
 device time.
 """
