@@ -459,6 +459,7 @@ def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, An
         "objective_seconds": rounded(ranked.objective_seconds),
         "throughput_per_second": rounded(batch / ranked.objective_seconds),
         "bound": p.bound,
+        **({"regime": p.regime} if p.regime is not None else {}),  # GPU candidates only: CPU plans are as they were
         "roofline": {k: rounded(v) for k, v in (*p.terms, *(p.widening.terms() if p.widening else ()))},
         "accuracy": ranked.accuracy.to_dict() if ranked.accuracy else None,
         "failed_check": ranked.failed_check,

@@ -73,9 +73,15 @@ def test_plan_writes_the_wheel_the_jobs_and_every_candidates_deployment(rehearsa
     assert [j["id"] for j in manifest["jobs"]] == ["yolo_small-inference-b1", "yolo_small-inference-b2",
                                                    "resnet18-training-b2"]
     names = {c["name"] for c in manifest["candidates"] if c["job"] == "resnet18-training-b2"}
-    # eager and compile (default, reduce-overhead) at four precisions, channels_last on and off: 24
-    assert len(names) == 24 and "torch-compile/gpu/fp16 mode=reduce-overhead channels_last=true" in names
-    assert not any("max-autotune" in c["name"] for c in manifest["candidates"])
+    # the plan's own: eager at four precisions x channels_last x io (its CUDA graphs are an inference lever: 16),
+    # compile also x its two modes x cuda_graphs (64)
+    assert len(names) == 16 + 64
+    assert "torch-compile/gpu/fp16 mode=default channels_last=true cuda_graphs=true io=pinned" in names
+    assert all(c["predicted_step_s"] and c["regime"] in {"launch", "transfer", "compute", "memory"}
+               for c in manifest["candidates"])
+    autotune = [c["pass"] for c in manifest["candidates"] if c["mode"] == "max-autotune-no-cudagraphs"]
+    assert autotune and set(autotune) == {max(c["pass"] for c in manifest["candidates"])}  # the last pass
+    assert manifest["sharing_processes"] == [2]  # the dry run's; the GPU run's are 2, 4 and 8
     for entry in manifest["candidates"]:
         deployment = json.loads((session / "candidates" / f"{entry['id']}.json").read_text())["deployment"]
         assert deployment["device"] == "gpu" and deployment["zoo"] == entry["row"]["model"]
@@ -99,7 +105,9 @@ def test_dry_run_writes_rows_ceilings_and_log(rehearsal: tuple[Path, Path]) -> N
     assert all(v > 0 for v in ceilings["peaks"].values()) and ceilings["launch_overhead"]["queued_us"] > 0
     log = (out / "log.txt").read_text()
     assert "launches import modak from" in log and "/site/modak/" in log  # the wheel, not the checkout
-    assert "sharing time-slicing yolo_small-inference-b1" in log and "done:" in log
+    assert "sharing time-slicing yolo_small-inference-b1 x2" in log and "done:" in log
+    sharing = (out / "sharing.csv").read_text().splitlines()
+    assert len(sharing) == 2 and ",time-slicing,slowdown,2," in sharing[1]
 
 
 def test_rows_are_the_harness_rows(rehearsal: tuple[Path, Path]) -> None:
@@ -143,7 +151,7 @@ def test_import_writes_the_rows_the_probed_target_and_the_zero_shot_table(rehear
     run_folder = next((tmp_path / "gpu-runs").iterdir())
     zero_shot = json.loads((run_folder / "zero_shot.json").read_text())
     assert {z["job"] for z in zero_shot} == {r.model + "-" + r.task + f"-b{r.batch_size}" for r in rows}
-    assert all(z["predicted_step_s"] for z in zero_shot if not z["name"].count("reduce-overhead"))
+    assert all(z["predicted_step_s"] for z in zero_shot)
     assert "pick/best" in done.stdout
     assert all(z["job"] in done.stdout for z in zero_shot if z["status"] == "ok" and z["predicted_step_s"])
 
@@ -159,21 +167,40 @@ def test_a_launch_the_sessions_clock_stops_is_not_the_candidates_error(script: M
 
 def test_passes_put_each_jobs_stock_and_best_of_each_kind_first(script: ModuleType) -> None:
     def entry(job: str, name: str, stock: bool = False) -> dict:
-        runtime = name.split("/")[0]
-        mode = "reduce-overhead" if "reduce-overhead" in name else "default" if runtime == "torch-compile" else None
-        return {"id": f"{job}:{name}", "job": job, "name": name, "runtime": runtime, "mode": mode, "stock": stock}
+        runtime, _, precision = name.split(" ")[0].split("/")
+        mode = next((w.split("=")[1] for w in name.split() if w.startswith("mode=")), None)
+        return {"id": f"{job}:{name}", "job": job, "name": name, "runtime": runtime, "mode": mode, "stock": stock,
+                "precision": precision, "cuda_graphs": "cuda_graphs=true" in name,
+                "io": "pinned" if "io=pinned" in name else "pageable"}
 
-    jobs = [[entry(job, "torch-compile/gpu/bf16 mode=default"),
-             entry(job, "torch-compile/gpu/bf16 mode=reduce-overhead"), entry(job, "pytorch/gpu/bf16"),
-             entry(job, "torch-compile/gpu/fp32 mode=default"), entry(job, "pytorch/gpu/fp32", stock=True)]
-            for job in ("a", "b")]
+    names = ["torch-compile/gpu/bf16 mode=max-autotune-no-cudagraphs", "torch-compile/gpu/bf16 mode=default",
+             "torch-compile/gpu/bf16 mode=default cuda_graphs=true", "pytorch/gpu/bf16 io=pinned",
+             "pytorch/gpu/bf16 cuda_graphs=true", "torch-compile/gpu/fp32 mode=default", "pytorch/gpu/tf32",
+             "pytorch/gpu/fp16", "pytorch/gpu/fp32", "pytorch/gpu/bf16"]
+    jobs = [[entry(job, name, stock=name == "pytorch/gpu/fp32") for name in names] for job in ("a", "b")]
     order = [(e["pass"], e["job"], e["name"]) for e in script.prioritized(jobs)]
-    assert order == [(1, "a", "pytorch/gpu/fp32"), (1, "b", "pytorch/gpu/fp32"),
-                     (2, "a", "pytorch/gpu/bf16"), (2, "b", "pytorch/gpu/bf16"),
-                     (3, "a", "torch-compile/gpu/bf16 mode=default"), (3, "b", "torch-compile/gpu/bf16 mode=default"),
-                     (4, "a", "torch-compile/gpu/bf16 mode=reduce-overhead"),
-                     (4, "b", "torch-compile/gpu/bf16 mode=reduce-overhead"),
-                     (5, "a", "torch-compile/gpu/fp32 mode=default"), (5, "b", "torch-compile/gpu/fp32 mode=default")]
+    expected = [(1, "pytorch/gpu/fp32"), (2, "pytorch/gpu/bf16 io=pinned"),
+                (3, "torch-compile/gpu/bf16 mode=default"), (4, "pytorch/gpu/bf16 cuda_graphs=true"),
+                (5, "torch-compile/gpu/bf16 mode=default cuda_graphs=true"), (7, "pytorch/gpu/tf32"),
+                (8, "pytorch/gpu/fp16"), (9, "torch-compile/gpu/fp32 mode=default"), (9, "pytorch/gpu/bf16"),
+                (10, "torch-compile/gpu/bf16 mode=max-autotune-no-cudagraphs")]
+    # pass 6 (pinned) finds nothing the best eager did not take; within a pass the jobs take turns
+    assert order == [(number, job, name) for number, name in expected for job in ("a", "b")][:6] + [
+        (number, job, name) for number, name in expected[3:7] for job in ("a", "b")] + [
+        (9, "a", "torch-compile/gpu/fp32 mode=default"), (9, "b", "torch-compile/gpu/fp32 mode=default"),
+        (9, "a", "pytorch/gpu/bf16"), (9, "b", "pytorch/gpu/bf16"),
+        (10, "a", "torch-compile/gpu/bf16 mode=max-autotune-no-cudagraphs"),
+        (10, "b", "torch-compile/gpu/bf16 mode=max-autotune-no-cudagraphs")]
+
+
+def test_report_rehearsed_on_the_dry_run(rehearsal: tuple[Path, Path]) -> None:
+    session, out = rehearsal
+    done = _call("report", str(out), "--session", str(session))
+    assert done.returncode == 0, done.stderr
+    assert "pick/best" in done.stdout and "first session" in done.stdout and "MPS/ts" in done.stdout
+    assert "launch term fit leave-one-model-out" in done.stdout
+    assert "modak model eval --machine gpu-h100-dry-run" in done.stdout
+    assert "yolo_small-inference-b1" in done.stdout
 
 
 def test_run_refuses_a_session_planned_for_the_other_mode(rehearsal: tuple[Path, Path], tmp_path: Path) -> None:

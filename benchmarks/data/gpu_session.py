@@ -6,12 +6,12 @@
 ``plan`` (the CPU machine, the whole of modak) builds the ``modak-runtime`` wheel (:mod:`modak.render.package`),
 writes the GPU target (:data:`TARGET`: one H100-SXM, 16 cores), the jobs (:data:`JOBS`: inference of ResNet-50,
 BERT-base, MobileNetV2 and YOLO-small at batch 1 and 32, training of ResNet-18 and BERT-small at batch 32; every
-architecture is in the zoo) and plans each with modak's planner. The candidates are the plan's PyTorch eager and
-``torch.compile`` ones at fp32, TF32, bf16 and fp16 autocast, with and without channels_last for the CNNs; the
-recipe's compile modes are ``default`` and ``max-autotune-no-cudagraphs``: the latter is left out (its autotuning
-alone would spend the session), and each ``default`` candidate gets a ``reduce-overhead`` twin (CUDA graphs), which
-the recipe does not list and the plan therefore does not predict. Each candidate's ``plan.json`` (its deployment),
-its row's columns known before measuring (:func:`modak.bench.harness.measurement_row`) and its priority go into
+architecture is in the zoo) and plans each with modak's planner. The candidates are all of the plan's PyTorch eager
+and ``torch.compile`` ones (#68): fp32, TF32, bf16 and fp16 autocast, channels_last on and off for the CNNs, the
+GPU levers ``cuda_graphs`` (eager: a captured inference step; compile: ``reduce-overhead``/``max-autotune``) and
+``io`` (pinned or pageable host buffers), and compile's modes ``default`` and ``max-autotune-no-cudagraphs``, each
+with the GPU model's prediction and regime. Each candidate's ``plan.json`` (its deployment), its row's columns
+known before measuring (:func:`modak.bench.harness.measurement_row`) and its priority (:data:`PASSES`) go into
 ``SESSION/session.json``; each job's whole plan into ``SESSION/jobs/``. The session folder is git-ignored
 (``.gitignore``) and travels to the GPU machine by the device tool's ``carry``.
 
@@ -24,17 +24,22 @@ ONNX export (:mod:`modak.workload.zoo`, whose imports are all in the wheel); the
 1. the GPU's ceilings, measured here with torch directly (``modak probe`` is host-side code: its GPU part, the
    same GEMMs and triad, cannot run from the wheel) in a process of its own (``gpu_session.py ceilings``: this
    one never holds a CUDA context beside the launches): GEMM TFLOP/s at fp32 (TF32 off), TF32, bf16 and fp16 of
-   8192x8192 matrices, HBM bandwidth (stream triad over 1 GiB arrays), kernel launch overhead (queued launches of
-   a one-element add, and launch plus synchronize);
+   8192x8192 matrices, HBM bandwidth (stream triad over 1 GiB arrays), the host link (256 MiB copies each way
+   from pinned and pageable memory: the wheel's :func:`modak.image.runtimes.pytorch.host_copy_gbs`, as ``modak
+   probe``'s), kernel launch overhead (queued launches of a one-element add, and launch plus synchronize);
 2. the ONNX export of each model (the reference the check runs; exported there, so that its weights are those
    the GPU's PyTorch builds from the zoo's seed);
 3. every candidate through ``python -m modak.image.launch -- python -m modak.runtime measure`` (what ``modak
-   bench`` launches: the same launcher, reference check and timing), one launch each, in passes: the stock
-   deployment (eager fp32) of every job, then the plan's best eager candidate of every job, its best compile
-   candidate, that one's reduce-overhead twin, then the rest of each job in the plan's order, the jobs taking
-   turns. A launch's time, compilation included, counts against the budget; a launch gets at most what is left;
-4. if time is left (``--sharing-seconds`` are kept for it): two processes of the same candidate sharing the GPU,
-   time-sliced (the default) and under MPS if ``nvidia-cuda-mps-control -d`` starts (quit again afterwards).
+   bench`` launches: the same launcher, reference check and timing), one launch each, in :data:`PASSES`: the
+   stock deployment (eager fp32) of every job, then each job's best (in the plan's order) eager candidate, compile
+   candidate, eager and compile candidates with CUDA graphs, pinned one, TF32 and fp16 ones, then the rest of each
+   job in the plan's order, the jobs taking turns, the autotuning mode last. A launch's time, compilation and
+   graph capture included (its row's ``compile_s``), counts against the budget; a launch gets at most what is
+   left;
+4. if time is left (``--sharing-seconds``, default :data:`SHARING_RESERVE_S`, are kept for it): 2, 4 and 8
+   processes (:data:`SHARING_PROCESSES`) of each sharing job's stock candidate (launch-bound ResNet-50 b1, then
+   YOLO-small b1) sharing the GPU, time-sliced (the default) and under MPS if ``nvidia-cuda-mps-control -d``
+   starts (quit again afterwards).
 
 It leaves MIG and the GPU's settings as they are (``nvidia-smi`` is only queried). Into ``--out`` (``$OUT`` on the
 GPU machine; at most 8 files come back): ``rows.csv`` (the perf store's columns, one row per launched candidate,
@@ -49,9 +54,13 @@ On the GPU machine (the device tool's ``run``), from the repository root, after 
     timeout_s: 560
     command: PYTHONUNBUFFERED=1 python3 benchmarks/data/gpu_session.py run --out $OUT --budget 480
 
-(``--session`` defaults to ``.gpu-session`` in the repository root.) The budget counts from the script's start, so
-the command ends by about 490 s: with the machine's start and the transfers, about 10.5 of the 15 minutes of
-device time.
+(``--session`` defaults to ``.gpu-session`` in the repository root.) Afterwards, here: ``import OUT [OUT2 ...]``
+writes the rows into ``perfmodels/`` and ``report OUT [OUT2 ...]`` prints what #68 holds them against (the
+zero-shot pick against the measured best per job, the best samples/s against the first session's and MLPerf's,
+the sharing throughput time-sliced and under MPS per process count, the GPU model's launch term fit
+leave-one-model-out) and the commands that follow (``modak model eval --machine``, ``ship_fits``). The budget
+counts from the script's start, so the command ends by about 490 s: with the machine's start and the transfers,
+about 10.5 of the 15 minutes of device time.
 """
 
 from __future__ import annotations
@@ -67,7 +76,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,17 +94,24 @@ JOBS = (("resnet50", "inference", 1), ("resnet50", "inference", 32), ("bert_base
         ("resnet18", "training", 32), ("bert_small", "training", 32))
 PRECISIONS = ["fp32", "tf32", "bf16", "fp16"]
 RUNTIMES = ("pytorch", "torch-compile")
-COMPILE_MODES = ("default",)  # of the recipe's; each also measured as REDUCE_OVERHEAD
-REDUCE_OVERHEAD = "reduce-overhead"
+AUTOTUNE = "max-autotune-no-cudagraphs"  # the recipe's autotuning mode (with cuda_graphs: max-autotune): last
 # The dry run: the same jobs on small inputs (YOLO's head needs a multiple of 32) and batches 1 and 2.
 DRY_SHAPES = {"resnet50": [3, 32, 32], "resnet18": [3, 32, 32], "mobilenet_v2": [3, 32, 32],
               "yolo_small": [3, 64, 64], "bert_base": [16], "bert_small": [16]}
 DRY_BATCH = {1: 1, 32: 2}
-SHARED_JOBS = (("resnet50", "inference", 1), ("yolo_small", "inference", 1))  # the published sharing rows' kind
+SHARED_JOBS = (("resnet50", "inference", 1), ("yolo_small", "inference", 1))  # launch-bound (#41's rows), in order
+SHARING_PROCESSES = (2, 4, 8)  # processes of it sharing the GPU, time-sliced and under MPS
+DRY_SHARING_PROCESSES = (2,)  # the rehearsal's (2 cores)
+# The first session's best samples/s (perfmodels/README.md, "gpu-h100.csv") and MLPerf Inference v4.0's ResNet-50
+# Offline on one H100-SXM (TensorRT, int8): what the report holds the new rows against.
+FIRST_SESSION_BEST = {"resnet50-inference-b32": 32 / 4.172e-3, "resnet50-inference-b1": 1 / 3.220e-3,
+                      "bert_base-inference-b32": 32 / 7.071e-3, "yolo_small-inference-b32": 32 / 55.104e-3}
+MLPERF_RESNET50_OFFLINE = 88714.0
 SHARING_COLUMNS_FILE = ROOT / "perfmodels" / "published" / "gpu_sharing.csv"
 # The device tool's call (:func:`device_call`): run's budget, and the command's limit above it (the last launch's
 # end, MPS's quit, the writes).
 DEVICE_BUDGET_S = 480
+SHARING_RESERVE_S = 120.0  # of it, kept for the sharing step (2, 4, 8 processes, time-sliced and MPS: ~15 s each)
 DEVICE_TIMEOUT_S = 560
 
 
@@ -156,24 +172,21 @@ def plan_session(session: Path, dry_run: bool, models: list[str] | None) -> dict
             sort_keys=False))
         plan = api.plan_job(job)
         (session / "jobs" / f"{name}.plan.json").write_text(json.dumps(plan.to_dict(), indent=1, sort_keys=True))
-        ranked = [r for r in plan.ranked if r.candidate.param("mode", "default") in COMPILE_MODES]
-        chosen = [(r.candidate, r.prediction.step_seconds) for r in ranked]
-        for r in ranked:  # the reduce-overhead twin right after its default-mode candidate
-            if r.candidate.runtime == "torch-compile":
-                twin = replace(r.candidate, params=tuple((k, REDUCE_OVERHEAD if k == "mode" else v)
-                                                         for k, v in r.candidate.params))
-                chosen.insert(chosen.index((r.candidate, r.prediction.step_seconds)) + 1, (twin, None))
+        chosen = [(r.candidate, r.prediction) for r in plan.ranked]  # the levers are the plan's own (#68)
         plan_rank = {r.candidate: rank for rank, r in enumerate(plan.ranked, 1)}
         entries = []
-        for number, (candidate, predicted) in enumerate(chosen):
-            key = f"{name}-{number:02d}"
+        for number, (candidate, prediction) in enumerate(chosen):
+            key = f"{name}-{number:03d}"
             deployment = plan.deployment(candidate).to_dict()
             (session / "candidates" / f"{key}.json").write_text(json.dumps({"deployment": deployment},
                                                                           sort_keys=True))
             row = measurement_row(plan, candidate, {})
             entries.append({"id": key, "job": name, "name": candidate.name, "runtime": candidate.runtime,
                             "mode": candidate.param("mode"), "stock": plan.recipe(candidate).is_stock(candidate),
-                            "predicted_step_s": predicted, "plan_rank": plan_rank.get(candidate),
+                            "cuda_graphs": candidate.param("cuda_graphs") is True, "io": candidate.param("io"),
+                            "precision": candidate.precision.value,
+                            "predicted_step_s": prediction.step_seconds, "regime": prediction.regime,
+                            "predicted_compile_s": prediction.compile_seconds, "plan_rank": plan_rank.get(candidate),
                             "row": {c: getattr(row, c) for c in COLUMNS}})
         candidates.append(entries)
         jobs.append({"id": name, "zoo": zoo, "task": task, "batch": batch, "plan_choice": plan.choice.candidate.name,
@@ -185,41 +198,42 @@ def plan_session(session: Path, dry_run: bool, models: list[str] | None) -> dict
                 "columns": list(COLUMNS), "sharing_columns": sharing_columns, "jobs": jobs,
                 "candidates": prioritized(candidates),
                 "sharing": [job_id(z, t, DRY_BATCH[b] if dry_run else b) for z, t, b in SHARED_JOBS
-                            if not models or z in models]}
+                            if not models or z in models],
+                "sharing_processes": list(DRY_SHARING_PROCESSES if dry_run else SHARING_PROCESSES)}
     (session / "session.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
 
+PASSES = (  # what each job's first candidates are, in the plan's order within each (#68's levers after #41's)
+    ("stock", lambda e: e["stock"]),
+    ("best eager", lambda e: e["runtime"] == "pytorch"),
+    ("best compile", lambda e: e["runtime"] == "torch-compile" and e["mode"] != AUTOTUNE),
+    ("eager CUDA graphs", lambda e: e["runtime"] == "pytorch" and e["cuda_graphs"]),
+    ("compile CUDA graphs", lambda e: e["runtime"] == "torch-compile" and e["cuda_graphs"] and e["mode"] != AUTOTUNE),
+    ("pinned", lambda e: e["io"] == "pinned"),
+    ("tf32", lambda e: e["precision"] == "tf32" and e["mode"] != AUTOTUNE),
+    ("fp16", lambda e: e["precision"] == "fp16" and e["mode"] != AUTOTUNE),
+)
+
+
 def prioritized(per_job: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Every job's candidates (each list in the plan's order) in passes: every job's stock deployment, its best
-    eager candidate, its best compile candidate, that one's reduce-overhead twin; then the rest, the jobs taking
-    turns. Each entry gets its ``pass``."""
-    firsts = [
-        lambda e: e["stock"],
-        lambda e: e["runtime"] == "pytorch",
-        lambda e: e["runtime"] == "torch-compile" and e["mode"] != REDUCE_OVERHEAD,
-        lambda e: e["mode"] == REDUCE_OVERHEAD,
-    ]
+    """Every job's candidates (each list in the plan's order) in passes: each of :data:`PASSES` takes every job's
+    first candidate it wants that no earlier pass took; then the rest but the autotuning mode's, the jobs taking
+    turns; then those (an autotuning compile alone can take minutes). Each entry gets its ``pass``."""
     left = [list(entries) for entries in per_job]
     order: list[dict[str, Any]] = []
     taken: set[str] = set()
-    for number, wanted in enumerate(firsts):
+    for number, (_, wanted) in enumerate(PASSES, 1):
         for entries in left:
-            found = next((e for e in entries if wanted(e) and e["id"] not in taken
-                          and (number != 3 or _twin_of(e, order))), None)
+            found = next((e for e in entries if wanted(e) and e["id"] not in taken), None)
             if found:
-                order.append({**found, "pass": number + 1})
+                order.append({**found, "pass": number})
                 taken.add(found["id"])
-    rest = [[e for e in entries if e["id"] not in taken] for entries in left]
-    for index in range(max((len(r) for r in rest), default=0)):
-        order.extend({**r[index], "pass": len(firsts) + 1} for r in rest if index < len(r))
+    for number, last in ((len(PASSES) + 1, False), (len(PASSES) + 2, True)):
+        rest = [[e for e in entries if e["id"] not in taken and (e["mode"] == AUTOTUNE) == last] for entries in left]
+        for index in range(max((len(r) for r in rest), default=0)):
+            order.extend({**r[index], "pass": number} for r in rest if index < len(r))
     return order
-
-
-def _twin_of(entry: dict[str, Any], order: list[dict[str, Any]]) -> bool:
-    """Whether ``entry`` (reduce-overhead) is the twin of a compile candidate already in ``order``."""
-    return any(o["job"] == entry["job"] and o["name"] == entry["name"].replace(REDUCE_OVERHEAD, "default")
-               for o in order)
 
 
 # ---------------------------------------------------------------------------------------------- run (GPU machine)
@@ -369,6 +383,10 @@ def ceilings(settings: Settings) -> dict[str, Any]:
             tiny.add_(1.0)
             sync()
 
+    if cuda:  # the host link, pinned and pageable (the GPU model's transfer term; the target's gpus.peaks)
+        from modak.image.runtimes.pytorch import host_copy_gbs
+
+        peaks.update(host_copy_gbs())
     launch = {"queued_us": round(best(queued, runs=3, budget_s=0.0) / settings.launches * 1e6, 2),
               "synchronized_us": round(best(round_trip, runs=3, budget_s=0.0) / (settings.launches // 20) * 1e6, 2)}
     return {"device": device, "peaks": peaks, "launch_overhead": launch,
@@ -532,8 +550,9 @@ def measure_candidates(run: Run, exports: Exports) -> None:
 
 
 def share(run: Run, exports: Exports) -> None:
-    """Two processes of each sharing job's stock candidate at once: time-sliced, then under MPS if its daemon
-    starts; one sharing.csv row per mode and job (each job's slowdown against its launch alone)."""
+    """:data:`SHARING_PROCESSES` processes of each sharing job's stock candidate at once: time-sliced, then under
+    MPS if its daemon starts; one sharing.csv row per mode, job and count (each process's mean step against the
+    job's launch alone: the slowdown; the processes' throughput over one alone is count / slowdown)."""
     settings = run.settings
     modes = [("time-slicing", {})]
     mps: dict[str, str] = {}
@@ -562,26 +581,8 @@ def share(run: Run, exports: Exports) -> None:
                 if alone is None:
                     run.log(f"sharing {mode} {job_name}: its stock candidate was not measured alone; skipped")
                     continue
-                need = settings.share_seconds * 3 + 10
-                if run.left() < need:
-                    run.log(f"sharing {mode} {job_name}: {run.left():.0f} s left of the budget, {need:.0f} needed")
-                    continue
-                job = jobs[job_name]
-                env = {**prepare_launch(run, alone["entry"], exports.model(job_name)), **extra}
-                command = launch_command(settings, settings.share_seconds, settings.share_seconds, check=False)
-                processes = [start(command, env, run.scratch) for _ in range(2)]
-                results = [finish(p, min(run.left(), settings.launch_limit), settings) for p in processes]
-                if not all(r.get("status") == "ok" for r in results):
-                    run.log(f"sharing {mode} {job_name}: failed: {[r.get('error') for r in results]}")
-                    continue
-                alone_s = float(alone["result"]["step_mean_s"])
-                shared_s = sum(float(r["step_mean_s"]) for r in results) / len(results)
-                slowdown = shared_s / alone_s
-                run.log(f"sharing {mode} {job_name} ({alone['entry']['name']}): {alone_s * 1e3:.3f} ms alone, "
-                        f"{shared_s * 1e3:.3f} ms each of 2 shared: slowdown {slowdown:.2f}, 2 jobs' throughput "
-                        f"{2 / slowdown:.2f}x one alone")
-                run.sharing.append(_sharing_row(run, mode, job, alone, results, alone_s, shared_s))
-                run.write()
+                for count in run.manifest.get("sharing_processes", [2]):
+                    share_once(run, exports, mode, extra, jobs[job_name], alone, count)
         finally:
             if mode == "mps":
                 try:
@@ -592,24 +593,51 @@ def share(run: Run, exports: Exports) -> None:
                     run.log("MPS: the daemon did not answer 'quit' in 30 s")
 
 
+def share_once(run: Run, exports: Exports, mode: str, extra: dict[str, str], job: dict[str, Any],
+               alone: dict[str, Any], count: int) -> None:
+    """``count`` processes of ``job``'s stock candidate started together; its sharing.csv row."""
+    settings = run.settings
+    need = settings.share_seconds * 3 + 10
+    if run.left() < need:
+        run.log(f"sharing {mode} {job['id']} x{count}: {run.left():.0f} s left of the budget, {need:.0f} needed")
+        return
+    env = {**prepare_launch(run, alone["entry"], exports.model(job["id"])), **extra}
+    command = launch_command(settings, settings.share_seconds, settings.share_seconds, check=False)
+    processes = [start(command, env, run.scratch) for _ in range(count)]
+    results = [finish(p, min(run.left(), settings.launch_limit), settings) for p in processes]
+    if not all(r.get("status") == "ok" for r in results):
+        run.log(f"sharing {mode} {job['id']} x{count}: failed: {[r.get('error') for r in results]}")
+        return
+    alone_s = float(alone["result"]["step_mean_s"])
+    shared_s = sum(float(r["step_mean_s"]) for r in results) / len(results)
+    slowdown = shared_s / alone_s
+    run.log(f"sharing {mode} {job['id']} x{count} ({alone['entry']['name']}): {alone_s * 1e3:.3f} ms alone, "
+            f"{shared_s * 1e3:.3f} ms each of {count} shared: slowdown {slowdown:.2f}, {count} jobs' throughput "
+            f"{count / slowdown:.2f}x one alone")
+    run.sharing.append(_sharing_row(run, mode, job, alone, results, alone_s, shared_s))
+    run.write()
+
+
 def _sharing_row(run: Run, mode: str, job: dict[str, Any], alone: dict[str, Any], results: list[dict[str, Any]],
                  alone_s: float, shared_s: float) -> dict[str, Any]:
     target = run.manifest["target"]
     gpu = target["gpus"]["model"] if run.machine == target["name"] else ""  # the catalog's name, if it is that GPU
     entry = alone["entry"]
+    count = len(results)
     shape = "x".join(str(d) for d in next(iter(job["input_shapes"].values())))
-    return {"point": f"gpu-session-{job['id']}-{mode}-2", "source": "modak benchmarks/data/gpu_session.py",
+    return {"point": f"gpu-session-{job['id']}-{mode}-{count}", "source": "modak benchmarks/data/gpu_session.py",
             "where": f"log.txt of {run.id}",
             "quote": f"alone {alone_s:.6g} s per step (mean over the timed window); shared {shared_s:.6g} s "
-                     f"(mean of 2 processes: {', '.join(format(float(r['step_mean_s']), '.6g') for r in results)})",
+                     f"(mean of {count} processes: "
+                     f"{', '.join(format(float(r['step_mean_s']), '.6g') for r in results)})",
             "gpu": run.describe.get("gpu", run.settings.device), "modak_gpu": gpu, "mode": mode,
-            "metric": "slowdown", "jobs": 2, "profile": "", "alone_profile": "",
+            "metric": "slowdown", "jobs": count, "profile": "", "alone_profile": "",
             "workload": f"{job['zoo']} {job['task']} at batch {job['batch']}, {entry['name']}",
             "zoo": job["zoo"], "input_shape": shape, "task": job["task"], "batch_alone": job["batch"],
             "batch_shared": job["batch"], "precision": entry["row"]["precision"],
             "modak_precision": entry["row"]["precision"], "unit": "s per inference", "alone": alone_s,
             "shared": shared_s, "published": round(shared_s / alone_s, 6), "calibrate_on": "", "role": "compare",
-            "notes": "two processes of the same deployment started together, each timed for "
+            "notes": f"{count} processes of the same deployment started together, each timed for "
                      f"{run.settings.share_seconds:g} s without the reference check"
                      + (" (dry run on the CPU: not a GPU figure)" if run.settings.device == "cpu" else "")}
 
@@ -804,6 +832,85 @@ def zero_shot_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
+def report(outs: list[Path], session: Path) -> dict[str, Any]:
+    """What #68 item 4 holds the runs against, from their outputs (nothing written): per job the zero-shot pick
+    against the measured best (:func:`zero_shot_table`), the best samples/s against the first session's
+    (:data:`FIRST_SESSION_BEST`) and MLPerf's ResNet-50 (:data:`MLPERF_RESNET50_OFFLINE`), the sharing rows'
+    throughput (count / slowdown) time-sliced and under MPS and their ratio, and the GPU model's launch term fit
+    leave-one-model-out on the runs' rows (MAPE of its steps)."""
+    from modak.candidates.catalog import load_catalog
+    from modak.measurements.store import read_csv
+    from modak.predict.gpu import fit_launch, gpu_row, prior_node_us
+
+    manifest = json.loads((session / "session.json").read_text())
+    predicted = {(e["job"], e["name"]): e for e in manifest["candidates"]}
+    zero_shot, rows, sharing = [], [], []
+    for out in outs:
+        for line in (out / "launches.jsonl").read_text().splitlines():
+            launch = json.loads(line)
+            if line and not cut_by_budget(launch):
+                entry = predicted.get((launch["job"], launch["name"]), {})
+                zero_shot.append({"job": launch["job"], "name": launch["name"], "status": launch["result"]["status"],
+                                  "predicted_step_s": entry.get("predicted_step_s"), "regime": entry.get("regime"),
+                                  "measured_step_s": launch["result"].get("step_median_s")})
+        rows += [r for r in read_csv(out / "rows.csv") if r.status == "ok"]
+        if (out / "sharing.csv").is_file():
+            with (out / "sharing.csv").open(newline="") as handle:
+                sharing += list(csv.DictReader(handle))
+    batches = {job["id"]: job["batch"] for job in manifest["jobs"]}
+    best: dict[str, float] = {}
+    for entry in zero_shot:
+        if entry["status"] == "ok" and entry["measured_step_s"]:
+            rate = batches[entry["job"]] / entry["measured_step_s"]
+            best[entry["job"]] = max(best.get(entry["job"], 0.0), rate)
+    throughput = [{"job": job, "samples_per_s": rate, "first_session": FIRST_SESSION_BEST.get(job),
+                   "mlperf": MLPERF_RESNET50_OFFLINE if job.startswith("resnet50-inference") else None}
+                  for job, rate in sorted(best.items())]
+    shared: dict[tuple[str, int], dict[str, float]] = {}
+    for row in sharing:
+        jobs = int(row["jobs"])
+        shared.setdefault((row["workload"], jobs), {})[row["mode"]] = jobs / float(row["published"])
+    sharing_table = [{"workload": w, "processes": n, **modes,
+                      "mps_over_time_slicing": modes["mps"] / modes["time-slicing"]
+                      if {"mps", "time-slicing"} <= set(modes) else None} for (w, n), modes in sorted(shared.items())]
+    catalog = load_catalog()
+    gpu_rows = [g for g in (gpu_row(r, catalog) for r in rows) if g is not None]
+    errors = []
+    for model in sorted({g.model for g in gpu_rows}):
+        fits = fit_launch([g for g in gpu_rows if g.model != model])
+        for g in (g for g in gpu_rows if g.model == model):
+            fitted = fits.get(g.key)
+            us = fitted.node_us if fitted else prior_node_us(catalog[g.key.runtime].performance["gpu"], g.key)
+            errors.append(abs((g.transfer_s + max((g.nodes * us + g.call_us) * 1e-6, g.device_s)) / g.step_s - 1))
+    return {"zero_shot": zero_shot_table([{"zero_shot": zero_shot}]), "throughput": throughput,
+            "sharing": sharing_table, "launch_fit_lomo_mape": sum(errors) / len(errors) if errors else None,
+            "launch_fit_rows": len(gpu_rows), "machine": rows[0].machine if rows else None}
+
+
+def print_report(found: dict[str, Any]) -> None:
+    print(f"{'job':<26} {'n':>2}  {'zero-shot pick':<72} {'pick ms':>8} {'best ms':>8} {'pick/best':>9} {'MAPE':>6}")
+    for line in found["zero_shot"]:
+        print(f"{line['job']:<26} {line['measured']:>2}  {line['pick']:<72} {line['pick_s'] * 1e3:>8.3f} "
+              f"{line['best_s'] * 1e3:>8.3f} {line['pick_over_best']:>9.2f} {line['mape']:>6.0%}")
+    print(f"\n{'job':<26} {'best samples/s':>14} {'first session':>13} {'x':>5} {'MLPerf':>8} {'x':>6}")
+    for line in found["throughput"]:
+        first, mlperf = line["first_session"], line["mlperf"]
+        print(f"{line['job']:<26} {line['samples_per_s']:>14.1f} {first or 0:>13.1f} "
+              f"{line['samples_per_s'] / first if first else 0:>5.2f} {mlperf or 0:>8.0f} "
+              f"{line['samples_per_s'] / mlperf if mlperf else 0:>6.3f}")
+    print(f"\n{'sharing workload':<60} {'n':>2} {'time-sliced':>11} {'MPS':>6} {'MPS/ts':>6}  (throughput / one alone)")
+    for line in found["sharing"]:
+        ratio = line["mps_over_time_slicing"]
+        print(f"{line['workload'][:60]:<60} {line['processes']:>2} {line.get('time-slicing', 0):>11.2f} "
+              f"{line.get('mps', 0):>6.2f} {ratio if ratio else 0:>6.2f}")
+    mape = found["launch_fit_lomo_mape"]
+    print(f"\nGPU model, launch term fit leave-one-model-out on {found['launch_fit_rows']} rows: MAPE "
+          + (f"{mape:.1%}" if mape is not None else "-"))
+    if found["machine"]:
+        print(f"next: python3 -m modak model eval --machine {found['machine']} --seeds 1; "
+              "python3 -m benchmarks.tools.ship_fits (after the import)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     phases = parser.add_subparsers(dest="phase", required=True)
@@ -817,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="the output folder (default $OUT, else ./gpu-session-out)")
     run.add_argument("--budget", type=float, help=f"seconds for the whole run (default {DEVICE_BUDGET_S}; dry run 60)")
     run.add_argument("--sharing-seconds", type=float,
-                     help="seconds of the budget kept for the sharing step (default 75; dry run 15)")
+                     help=f"seconds of the budget kept for sharing (default {SHARING_RESERVE_S:g}; dry run 15)")
     run.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, small and short")
     run.add_argument("--skip", type=Path, metavar="LAUNCHES",
                      help="an earlier run's launches.jsonl: its launched candidates are not launched again")
@@ -825,6 +932,9 @@ def main(argv: list[str] | None = None) -> int:
     imports.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="run output folders, oldest first")
     imports.add_argument("--session", type=Path, default=SESSION, help="the session folder the runs measured")
     imports.add_argument("--perfmodels", type=Path, default=ROOT / "perfmodels", help=argparse.SUPPRESS)
+    reports = phases.add_parser("report", help="the runs against the zero-shot plan, the first session, MLPerf")
+    reports.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="run output folders")
+    reports.add_argument("--session", type=Path, default=SESSION, help="the session folder the runs measured")
     probe = phases.add_parser("ceilings", help="(run's own step) the machine and its ceilings as JSON")
     probe.add_argument("--dry-run", action="store_true", help="the CPU, small sizes")
     args = parser.parse_args(argv)
@@ -836,6 +946,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # reported: the candidates are measured all the same
             found = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         print(json.dumps({**found, "machine": machine}, sort_keys=True))
+        return 0
+    if args.phase == "report":
+        print_report(report(args.outs, args.session.resolve()))
         return 0
     if args.phase == "import":
         summary = import_runs(args.outs, args.session.resolve(), args.perfmodels.resolve())
@@ -858,10 +971,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_session: no {args.session}/session.json: run the plan phase first", file=sys.stderr)
         return 2
     budget = args.budget if args.budget is not None else (60.0 if args.dry_run else float(DEVICE_BUDGET_S))
-    reserve = args.sharing_seconds if args.sharing_seconds is not None else (15.0 if args.dry_run else 75.0)
+    reserve = args.sharing_seconds if args.sharing_seconds is not None else (
+        15.0 if args.dry_run else SHARING_RESERVE_S)
     skip = set()
     if args.skip:
-        skip = {launch["id"] for launch in map(json.loads, args.skip.read_text().splitlines()) if not cut_by_budget(launch)}
+        skip = {launch["id"] for launch in map(json.loads, args.skip.read_text().splitlines())
+                if not cut_by_budget(launch)}
     return run_session(args.session.resolve(), args.out.resolve(), budget, args.dry_run, reserve, skip)
 
 

@@ -112,6 +112,12 @@ class DevicePerformance(_Recipe, frozen=True, kw_only=True):
         "Per training step (µs); default call_overhead_us.")] = None
     compile_seconds: Annotated[float, Meta(ge=0)] = 0.0
     compile_seconds_per_node: Annotated[float, Meta(ge=0)] = 0.0
+    graph_node_overhead_us: Annotated[Annotated[float, Meta(ge=0)] | None, Meta(description=
+        "GPU, cuda_graphs=true: launch cost per graph node replayed in a CUDA graph (µs); None: the runtime has "
+        "no CUDA graphs.")] = None
+    capture_seconds: Annotated[float, Meta(ge=0, description=
+        "GPU, cuda_graphs=true: seconds a graph capture takes per input shape (counted as compile time).")] = 0.0
+    capture_seconds_per_node: Annotated[float, Meta(ge=0)] = 0.0
 
 
 class Recipe(_Recipe, frozen=True, kw_only=True):

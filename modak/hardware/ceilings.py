@@ -28,6 +28,46 @@ _GPU_PEAK_KEYS = {Precision.fp32: "fp32", Precision.tf32: "tf32", Precision.bf16
                   Precision.fp16: "fp16", Precision.int8: "int8"}
 
 
+# Pageable host copies against pinned ones where the probe did not measure both (a pageable copy goes through a
+# pinned staging buffer of the driver's: about half the pinned rate on PCIe hosts; the probe replaces it).
+PAGEABLE_SHARE = 0.5
+DEFAULT_HOST_LINK = "pcie4"  # a GPU whose catalog entry names no host_link (as interconnects.yaml's default)
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """GB/s of host <-> GPU copies, each direction, from pinned and from pageable host memory; ``measured``: the
+    target's probed figures (else the catalog's PCIe generation)."""
+
+    h2d_pinned_gbs: float
+    h2d_pageable_gbs: float
+    d2h_pinned_gbs: float
+    d2h_pageable_gbs: float
+    measured: bool = False
+
+    @classmethod
+    def of_link(cls, link: str) -> HostLink:
+        """An x16 link of PCIe generation ``link`` (interconnects.yaml's per-direction bandwidth), pageable copies at
+        :data:`PAGEABLE_SHARE`."""
+        from modak.allreduce import interconnects
+
+        gbs = float(interconnects()["intra_node"][link]["bandwidth_gbs"])
+        return cls(gbs, gbs * PAGEABLE_SHARE, gbs, gbs * PAGEABLE_SHARE)
+
+    @classmethod
+    def of_catalog(cls, model: str | None) -> HostLink:
+        """The catalog GPU ``model``'s host link (its entry's ``host_link``; an unknown GPU's
+        :data:`DEFAULT_HOST_LINK`)."""
+        catalog = gpu_catalog()
+        aliases = {a.lower(): name for name, entry in catalog.items() for a in [name, *entry.get("aliases", [])]}
+        entry = catalog.get(aliases.get((model or "").lower(), ""), {})
+        return cls.of_link(entry.get("host_link", DEFAULT_HOST_LINK))
+
+    @classmethod
+    def unknown(cls) -> HostLink:
+        return cls.of_link(DEFAULT_HOST_LINK)
+
+
 @dataclass(frozen=True)
 class Ceilings:
     """Peak compute (GFLOP/s per precision) and memory bandwidth of one device (a CPU node or one GPU).
@@ -42,6 +82,7 @@ class Ceilings:
     memory_gb: float
     measured: bool
     core_bandwidth_gbs: float | None = None  # CPU: one core's stream triad, when measured
+    host_link: HostLink | None = None  # GPU: its copies to and from the host
 
     def supports(self, precision: Precision) -> bool:
         """Whether the device runs ``precision`` natively."""
@@ -184,6 +225,12 @@ def _gpu_ceilings(target: Target, doc: SpecDocument) -> tuple[Ceilings, str | No
     memory = gpus.memory_gb or entry.get("memory_gb")
     if memory is None:
         raise doc.error(("gpus", "memory_gb"), "GPU memory is unknown for this model; give memory_gb")
+    link = HostLink.of_link(entry.get("host_link", DEFAULT_HOST_LINK))
+    probed = [given.h2d_pinned_gbs, given.h2d_pageable_gbs, given.d2h_pinned_gbs, given.d2h_pageable_gbs]
+    if all(probed):
+        h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable = (float(v or 0.0) for v in probed)
+        link = HostLink(h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, measured=True)
     return (Ceilings(kind="gpu", name=canonical or gpus.model, peak_gflops=peak, bandwidth_gbs=float(bandwidth),
-                     memory_gb=float(memory), measured=bool(given.fp32_tflops and given.memory_bandwidth_gbs)),
+                     memory_gb=float(memory), measured=bool(given.fp32_tflops and given.memory_bandwidth_gbs),
+                     host_link=link),
             entry.get("cuda_capability"))

@@ -368,5 +368,8 @@ def _probe_gpu(torch: Any, quick: bool) -> dict[str, Any] | None:
     peaks["bf16_tflops"] = round(_gpu_gemm_gflops(torch, n, torch.bfloat16) / 1e3, 1)
     peaks["fp16_tflops"] = round(_gpu_gemm_gflops(torch, n, torch.float16) / 1e3, 1)
     peaks["memory_bandwidth_gbs"] = round(_triad_gbs(torch, 1 << 28, "cuda"), 1)
+    from modak.image.runtimes.pytorch import HOST_COPY_BYTES, host_copy_gbs
+
+    peaks.update(host_copy_gbs(HOST_COPY_BYTES // 8 if quick else HOST_COPY_BYTES))  # the host link (#68)
     return {"model": props.name.replace(" ", "-"), "count": torch.cuda.device_count(),
             "memory_gb": round(props.total_memory / 1e9, 1), "peaks": peaks}

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from modak.candidates.catalog import Recipe
 from modak.candidates.enumerate import Candidate
@@ -48,6 +48,9 @@ class Prediction:
     # measured run of its runtime, device and precision (modak.predict.measured); None: the interval is scaled.
     run_spread: tuple[float, float] | None = None
     widening: Widening | None = None  # a predictor that widens its interval for what it has not seen: by how much
+    # The GPU model's (modak.predict.gpu): which of launch, transfer, compute or memory bounds the step; None
+    # elsewhere (a CPU candidate, a predictor without those terms).
+    regime: Literal["launch", "transfer", "compute", "memory"] | None = None
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]

@@ -1,6 +1,7 @@
-"""The predictor `modak plan` uses: the kernel model where the runtime's planned kernels are all covered, the
-learned model where measured data covers the candidate's runtime and device class, the roofline predictor (wide
-interval) elsewhere. Each prediction's ``predictor`` names the one that answered."""
+"""The predictor `modak plan` uses: the kernel model where the runtime's planned kernels are all covered, the GPU
+model (:mod:`modak.predict.gpu`: launch, host-transfer and device terms) for every GPU candidate, the learned model
+where measured data covers the candidate's runtime and device class, the roofline predictor (wide interval)
+elsewhere. Each prediction's ``predictor`` names the one that answered."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ def default_predictor(store: Path | None = None, kernels: bool = True) -> Predic
     store's kernel rows, where there are any and ``kernels`` (bound to a job's graph by
     :func:`modak.predict.base.for_model`), then the learned model fit on ``perfmodels/*.csv`` and the local store,
     then the roofline; each fit cached by its data."""
+    from modak.candidates.catalog import load_catalog
+    from modak.predict.gpu import GpuPredictor
     from modak.predict.kernel_model import KernelModel
     from modak.predict.kernels import KernelPredictor
     from modak.predict.learned import LearnedPredictor, NoTrainingRows
@@ -22,8 +25,10 @@ def default_predictor(store: Path | None = None, kernels: bool = True) -> Predic
 
     data = kernel_set(store) if kernels else None
     first: tuple[Predictor, ...] = () if data is None else (KernelPredictor(KernelModel.cached(data)),)
+    rows = training_set(store)
+    gpu = GpuPredictor(lambda: [row for row in rows.load()[0] if row.device == "gpu"], load_catalog())
     try:
-        learned = LearnedPredictor.cached(training_set(store))
+        learned = LearnedPredictor.cached(rows)
     except NoTrainingRows:
-        return FallbackPredictor((*first, RooflinePredictor())) if first else RooflinePredictor()
-    return FallbackPredictor((*first, learned, RooflinePredictor()))
+        return FallbackPredictor((*first, gpu, RooflinePredictor()))
+    return FallbackPredictor((*first, gpu, learned, RooflinePredictor()))

@@ -16,7 +16,8 @@ What the plan's deployment (``$MODAK_PLAN``, the image's ``plan.json``) decides,
 :mod:`modak.image.runtimes.pytorch` applied it when ``modak bench`` measured the candidate: intra-op threads
 (``$MODAK_THREADS``, which the image's entrypoint set from the real allocation), the device (CUDA for a GPU plan,
 with TF32 on only for ``tf32``), ``channels_last`` (the model, and 4-D inputs through :meth:`Step.inputs`),
-``torch.compile`` with the plan's mode (runtime ``torch-compile``), autocast for ``bf16``/``fp16`` and a gradient
+``torch.compile`` with the plan's mode (runtime ``torch-compile``; ``cuda_graphs`` on a GPU: its CUDA-graph twin,
+:func:`modak.image.runtimes.torch_compile.compile_mode`), autocast for ``bf16``/``fp16`` and a gradient
 scaler for ``fp16``. A plan whose runtime is not a PyTorch runtime is refused.
 
 Started by torchrun (a job with ``scaling``: one process per worker), each process takes the GPU of its
@@ -37,6 +38,7 @@ from typing import Any
 from modak.image.deployment import PLAN_VARIABLE, Deployment, environment, location, read_deployment
 from modak.image.runtimes.base import adapter, adapters
 from modak.image.runtimes.pytorch import AUTOCAST
+from modak.image.runtimes.torch_compile import compile_mode
 
 
 @dataclass
@@ -138,7 +140,7 @@ def prepare(model: Any, optimizer: Any, *, plan: str | Path | None = None) -> tu
         model.to(memory_format=torch.channels_last)
     model.train()
     if deployment.runtime == "torch-compile":
-        model = torch.compile(model, mode=str(deployment.params.get("mode", "default")))
+        model = torch.compile(model, mode=compile_mode(deployment.params, deployment.device))
     scaler = torch.amp.GradScaler(device.type, enabled=deployment.precision == "fp16")
     return model, optimizer, Step(deployment, threads, device, optimizer, scaler)
 

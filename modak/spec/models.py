@@ -339,6 +339,11 @@ class GpuPeaks(Strict, frozen=True, kw_only=True):
     fp16_tflops: PositiveFloat | None = None
     int8_tops: PositiveFloat | None = None
     memory_bandwidth_gbs: PositiveFloat | None = None
+    # Host <-> GPU copies (modak probe on a GPU): GB/s from pinned and pageable host memory, each direction.
+    h2d_pinned_gbs: PositiveFloat | None = None
+    h2d_pageable_gbs: PositiveFloat | None = None
+    d2h_pinned_gbs: PositiveFloat | None = None
+    d2h_pageable_gbs: PositiveFloat | None = None
 
 
 class Gpus(Strict, frozen=True, kw_only=True):

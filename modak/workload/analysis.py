@@ -119,6 +119,10 @@ class WorkloadProfile:
     forward_bytes: int
     flops: int
     bytes: int
+    # The graph's inputs and outputs at the batch (what a GPU step copies between host and device; 0: unknown, as
+    # for a model profiled without an ONNX graph)
+    input_bytes: int = 0
+    output_bytes: int = 0
 
     @property
     def macs(self) -> int:
@@ -174,8 +178,12 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
     params = [t for t in weights.values() if t.data_type in _FLOAT_TYPES and t.name not in statistics]
     parameters = sum(math.prod(t.dims) for t in params)
     parameter_bytes = sum(_nbytes(t.data_type, tuple(t.dims)) for t in params)
-    return step_profile(name or graph.name or "model", task, batch_size, fixed, ops, parameters, parameter_bytes,
-                        optimizer)
+    inputs, outputs = ([types[v.name] for v in values if v.name not in weights and v.name in types]
+                       for values in (graph.input, graph.output))
+    profile = step_profile(name or graph.name or "model", task, batch_size, fixed, ops, parameters, parameter_bytes,
+                           optimizer)
+    return replace(profile, input_bytes=sum(_nbytes(kind, dims) for kind, dims in inputs if dims is not None),
+                   output_bytes=sum(_nbytes(kind, dims) for kind, dims in outputs if dims is not None))
 
 
 def step_profile(name: str, task: Task | str, batch_size: int, input_shapes: Mapping[str, tuple[int, ...]],

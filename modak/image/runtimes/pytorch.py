@@ -1,4 +1,9 @@
-"""PyTorch eager: threads, channels_last, autocast (bf16/fp16), TF32; inference or a training step.
+"""PyTorch eager: threads, channels_last, autocast (bf16/fp16), TF32; inference or a training step. On a GPU, the
+levers of #68 (:func:`gpu_levers`): ``io=pinned`` stages inputs and outputs in pinned host buffers copied with
+``non_blocking`` (one synchronize per step), and ``cuda_graphs`` captures the inference step once per input shape
+(:class:`PerShape`, so a server that runs several batch sizes has one graph each) and replays it. On a CPU they are
+no-ops, said once on stderr (a CPU plan never enumerates them; the GPU session's dry run measures GPU deployments
+on the CPU).
 
 A training step is forward, a loss (the job's: a built-in on seeded targets, or the user's ``module:function``;
 else the mean square of the outputs: the data is random, the work is real), backward and an SGD-with-momentum
@@ -26,6 +31,88 @@ if TYPE_CHECKING:
     import numpy as np
 
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # precision -> the dtype autocast computes in
+MAX_GRAPHS = 8  # CUDA graphs kept per session (one per input shape): beyond them a shape runs eagerly
+CAPTURE_WARMUP_STEPS = 3  # eager steps on a side stream before a capture (cuDNN/cuBLAS pick their kernels)
+
+
+@dataclass(frozen=True)
+class GpuLevers:
+    """What a request's GPU levers (#68) do where it runs: ``cuda_graphs`` (capture and replay the eager inference
+    step; torch.compile's graphs are its mode's, :func:`modak.image.runtimes.torch_compile.compile_mode`),
+    ``pinned`` (pinned staging buffers and non-blocking copies); ``ignored``: the levers set that this device
+    cannot apply (a CPU), for the one line that says so."""
+
+    cuda_graphs: bool
+    pinned: bool
+    ignored: tuple[str, ...] = ()
+
+
+def gpu_levers(request: RunRequest, compiled: bool = False) -> GpuLevers:
+    """The levers ``request``'s parameters set, as its device applies them; ``compiled``: the module is
+    ``torch.compile``'d (its mode captures graphs, so the eager capture is off)."""
+    graphs = request.params.get("cuda_graphs") is True
+    pinned = request.params.get("io") == "pinned"
+    if request.device != "gpu":
+        ignored = (*(["cuda_graphs=true"] if graphs else []), *(["io=pinned"] if pinned else []))
+        return GpuLevers(False, False, tuple(ignored))
+    return GpuLevers(graphs and not compiled and request.task == "inference", pinned)
+
+
+class PerShape:
+    """One built value per key (an input shape), at most ``limit`` of them: what :meth:`get` cannot keep any more is
+    None (the caller runs that shape without one)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.built: dict[Any, Any] = {}
+
+    def get(self, key: Any, build: Callable[[], Any]) -> Any:
+        if key not in self.built:
+            if len(self.built) >= self.limit:
+                return None
+            self.built[key] = build()
+        return self.built[key]
+
+
+class Staging:
+    """Host <-> device copies of a session's feeds and outputs: pageable (``torch.from_numpy(...).to(device)``,
+    ``.cpu()``) or through pinned host buffers kept per name and shape, copied with ``non_blocking`` (the outputs'
+    copies end in one synchronize of the stream)."""
+
+    def __init__(self, device: Any, pinned: bool) -> None:
+        self.device, self.pinned = device, pinned
+        self.buffers: dict[tuple, Any] = {}
+
+    def _buffer(self, key: tuple, shape: tuple[int, ...], dtype: Any) -> Any:
+        import torch
+
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
+        return self.buffers[key]
+
+    def to_device(self, name: str, array: np.ndarray) -> Any:
+        import numpy as np
+        import torch
+
+        host = torch.from_numpy(np.ascontiguousarray(array))
+        if not self.pinned:
+            return host.to(self.device)
+        staged = self._buffer(("in", name, tuple(host.shape), host.dtype), tuple(host.shape), host.dtype)
+        staged.copy_(host)
+        return staged.to(self.device, non_blocking=True)
+
+    def to_host(self, outputs: Sequence[Any]) -> list[np.ndarray]:
+        import torch
+
+        if not self.pinned:
+            return [o.float().cpu().numpy() for o in outputs]
+        found = []
+        for index, output in enumerate(outputs):
+            shape = tuple(output.shape)
+            found.append(self._buffer(("out", index, shape), shape, torch.float32))
+            found[-1].copy_(output, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return [buffer.numpy().copy() for buffer in found]  # the buffers are the next step's
 
 
 def prepare(request: RunRequest, inputs: dict[str, np.ndarray]) -> FunctionSession:
@@ -43,7 +130,6 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
            profiled: bool = False) -> tuple[FunctionSession, Any]:
     """:func:`build_session`'s session, and the module it runs (before ``wrap``); ``profiled``: the session
     converts its feeds and outputs inside a profiler range named :data:`IO_RANGE`."""
-    import numpy as np
     import torch
     from torch.profiler import record_function
 
@@ -64,6 +150,13 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
     else:
         model, input_names = user_module(request), list(request.input_shapes)
     model = model.to(device)
+    levers = gpu_levers(request, compiled=wrap is not None)
+    if levers.ignored:
+        import sys
+
+        print(f"modak: {', '.join(levers.ignored)} are GPU levers: not applied on the {request.device}",
+              file=sys.stderr)
+    staging = Staging(device, levers.pinned)
     channels_last = bool(request.params.get("channels_last"))
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's hints omit it
@@ -73,19 +166,27 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
 
     def tensors(feeds: Mapping[str, np.ndarray]) -> list[Any]:
         with io():
-            found = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(device) for name in input_names]
+            found = [staging.to_device(name, feeds[name]) for name in input_names]
             return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
                     for t in found]
     module = wrap(model) if wrap else model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     if request.task == "inference":
+        graphs = PerShape(MAX_GRAPHS if levers.cuda_graphs else 0)
+
         def infer(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-            with torch.inference_mode(), autocast(device.type, request.precision):
-                outputs = _as_list(module(*tensors(feeds)))
+            batch = tensors(feeds)
+            key = tuple((tuple(t.shape), t.dtype) for t in batch)
+            replay = graphs.get(key, lambda: capture_graph(module, batch, device.type, request.precision))
+            if replay is not None:
+                outputs = replay(batch)
+            else:
+                with torch.inference_mode(), autocast(device.type, request.precision):
+                    outputs = _as_list(module(*batch))
             sync()
             with io():
-                return [o.float().cpu().numpy() for o in outputs]
+                return staging.to_host(outputs)
         return FunctionSession(infer), model
 
     model.train()
@@ -103,8 +204,33 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
         scaler.update()
         sync()
         with io():
-            return [loss.detach().float().cpu().numpy()]
+            return staging.to_host([loss.detach()])
     return FunctionSession(train_step), model
+
+
+def capture_graph(module: Any, batch: Sequence[Any], device_type: str, precision: str) -> Callable[[Any], list[Any]]:
+    """The inference step of ``module`` on inputs shaped like ``batch`` captured in a CUDA graph (after
+    :data:`CAPTURE_WARMUP_STEPS` eager steps on a side stream); the replay: a batch's tensors copied into the
+    graph's static inputs, the graph replayed, its static outputs (overwritten by the next replay)."""
+    import torch
+
+    static = [t.clone() for t in batch]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad(), autocast(device_type, precision):
+        for _ in range(CAPTURE_WARMUP_STEPS):
+            module(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), autocast(device_type, precision), torch.cuda.graph(graph):
+        outputs = _as_list(module(*static))
+
+    def replay(tensors: Any) -> list[Any]:
+        for target, source in zip(static, tensors):
+            target.copy_(source, non_blocking=True)
+        graph.replay()
+        return outputs
+    return replay
 
 
 def autocast(device_type: str, precision: str) -> Any:
@@ -528,6 +654,30 @@ def _aten_names() -> frozenset[str]:
 
     return frozenset(name.partition("::")[2].partition(".")[0] for name in torch._C._dispatch_get_all_op_names()
                      if name.startswith("aten::"))
+
+
+HOST_COPY_BYTES = 256 << 20  # the host-link probe's buffer (large enough that the copy's setup is noise)
+
+
+def host_copy_gbs(nbytes: int = HOST_COPY_BYTES) -> dict[str, float]:
+    """GB/s of copies between host and the current CUDA device, each direction, from pinned and pageable host
+    memory (best of a few, :func:`modak.hardware.probe`'s and the GPU session's host-link figures, as the target's
+    ``gpus.peaks`` name them). Needs CUDA."""
+    import torch
+
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    found: dict[str, float] = {}
+    for pinned in (True, False):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        for name, target, source in (("h2d", device, host), ("d2h", host, device)):
+            best = float("inf")
+            for run in range(6):  # the first warms up
+                start = time.perf_counter()
+                target.copy_(source, non_blocking=pinned)
+                torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - start) if run else best
+            found[f"{name}_{'pinned' if pinned else 'pageable'}_gbs"] = round(nbytes / best / 1e9, 2)
+    return found
 
 
 def gemm(n: int, threads: int, precision: str) -> Callable[[], Any]:
