@@ -6,21 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from modak.documents import rounded
-from modak.spec.loader import read_catalog
+from modak.hardware.ceilings import interconnects
 
 ALGORITHMS = ("ring", "tree")
 GRADIENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes per gradient value, by scaling.gradient_dtype
 MIB = 1024 * 1024
-
-
-@lru_cache(maxsize=1)
-def interconnects() -> dict[str, Any]:
-    """``recipes/hardware/interconnects.yaml``: the links' default alphas and betas."""
-    return read_catalog("hardware/interconnects.yaml")
 
 
 @dataclass(frozen=True)

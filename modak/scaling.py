@@ -34,9 +34,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from modak.allreduce import GRADIENT_BYTES, MIB, Link, Point, ScalingModel, default_overlap, interconnects, network_link
+from modak.allreduce import GRADIENT_BYTES, MIB, Link, Point, ScalingModel, default_overlap, network_link
 from modak.documents import document, duration, rounded
 from modak.errors import InputError
+from modak.hardware.ceilings import interconnects
 
 if TYPE_CHECKING:
     from modak.candidates.enumerate import Candidate

@@ -210,7 +210,7 @@ PASSES = (  # what each job's first candidates are, in the plan's order within e
     ("best compile", lambda e: e["runtime"] == "torch-compile" and e["mode"] != AUTOTUNE),
     ("eager CUDA graphs", lambda e: e["runtime"] == "pytorch" and e["cuda_graphs"]),
     ("compile CUDA graphs", lambda e: e["runtime"] == "torch-compile" and e["cuda_graphs"] and e["mode"] != AUTOTUNE),
-    ("pinned", lambda e: e["io"] == "pinned"),
+    ("pinned", lambda e: e["io"] == "pinned" and e["mode"] != AUTOTUNE),
     ("tf32", lambda e: e["precision"] == "tf32" and e["mode"] != AUTOTUNE),
     ("fp16", lambda e: e["precision"] == "fp16" and e["mode"] != AUTOTUNE),
 )

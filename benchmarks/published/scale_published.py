@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modak.paths import data_dir
-from modak.allreduce import MIB, Link, ScalingModel, default_overlap, interconnects, network_link
+from modak.allreduce import MIB, Link, ScalingModel, default_overlap, network_link
+from modak.hardware.ceilings import interconnects
 from modak.scaling import fit
 
 DATA = data_dir("perfmodels") / "published" / "data_parallel_scaling.csv"

@@ -34,6 +34,12 @@ PAGEABLE_SHARE = 0.5
 DEFAULT_HOST_LINK = "pcie4"  # a GPU whose catalog entry names no host_link (as interconnects.yaml's default)
 
 
+
+@cache
+def interconnects() -> dict[str, Any]:
+    """``recipes/hardware/interconnects.yaml``: the links' default alphas and betas (and PCIe's bandwidths)."""
+    return read_catalog("hardware/interconnects.yaml")
+
 @dataclass(frozen=True)
 class HostLink:
     """GB/s of host <-> GPU copies, each direction, from pinned and from pageable host memory; ``measured``: the
@@ -49,8 +55,6 @@ class HostLink:
     def of_link(cls, link: str) -> HostLink:
         """An x16 link of PCIe generation ``link`` (interconnects.yaml's per-direction bandwidth), pageable copies at
         :data:`PAGEABLE_SHARE`."""
-        from modak.allreduce import interconnects
-
         gbs = float(interconnects()["intra_node"][link]["bandwidth_gbs"])
         return cls(gbs, gbs * PAGEABLE_SHARE, gbs, gbs * PAGEABLE_SHARE)
 
