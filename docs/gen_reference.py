@@ -3,7 +3,7 @@
 A page holds a marker, ``<!-- modak:NAME ARG -->``, and the hook replaces it by the markdown of NAME: ``cli``
 (every command and flag of :func:`modak.cli._parser`), ``spec job|target`` (the fields of the JSON Schema of
 ``modak schema``), ``constants errors|limits`` (the documented constants of ``modak/errors.py`` and
-``modak/limits.py``) and ``json`` (the JSON Schemas of the ``--json`` documents in ``modak/schemas/``). A flag
+``modak/limits.py``), ``runtimes`` (the runtime recipes' parameters, ``recipes/runtimes/``) and ``json`` (the JSON Schemas of the ``--json`` documents in ``modak/schemas/``). A flag
 without help text fails the build (strict or not); ``tests/test_docs.py`` checks the built pages against the code.
 """
 
@@ -153,6 +153,23 @@ def json_documents() -> str:
     return "\n".join(out)
 
 
+def runtimes() -> str:
+    import yaml
+
+    out = []
+    for path in sorted((ROOT / "recipes" / "runtimes").glob("*.yaml")):
+        recipe = yaml.safe_load(path.read_text())
+        precisions = "; ".join(f"{device}: {', '.join(p)}" for device, p in recipe.get("precisions", {}).items())
+        out += [f"## {recipe['title']} (`{recipe['name']}`)", "",
+                f"Framework `{recipe['framework']}`, tasks {', '.join(recipe['tasks'])}; precisions {precisions}"
+                f"{'; the stock deployment' if recipe.get('stock') else ''}. Recipe: `recipes/runtimes/{path.name}`.",
+                "", "| parameter | values | devices | precisions |", "|---|---|---|---|"]
+        out += [f"| `{p['name']}` | {', '.join(f'`{v}`' for v in p['values'])} | {', '.join(p.get('devices', ['any']))} "
+                f"| {', '.join(p.get('precisions', ['any']))} |" for p in recipe.get("parameters", [])]
+        out.append("")
+    return "\n".join(out)
+
+
 def generate(name: str, arg: str | None) -> str:
     if name == "cli":
         return cli()
@@ -162,6 +179,8 @@ def generate(name: str, arg: str | None) -> str:
         return constants(arg)
     if name == "json":
         return json_documents()
+    if name == "runtimes":
+        return runtimes()
     raise ValueError(f"unknown reference marker: modak:{name} {arg or ''}")
 
 
