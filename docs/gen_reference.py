@@ -1,7 +1,8 @@
 """The site's reference, generated from the code at every build (a MkDocs hook, ``hooks:`` in mkdocs.yml).
 
 A page holds a marker, ``<!-- modak:NAME ARG -->``, and the hook replaces it by the markdown of NAME: ``cli``
-(every command and flag of :func:`modak.cli._parser`), ``spec job|target`` (the fields of the JSON Schema of
+(``cli host|image``: every command and flag of :func:`modak.cli._parser` or of the image's
+:func:`modak.runtime.cli.parser`), ``spec job|target`` (the fields of the JSON Schema of
 ``modak schema``), ``constants errors|limits`` (the documented constants of ``modak/errors.py`` and
 ``modak/limits.py``), ``runtimes`` (the runtime recipes' parameters, ``recipes/runtimes/``) and ``json`` (the JSON Schemas of the ``--json`` documents in ``modak/schemas/``). A flag
 without help text fails the build (strict or not); ``tests/test_docs.py`` checks the built pages against the code.
@@ -13,11 +14,13 @@ import argparse
 import ast
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the reference documents this checkout's modak, not another one installed
 MARKER = re.compile(r"<!-- modak:(\w[\w-]*)(?: (\S+))? -->")
 
 
@@ -53,16 +56,25 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def cli() -> str:
-    from modak.cli import _parser
+def parser(which: str) -> argparse.ArgumentParser:
+    """``host``: the modak command (:func:`modak.cli._parser`); ``image``: the image's (:func:`modak.runtime.cli.parser`)."""
+    if which == "image":
+        from modak.runtime.cli import parser as image_parser
 
-    parser = _parser()
-    missing = undocumented(parser)
+        return image_parser()
+    from modak import cli
+
+    return cli._parser()
+
+
+def cli(which: str) -> str:
+    parser_ = parser(which)
+    missing = undocumented(parser_)
     if missing:
         raise ValueError(f"flags without help text (add help= in modak/cli.py): {', '.join(missing)}")
     out = []
-    for command, sub in commands(parser):
-        out += [f"## `{command}`", "", _cell(sub.description or ""), "", "```text",
+    for command, sub in commands(parser_):
+        out += [f"### `{command}`", "", _cell(sub.description or ""), "", "```text",
                 sub.format_usage().removeprefix("usage: ").strip(), "```", ""]
         rows = [(name, action) for name, action in arguments(sub)]
         if rows:
@@ -171,8 +183,8 @@ def runtimes() -> str:
 
 
 def generate(name: str, arg: str | None) -> str:
-    if name == "cli":
-        return cli()
+    if name == "cli" and arg:
+        return cli(arg)
     if name == "spec" and arg:
         return spec(arg)
     if name == "constants" and arg:
