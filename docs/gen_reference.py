@@ -1,11 +1,12 @@
 """The site's reference, generated from the code at every build (a MkDocs hook, ``hooks:`` in mkdocs.yml).
 
-A page holds a marker, ``<!-- modak:NAME ARG -->``, and the hook replaces it by the markdown of NAME: ``cli``
-(``cli host|image``: every command and flag of :func:`modak.cli._parser` or of the image's
-:func:`modak.runtime.cli.parser`), ``spec job|target`` (the fields of the JSON Schema of
-``modak schema``), ``constants errors|limits`` (the documented constants of ``modak/errors.py`` and
-``modak/limits.py``), ``runtimes`` (the runtime recipes' parameters, ``recipes/runtimes/``) and ``json`` (the JSON Schemas of the ``--json`` documents in ``modak/schemas/``). A flag
-without help text fails the build (strict or not); ``tests/test_docs.py`` checks the built pages against the code.
+A page holds a marker, ``<!-- modak:NAME ARG -->``, and the hook replaces it by the markdown of NAME:
+``cli host|image`` (every command and flag of :func:`modak.cli._parser` or of the image's
+:func:`modak.runtime.cli.parser`), ``spec job|target`` (the fields of the JSON Schema of ``modak schema``),
+``constants errors|limits`` (the documented constants of ``modak/errors.py`` and ``modak/limits.py``),
+``runtimes`` (the runtime recipes' parameters, ``recipes/runtimes/``) and ``json`` (the JSON Schemas of the
+``--json`` documents in ``modak/schemas/``). A flag without help text fails the build; ``tests/test_docs.py``
+checks the built pages against the code.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def _cell(text: Any) -> str:
 
 
 def parser(which: str) -> argparse.ArgumentParser:
-    """``host``: the modak command (:func:`modak.cli._parser`); ``image``: the image's (:func:`modak.runtime.cli.parser`)."""
+    """``host``: the modak command (:func:`modak.cli._parser`); ``image``: the image's
+    (:func:`modak.runtime.cli.parser`)."""
     if which == "image":
         from modak.runtime.cli import parser as image_parser
 
@@ -76,7 +78,7 @@ def cli(which: str) -> str:
     for command, sub in commands(parser_):
         out += [f"### `{command}`", "", _cell(sub.description or ""), "", "```text",
                 sub.format_usage().removeprefix("usage: ").strip(), "```", ""]
-        rows = [(name, action) for name, action in arguments(sub)]
+        rows = list(arguments(sub))
         if rows:
             out += ["| argument | default | what it does |", "|---|---|---|"]
             for name, action in rows:
@@ -155,7 +157,8 @@ def json_documents() -> str:
     out = []
     for path in sorted((ROOT / "modak" / "schemas").glob("*.schema.json")):
         schema = json.loads(path.read_text())
-        out += [f"### `{path.name}`", "", f"**{_cell(schema.get('title', ''))}.** {_cell(schema.get('description', ''))}", ""]
+        title, description = _cell(schema.get("title", "")), _cell(schema.get("description", ""))
+        out += [f"### `{path.name}`", "", f"**{title}.** {description}", ""]
         props = schema.get("properties") or schema.get("items", {}).get("properties", {})
         if props:
             out += ["| key | type | description |", "|---|---|---|"]
@@ -176,8 +179,10 @@ def runtimes() -> str:
                 f"Framework `{recipe['framework']}`, tasks {', '.join(recipe['tasks'])}; precisions {precisions}"
                 f"{'; the stock deployment' if recipe.get('stock') else ''}. Recipe: `recipes/runtimes/{path.name}`.",
                 "", "| parameter | values | devices | precisions |", "|---|---|---|---|"]
-        out += [f"| `{p['name']}` | {', '.join(f'`{v}`' for v in p['values'])} | {', '.join(p.get('devices', ['any']))} "
-                f"| {', '.join(p.get('precisions', ['any']))} |" for p in recipe.get("parameters", [])]
+        for p in recipe.get("parameters", []):
+            values = ", ".join(f"`{v}`" for v in p["values"])
+            out.append(f"| `{p['name']}` | {values} | {', '.join(p.get('devices', ['any']))} "
+                       f"| {', '.join(p.get('precisions', ['any']))} |")
         out.append("")
     return "\n".join(out)
 
