@@ -22,6 +22,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the reference documents this checkout's modak, not another one installed
+CONSTRAINTS = {"minimum": "≥", "exclusiveMinimum": ">", "maximum": "≤", "exclusiveMaximum": "<",
+               "minLength": "length ≥", "maxLength": "length ≤"}
 MARKER = re.compile(r"<!-- modak:(\w[\w-]*)(?: (\S+))? -->")
 
 
@@ -101,6 +103,11 @@ def _type(schema: dict[str, Any], link: bool = True) -> str:
         return " or ".join(_type(s, link) for s in schema["anyOf"] if s.get("type") != "null") + " (or null)" * any(
             s.get("type") == "null" for s in schema["anyOf"])
     kind = schema.get("type", "any")
+    bounds = [f"{word} {schema[key]}" for key, word in CONSTRAINTS.items() if key in schema]
+    if "pattern" in schema:
+        bounds.append(f"matching `{schema['pattern']}`")
+    if bounds and kind != "array":
+        return f"{kind}, {', '.join(bounds)}"
     if kind == "array":
         return f"list of {_type(schema.get('items', {}), link)}"
     if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
