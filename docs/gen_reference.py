@@ -56,7 +56,9 @@ def undocumented(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text for a table cell: one line, its pipes escaped outside code spans (a table keeps those whole)."""
+    parts = str(text).replace("\n", " ").split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
 
 
 def parser(which: str) -> argparse.ArgumentParser:
