@@ -22,7 +22,7 @@ log() { printf '[provision] %s\n' "$*" >&2; }
 python_packages() {
   # torch first, pinned: the local CPU wheel. An unpinned torch would pull the CUDA build.
   python3 -m pip install -q torch==2.13.0
-  python3 -m pip install -q -e ".[test,torch,runtimes,serve]"
+  python3 -m pip install -q -e ".[test,torch,runtimes,serve,docs]"
 }
 
 apt_packages() {
@@ -266,7 +266,8 @@ apptainer_install() {
 }
 
 chromium() {
-  # A headless browser for tests/test_report.py (the HTML report is opened and its plots checked).
+  # A headless browser for tests/test_report.py (the HTML report is opened and its plots checked) and
+  # tests/test_docs.py (Playwright drives it: executable_path, no `playwright install` download).
   install_missing chromium chromium-driver
 }
 

@@ -1,5 +1,6 @@
 """The ``modak`` command line: it parses the arguments, calls :mod:`modak.api` and prints the result with
-:mod:`modak.output`. Errors print as one line; exit codes are documented in the README."""
+:mod:`modak.output`. Errors print as one line; exit codes are documented in modak/errors.py
+(docs/reference/limits.md is generated from it)."""
 
 from __future__ import annotations
 

@@ -7,23 +7,40 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-# Documented exit codes (README, "Exit codes"); the image's commands (modak.runtime.cli) use 0, 2, 3, 130 and
+# The exit codes of the modak command. Each constant's docstring is its documentation: the site's reference
+# (docs/reference/limits.md) is generated from them. The image's commands (modak.runtime.cli) use 0, 2, 3, 130 and
 # their own below.
 EXIT_OK = 0
+"""Success."""
 EXIT_FAILURE = 1
+"""Internal error: a bug in modak (``MODAK_DEBUG=1`` shows the traceback)."""
 EXIT_BAD_INPUT = 2
-EXIT_RUN_FAILED = 3  # in the image: the model or its deployment failed (modak bench: a failed candidate)
-EXIT_ENGINE_UNAVAILABLE = 4  # no container engine to talk to
-EXIT_BUILD_FAILED = 5  # a build step failed (the log names it)
-EXIT_SMOKE_FAILED = 6  # the built image's self-test failed or ran another runtime
-EXIT_SUBMIT_FAILED = 7  # the scheduler refused the job script
-EXIT_PUSH_FAILED = 8  # the registry refused the image (or pulling it back failed)
-EXIT_REGRESSION = 9  # `modak check`: the step time regressed beyond the threshold against the baseline
+"""Bad input: ``FILE:LINE: field.path: what is wrong`` on stderr, nothing written (also: a ``--store`` that is not
+a perf store, an output folder another ``modak build`` is using, half of ``MODAK_REGISTRY_USERNAME``/``_PASSWORD``,
+an input beyond a limit below)."""
+EXIT_RUN_FAILED = 3
+"""A measured candidate failed (``modak bench``, ``modak tune``); in the image: the model or its deployment
+failed."""
+EXIT_ENGINE_UNAVAILABLE = 4
+"""No container engine to talk to (not running, not reachable, not installed): the message says how to start one."""
+EXIT_BUILD_FAILED = 5
+"""Build failed: the message names the failing step; the full log is in ``OUT_DIR/build.log``; no image is
+tagged."""
+EXIT_SMOKE_FAILED = 6
+"""Smoke test failed: the built image's self-test printed no JSON, failed, or ran another runtime than the
+plan's."""
+EXIT_SUBMIT_FAILED = 7
+"""Submission failed: the scheduler refused the job script (or is not installed)."""
+EXIT_PUSH_FAILED = 8
+"""Push failed: the registry refused the image, or pulling it back gave other labels."""
+EXIT_REGRESSION = 9
+"""``modak check``: the step time regressed beyond the threshold against the baseline."""
 EXIT_INTERRUPTED = 130
-# The image's own: `modak run --keep-going` found bad input files (the others done), and the launcher could not
-# start its command (the shell's code).
+"""Interrupted (Ctrl-C), reported with what was kept."""
 EXIT_SOME_INPUTS_BAD = 4
+"""In the image: ``modak run --keep-going`` found bad input files (the others done)."""
 EXIT_CANNOT_EXECUTE = 127
+"""In the image: the launcher could not start its command (the shell's code)."""
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # written as escapes, so that an error stays one line
 

@@ -1,7 +1,7 @@
 """Limits on every input file modak reads, so that any input ends in bounded time and memory.
 
 A file beyond a limit is a bad input (exit code 2, ``FILE:LINE: field: message``), never a hang, a memory blow-up
-or a Python recursion error. The README's "Input limits" paragraph lists them.
+or a Python recursion error. docs/reference/limits.md lists them (generated from this module).
 
 * Job, Target and recipe YAML (:mod:`modak.spec.loader`): the file's size, the nesting depth, the number of nodes
   and the characters of all strings with aliases expanded (a "billion laughs" file is refused, not expanded), and

@@ -115,10 +115,11 @@ def test_the_image_package_needs_only_its_runtime() -> None:
             assert not outside, f"{name} (in-image code) imports {sorted(outside)}"
 
 
-def test_the_readme_layout_names_every_part_in_layer_order() -> None:
-    """README's Layout lists every top-level part of modak (and the repository's folders), from the top layer down."""
-    readme = (PACKAGE.parent / "README.md").read_text()
-    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+def test_the_documented_layout_names_every_part_in_layer_order() -> None:
+    """The site's layout page lists every top-level part of modak (and the repository's folders), from the top layer
+    down."""
+    layout = (PACKAGE.parent / "docs" / "explanation" / "layout.md").read_text()
+    block = layout.split("```", 2)[1]
     listed = [line.split()[0] for line in block.splitlines() if line and not line[0].isspace()]
     parts = [entry.removeprefix("modak/").removesuffix(".py") for entry in listed if entry.startswith("modak/")]
     expected = {p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
@@ -127,6 +128,6 @@ def test_the_readme_layout_names_every_part_in_layer_order() -> None:
     ranks = [LAYERS[part] for part in parts]
     assert ranks == sorted(ranks, reverse=True), list(zip(parts, ranks))
     folders = {p.name + "/" for p in PACKAGE.parent.iterdir() if p.is_dir() and not p.name.startswith(".")
-               and p.name not in {"modak", "out", "build", "dist"} and not p.name.endswith(".egg-info")
+               and p.name not in {"modak", "out", "build", "dist", "site"} and not p.name.endswith(".egg-info")
                and p.name != "__pycache__"}
     assert folders <= set(listed), sorted(folders - set(listed))

@@ -21,7 +21,7 @@
 # Outputs: choice, runtime, parameters (JSON), predicted-step-seconds, image, image-digest, output-dir, files
 # (JSON list), json-file, verdict (check), exit-code, error (modak's last stderr line when it failed).
 # Exit status: modak's (0 ok, 2 bad input, 4 engine unavailable, 5 build failed, 6 smoke test failed,
-# 8 push failed, 9 regression; see the README).
+# 8 push failed, 9 regression; docs/reference/limits.md).
 set -euo pipefail
 
 command=${MODAK_COMMAND:-plan}

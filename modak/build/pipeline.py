@@ -129,7 +129,7 @@ class BuildResult:
     submission: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """``modak build --json`` (schema_version 1); documented in the README."""
+        """``modak build --json`` (schema_version 1); documented in docs/json-output.md."""
         candidate, prediction = self.plan.choice.candidate, self.plan.choice.prediction
         image = self.image
         return document({
