@@ -339,11 +339,14 @@ class GpuPeaks(Strict, frozen=True, kw_only=True):
     fp16_tflops: PositiveFloat | None = None
     int8_tops: PositiveFloat | None = None
     memory_bandwidth_gbs: PositiveFloat | None = None
-    # Host <-> GPU copies (modak probe on a GPU): GB/s from pinned and pageable host memory, each direction.
-    h2d_pinned_gbs: PositiveFloat | None = None
-    h2d_pageable_gbs: PositiveFloat | None = None
-    d2h_pinned_gbs: PositiveFloat | None = None
-    d2h_pageable_gbs: PositiveFloat | None = None
+    h2d_pinned_gbs: Annotated[PositiveFloat | None, Meta(
+        description="Host-to-GPU copy bandwidth from pinned host memory, GB/s (modak probe on a GPU).")] = None
+    h2d_pageable_gbs: Annotated[PositiveFloat | None, Meta(
+        description="Host-to-GPU copy bandwidth from pageable host memory, GB/s (modak probe on a GPU).")] = None
+    d2h_pinned_gbs: Annotated[PositiveFloat | None, Meta(
+        description="GPU-to-host copy bandwidth into pinned host memory, GB/s (modak probe on a GPU).")] = None
+    d2h_pageable_gbs: Annotated[PositiveFloat | None, Meta(
+        description="GPU-to-host copy bandwidth into pageable host memory, GB/s (modak probe on a GPU).")] = None
 
 
 class Gpus(Strict, frozen=True, kw_only=True):
