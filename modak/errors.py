@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -118,6 +117,8 @@ def did_you_mean(name: str, known: Iterable[object], cutoff: float = 0.5, list_k
     """``"; did you mean 'X'?"`` for the closest of ``known`` (ignoring case), else the list of them (unless
     ``list_known`` is false, or there are none). The one suggestion helper of every "unknown name" message."""
     by_lower = {str(k).lower(): str(k) for k in known}
+    import difflib
+
     close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=cutoff)
     if close:
         return f"; did you mean '{by_lower[close[0]]}'?"

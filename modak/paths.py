@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import json
 import os
+import re
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -82,3 +88,56 @@ def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What the installed distributions declare that modak asks of them: each one's version (by its normalized
+    name) and the entry points of modak's groups (``modak.*``: group -> [(name, ``module:attr``)])."""
+
+    versions: dict[str, str]
+    entry_points: dict[str, list[tuple[str, str]]]
+
+    def version(self, name: str) -> str | None:
+        """The installed version of distribution ``name``, or None where it is not installed."""
+        return self.versions.get(_normalized(name))
+
+
+@functools.cache
+def installed() -> Installed:
+    """The installed distributions' :class:`Installed`, read once per process. Scanning every distribution's metadata
+    costs a warm plan more than its own imports, so the scan is kept in modak's cache under the import path's folders
+    and their modification times: installing or removing a distribution in one of them (a new or removed
+    ``*.dist-info`` folder) changes that folder's time, and the next process scans again."""
+    identity = hashlib.sha256(b"installed 1")
+    for folder in sys.path:
+        try:
+            identity.update(f"\0{folder}\0{os.stat(folder or '.').st_mtime_ns}".encode())
+        except OSError:
+            identity.update(f"\0{folder}\0-".encode())
+    kept = Path("installed") / f"{identity.hexdigest()[:32]}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        data = json.loads((cache_dir() / kept).read_text())
+        return Installed(dict(data["versions"]), {group: [(name, value) for name, value in listed]
+                                                  for group, listed in data["entry_points"].items()})
+    import importlib.metadata
+
+    versions: dict[str, str] = {}
+    points: dict[str, list[tuple[str, str]]] = {}
+    for dist in importlib.metadata.distributions():
+        name = _normalized(dist.metadata["Name"] or "")
+        if not name or name in versions:  # the first on the path is the one an import finds
+            continue
+        versions[name] = dist.version
+        for point in dist.entry_points:
+            if point.group.startswith("modak."):
+                points.setdefault(point.group, []).append((point.name, point.value))
+    found = Installed(versions, points)
+    with contextlib.suppress(OSError):  # a cache that cannot be written (an image's read-only home) is not kept
+        write_atomic(cache_dir() / kept, json.dumps({"versions": versions, "entry_points": points}))
+    return found
+
+
+def _normalized(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()

@@ -21,7 +21,6 @@ from modak.predict.default import default_predictor
 from modak.predict.kernel_model import NOTES as KERNEL_NOTES
 from modak.predict.measured import CORRECTED, CORRECTION_TERM, corrected, corrections, measures
 from modak.predict.measured import describe as describe_corrections
-from modak.scaling import DataParallel, decide
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.spec.resolve import module_code
@@ -30,6 +29,7 @@ from modak.workload.source import ModelSource
 
 if TYPE_CHECKING:
     from modak.quantize.gate import AccuracyCheck
+    from modak.scaling import DataParallel
 
 # Bytes of device memory a training step needs per parameter byte (weights, gradients, optimizer state).
 TRAINING_STATE_FACTOR = 4
@@ -319,6 +319,10 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     reasons = _reasons(loaded, ranked, pruned, stock, kept_over, tuned,
                        (*gate_reasons, *_source_reasons(source), *((correction,) if correction else ())))
     plan = Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
+    if loaded.job.scaling is None:  # scaling decides nothing then (and its all-reduce model is not imported)
+        return plan
+    from modak.scaling import decide
+
     return replace(plan, data_parallel=decide(plan))
 
 

@@ -125,3 +125,28 @@ def test_a_runtime_is_registered_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Adapter, "registry", dict(Adapter.registry))
     with pytest.raises(ValueError, match="registered twice"):
         type("Again", (Adapter,), {"name": "onnxruntime", "framework": "onnxruntime"})
+
+
+def test_the_installed_distributions_are_scanned_again_when_a_folder_on_the_path_changes(tmp_path: Path) -> None:
+    """:func:`modak.paths.installed` keeps its scan in the cache under the import path's folders and their times: a
+    distribution installed into a folder on the path (a new ``*.dist-info``) is found by the next process, and its
+    entry points with it."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)]),
+           "MODAK_CACHE": str(tmp_path / "cache")}
+    ask = ("from modak.paths import installed; i = installed(); "
+           "print(i.version('Fake_Dist'), i.entry_points.get('modak.runtimes'))")
+
+    def seen() -> str:
+        return subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert seen() == "None None"
+    assert seen() == "None None"  # from the cache
+    dist = folder / "fake_dist-2.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-dist\nVersion: 2.0\n")
+    (dist / "entry_points.txt").write_text("[modak.runtimes]\nfake = fake_module:Fake\n")
+    assert seen() == "2.0 [('fake', 'fake_module:Fake')]"
+    assert seen() == "2.0 [('fake', 'fake_module:Fake')]"  # from the cache

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from modak.errors import ModakError, short_reason
 from modak.image.kernels import Kernel
 from modak.image.runtimes.base import Adapter, adapter
-from modak.paths import cache_dir, file_digest, write_atomic
+from modak.paths import cache_dir, file_digest, installed, write_atomic
 from modak.workload.analysis import OpStats, analyze, covering, load_model, tensor_shapes
 
 if TYPE_CHECKING:
@@ -131,22 +130,13 @@ def _key(runtime: str, model: Any, batch_size: int, shapes: dict[str, list[int]]
          params: dict[str, Any], task: str, loss: str | None) -> str:
     """The cache key: the model's identity and everything else the answer depends on."""
     package = _reporting(runtime).packages[0]
-    version = _installed_version(package)
+    version = installed().version(package)
     if version is None:
         raise UnreportedGraph(f"{runtime} is not installed here ({package})")
     fields = {"model": model, "runtime": runtime, "version": version, "batch": batch_size, "shapes": shapes,
               "precision": precision, "threads": threads, "params": params, "task": task, "loss": loss,
               "code": _code_digest(runtime)}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-@functools.cache
-def _installed_version(package: str) -> str | None:
-    """The installed version of ``package`` (None: not installed), looked up once per process."""
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _reporting(runtime: str) -> type[Adapter]:

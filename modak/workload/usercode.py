@@ -12,7 +12,6 @@ renamed into place whole, so that nothing half-written is ever read.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from modak.errors import InputError, ModakError
-from modak.paths import cache_dir, file_digest
+from modak.paths import cache_dir, file_digest, installed
 from modak.spec.loader import LoadedJob
 from modak.spec.resolve import module_code
 from modak.workload import usercode_child
@@ -158,10 +157,10 @@ def _digest_package(root: Path) -> str:
 
 
 def _torch_version() -> str:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        raise ModakError("the user's own PyTorch model needs PyTorch: pip install 'modak[torch]'") from None
+    version = installed().version("torch")
+    if version is None:
+        raise ModakError("the user's own PyTorch model needs PyTorch: pip install 'modak[torch]'")
+    return version
 
 
 def _child_digest() -> str:

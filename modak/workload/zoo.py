@@ -8,7 +8,6 @@ the analysis reads only the graph. The architectures themselves are in-image cod
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from typing import Any
 from modak.errors import InputError, ModakError, short_reason
 from modak.image import zoo as image_zoo
 from modak.image.zoo import SEED, ZooEntry, get_entry, make_inputs
-from modak.paths import cache_dir
+from modak.paths import cache_dir, installed
 
 OPSET = 17
 # onnxruntime 1.31 reads IR versions up to 13 while onnx 1.23 writes 14; opset 17 needs only IR 8.
@@ -39,10 +38,9 @@ def _zoo_source_digest() -> str:
 def export_path(name: str, input_shapes: Mapping[str, Any] | None = None) -> Path:
     """Where the export of ``name`` at ``input_shapes`` is cached (it may not exist yet)."""
     shapes = get_entry(name).shapes(input_shapes)
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        raise ModakError("the model zoo needs PyTorch: pip install 'modak[torch]'") from None
+    torch_version = installed().version("torch")
+    if torch_version is None:
+        raise ModakError("the model zoo needs PyTorch: pip install 'modak[torch]'")
     key = json.dumps({"name": name, "shapes": {k: list(v) for k, v in shapes.items()}, "torch": torch_version,
                       "zoo": _zoo_source_digest(), "opset": OPSET, "ir": IR_VERSION}, sort_keys=True)
     return cache_dir() / "zoo" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}" / f"{name}.onnx"

@@ -28,17 +28,16 @@ reported as per-kernel times of one step (``modak measure --profile``).
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from modak.image.kernels import Kernel, Profile
+from modak.paths import installed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -187,10 +186,22 @@ def _load_plugins() -> None:
             point.load()
 
 
-@functools.cache
-def _plugins() -> dict[str, EntryPoint]:
-    """The entry points of :data:`ENTRY_POINTS` (read once: scanning the installed distributions takes time)."""
-    return {point.name: point for point in entry_points(group=ENTRY_POINTS)}
+@dataclass(frozen=True)
+class Plugin:
+    """An entry point of :data:`ENTRY_POINTS`: a runtime's name and the ``module:Class`` that registers it."""
+
+    name: str
+    value: str
+
+    def load(self) -> Any:
+        from importlib.metadata import EntryPoint
+
+        return EntryPoint(self.name, self.value, ENTRY_POINTS).load()
+
+
+def _plugins() -> dict[str, Plugin]:
+    """The entry points of :data:`ENTRY_POINTS` (:func:`modak.paths.installed`)."""
+    return {name: Plugin(name, value) for name, value in installed().entry_points.get(ENTRY_POINTS, [])}
 
 
 Profiler = Callable[[RunRequest, "dict[str, np.ndarray]", int], Profile]
