@@ -106,15 +106,22 @@ class Installed:
 @functools.cache
 def installed() -> Installed:
     """The installed distributions' :class:`Installed`, read once per process. Scanning every distribution's metadata
-    costs a warm plan more than its own imports, so the scan is kept in modak's cache under the import path's folders
-    and their modification times: installing or removing a distribution in one of them (a new or removed
-    ``*.dist-info`` folder) changes that folder's time, and the next process scans again."""
+    costs a warm plan more than its own imports, so the scan is kept in modak's cache under what it read: the
+    ``*.dist-info`` and ``*.egg-info`` entries of the import path's folders and their modification times (installing,
+    upgrading or removing a distribution makes, remakes or removes its entry; a folder that holds none, such as the
+    working directory of ``python -m modak``, keys nothing)."""
     identity = hashlib.sha256(b"installed 1")
     for folder in sys.path:
+        identity.update(f"\0{folder}".encode())
         try:
-            identity.update(f"\0{folder}\0{os.stat(folder or '.').st_mtime_ns}".encode())
+            with os.scandir(folder or ".") as entries:
+                for entry in entries:
+                    if entry.name.endswith((".dist-info", ".egg-info")):
+                        identity.update(f"\0{entry.name}\0{entry.stat().st_mtime_ns}".encode())
+        except NotADirectoryError:  # a zip archive on the path
+            identity.update(f"\0{os.stat(folder).st_mtime_ns}".encode())
         except OSError:
-            identity.update(f"\0{folder}\0-".encode())
+            identity.update(b"\0-")
     kept = Path("installed") / f"{identity.hexdigest()[:32]}.json"
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         data = json.loads((cache_dir() / kept).read_text())
