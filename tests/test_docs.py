@@ -160,6 +160,20 @@ def test_the_json_documents_and_runtimes_are_on_their_pages(site: Path) -> None:
             assert f"<code>{parameter['name']}</code>" in page, (recipe["name"], parameter["name"])
 
 
+def test_every_plot_is_drawn_from_its_data_and_shown(site: Path) -> None:
+    """docs/gen_plots.py draws each plot from the stored measurements at build time; each is on a page, and the
+    same data give the same bytes (no build date in the SVG)."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import gen_plots
+
+    pages = "".join(path.read_text() for path in site.rglob("*.html"))
+    for name, draw in gen_plots.PLOTS.items():
+        built = (site / name).read_bytes()
+        assert built.startswith(b"<?xml") and b"<svg" in built[:1000], name
+        assert built == draw(), f"{name}: drawn twice from the same data, other bytes"
+        assert Path(name).name in pages, f"{name} is on no page"
+
+
 def _check_spec_file(path: Path) -> None:
     from modak.hardware.local import local_sections  # `cpu: local`: the session's host probe (tests/conftest.py)
 
