@@ -31,20 +31,8 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')
 
 # Spec fields whose msgspec model has no description yet (object.field). Frozen: it can only shrink; a field
-# documented since must leave it, and a new field must come with its description.
-UNDESCRIBED = frozenset({
-    "Constraints.max_compile_seconds", "Constraints.max_image_size_gb", "Container.engine", "Cpu.cores_per_socket",
-    "Cpu.peaks", "Cpu.sockets", "Cpu.threads_per_core", "CpuPeaks.bf16_gflops", "CpuPeaks.fp16_gflops",
-    "CpuPeaks.fp32_gflops", "CpuPeaks.int8_gops", "CpuPeaks.memory_bandwidth_gbs", "DataSpec.mount",
-    "DataSpec.output_mount", "GpuPeaks.bf16_tflops", "GpuPeaks.fp16_tflops", "GpuPeaks.fp32_tflops",
-    "GpuPeaks.int8_tops", "GpuPeaks.memory_bandwidth_gbs", "GpuPeaks.tf32_tflops", "Gpus.count", "Gpus.memory_gb",
-    "Gpus.peaks", "Job.accuracy", "Job.apiVersion", "Job.calibration", "Job.constraints", "Job.data", "Job.device",
-    "Job.entrypoint", "Job.frameworks", "Job.kind", "Job.model", "Job.name", "Job.objective", "Job.precision",
-    "Job.task", "Memory.size_gb", "Objective.metric", "PythonPackages.extra_index_urls", "PythonPackages.index_url",
-    "Scheduler.account", "Scheduler.kind", "Scheduler.partition", "Scheduler.qos", "Scheduler.time_limit",
-    "Target.apiVersion", "Target.container", "Target.gpus", "Target.kind", "Target.memory", "Target.name",
-    "Target.network", "Target.nodes", "Target.python", "Target.scheduler", "UserCode.requirements",
-})
+# documented since must leave it, and a new field must come with its description. Every field has one now.
+UNDESCRIBED: frozenset[str] = frozenset()
 
 
 def _reference():

@@ -176,7 +176,10 @@ def input_types(dtype: str | Mapping[str, str] | None, high: int | Mapping[str, 
 class Objective(Strict, frozen=True, kw_only=True):
     """What to optimize. ``time_to_solution`` amortizes compile/tune time over ``steps``."""
 
-    metric: Metric = Metric.throughput
+    metric: Annotated[Metric, Meta(description=
+        "throughput (samples per second), latency (seconds per step) or time_to_solution (the whole run, "
+        "compile/tune time included; needs steps): what `modak whatif` ranks targets by; model.batch_size auto "
+        "needs throughput.")] = Metric.throughput
     steps: Annotated[PositiveInt | None, Meta(description=
         "Steps (batches) the job runs; needed for time_to_solution.")] = None
 
@@ -186,8 +189,12 @@ class Objective(Strict, frozen=True, kw_only=True):
 
 
 class Constraints(Strict, frozen=True, kw_only=True):
-    max_image_size_gb: PositiveFloat | None = None
-    max_compile_seconds: Annotated[float, Meta(ge=0)] | None = None
+    max_image_size_gb: Annotated[PositiveFloat | None, Meta(description=
+        "Largest image size the job accepts, in GB; modak does not check it yet (no plan or build step reads "
+        "it).")] = None
+    max_compile_seconds: Annotated[Annotated[float, Meta(ge=0)] | None, Meta(description=
+        "Largest predicted compile/tune time of a candidate (its runtime's compilation or autotuning before the "
+        "first step), in seconds: candidates predicted to take longer are left out.")] = None
     max_latency_ms: Annotated[PositiveFloat | None, Meta(description=
         "Largest predicted time of one step (one batch), in milliseconds: slower candidates are left out; "
         "with model.batch_size auto it bounds the batch.")] = None
@@ -232,7 +239,10 @@ class UserCode(Strict, frozen=True, kw_only=True):
 
     command: Annotated[list[Text], Meta(description=
         "Command run instead of modak's runner (exec form).")] = field(default_factory=list)
-    requirements: list[Requirement] = field(default_factory=list)
+    requirements: Annotated[list[Requirement], Meta(description=
+        "pip requirements (a project name with optional PEP 508 version specifiers, no URLs or options), "
+        "installed into the image with the runtime's pins and modak's own, from the target's python package "
+        "sources.")] = field(default_factory=list)
     files: Annotated[list[Text], Meta(description=
         "Files or folders (relative to the job file) copied to /opt/app.")] = field(default_factory=list)
 
@@ -242,12 +252,16 @@ ContainerPath = Annotated[str, Meta(pattern=r"^/[A-Za-z0-9_./-]*$")]
 
 class DataSpec(Strict, frozen=True, kw_only=True):
     location: Annotated[Text, Meta(description="Host path of the data set, bind-mounted read-only at `mount`.")]
-    mount: ContainerPath = "/data"
+    mount: Annotated[ContainerPath, Meta(description=
+        "Absolute path in the container where `location` is mounted; an inference job's default batch run "
+        "reads its inputs there (modak run --input).")] = "/data"
     output: Annotated[Text | None, Meta(description=
         "Host folder the job writes its results to (created if missing), bind-mounted read-write at "
         "`output_mount`; an inference job's script then runs batch inference over `mount` into it by default "
         "(modak run).")] = None
-    output_mount: ContainerPath = "/output"
+    output_mount: Annotated[ContainerPath, Meta(description=
+        "Absolute path in the container where `output` is mounted, other than `mount`; an inference job's "
+        "default batch run writes its results there (modak run --output).")] = "/output"
 
     def __post_init__(self) -> None:
         if self.output is not None and self.output_mount.rstrip("/") == self.mount.rstrip("/"):
@@ -276,28 +290,47 @@ class Scaling(Strict, frozen=True, kw_only=True):
 class Job(Strict, frozen=True, kw_only=True):
     """A data scientist's job: what to run and what to optimize."""
 
-    apiVersion: Literal["modak/v1"]
-    kind: Literal["Job"]
-    name: Name
+    apiVersion: Annotated[Literal["modak/v1"], Meta(description="The spec's version: modak/v1, the only one.")]
+    kind: Annotated[Literal["Job"], Meta(description="Job: this document is a job spec.")]
+    name: Annotated[Name, Meta(description=
+        "The job's name (letters, digits, . _ -; at most 63 characters): the image's repository name, lower-cased, "
+        "its title label, and the job script's job name and output file.")]
     target: Annotated[Text | None, Meta(description=
         "Target file, relative to the job file (or use --target); 'local' is the machine modak runs on, from "
         "its cached `modak probe`.")] = None
-    task: Task
-    model: ModelSpec
+    task: Annotated[Task, Meta(description=
+        "training or inference: what a step is, and which runtimes can run it (the tasks of their recipes).")]
+    model: Annotated[ModelSpec, Meta(description="The network to deploy, with its input and batch size.")]
     loss: Annotated[Loss | None, Meta(description=
         "Training only: the loss the step measures: a built-in (cross_entropy on class labels, mse against "
         "targets shaped like the outputs) or `module:function` (a .py file relative to the job file, or an "
         "importable module) called as function(outputs, batch). Default: the mean square of the outputs "
         "(random data, the work of a real step).")] = None
-    precision: Annotated[list[Precision], Meta(min_length=1)] = field(default_factory=lambda: [Precision.fp32])
-    frameworks: Literal["any"] | list[Name] = "any"
-    device: Device = Device.any
-    objective: Objective = Objective()
-    constraints: Constraints = Constraints()
-    entrypoint: UserCode | None = None
-    data: DataSpec | None = None
-    calibration: Calibration = Calibration()
-    accuracy: Accuracy = Accuracy()
+    precision: Annotated[list[Precision], Meta(min_length=1, description=
+        "Precisions the candidates may compute in (fp32, tf32, bf16, fp16, int8): each runtime and device is "
+        "tried in those it supports on the target; int8 candidates must pass the accuracy "
+        "gate.")] = field(default_factory=lambda: [Precision.fp32])
+    frameworks: Annotated[Literal["any"] | list[Name], Meta(description=
+        "Frameworks whose runtimes may be candidates (the `framework` of recipes/runtimes/*.yaml, e.g. pytorch, "
+        "onnxruntime), or any.")] = "any"
+    device: Annotated[Device, Meta(description=
+        "cpu, gpu, or any (candidates on both, where the target has GPUs): the devices candidates may run "
+        "on.")] = Device.any
+    objective: Annotated[Objective, Meta(description="What the plan optimizes.")] = Objective()
+    constraints: Annotated[Constraints, Meta(description=
+        "Limits on the candidates (compile time, step time, runtimes) and on co-location by `modak pack`; a "
+        "candidate outside them is left out with its reason.")] = Constraints()
+    entrypoint: Annotated[UserCode | None, Meta(description=
+        "The user's own command, pip requirements and files, added to the image; without a command, the image "
+        "runs modak's runner.")] = None
+    data: Annotated[DataSpec | None, Meta(description=
+        "The data set (read-only) and results folder (read-write) that the job script mounts into the "
+        "container.")] = None
+    calibration: Annotated[Calibration, Meta(description=
+        "The sample inputs int8 quantization calibrates on and the accuracy gate checks on.")] = Calibration()
+    accuracy: Annotated[Accuracy, Meta(description=
+        "How far an int8 candidate's outputs may move from fp32's; candidates that move further are left "
+        "out.")] = Accuracy()
     scaling: Annotated[Scaling | None, Meta(description=
         "Training only: scale out data-parallel (see `modak scale`); the job script then requests the largest "
         "worker count that keeps min_efficiency, and launches one process per worker with torchrun.")] = None
@@ -306,11 +339,22 @@ class Job(Strict, frozen=True, kw_only=True):
 class CpuPeaks(Strict, frozen=True, kw_only=True):
     """Measured CPU ceilings for the whole node (e.g. from `modak probe`)."""
 
-    fp32_gflops: PositiveFloat | None = None
-    bf16_gflops: PositiveFloat | None = None
-    fp16_gflops: PositiveFloat | None = None
-    int8_gops: PositiveFloat | None = None
-    memory_bandwidth_gbs: PositiveFloat | None = None
+    fp32_gflops: Annotated[PositiveFloat | None, Meta(description=
+        "fp32 GEMM peak of the node, GFLOP/s (`modak probe`: its best over thread counts); default: "
+        "recipes/hardware/cpus.yaml's operations per cycle per core x frequency_ghz x cores.")] = None
+    bf16_gflops: Annotated[PositiveFloat | None, Meta(description=
+        "bf16 GEMM peak of the node, GFLOP/s (`modak probe`, where it measures one); default: "
+        "recipes/hardware/cpus.yaml's, only on a CPU with bf16 instructions.")] = None
+    fp16_gflops: Annotated[PositiveFloat | None, Meta(description=
+        "fp16 peak of the node, GFLOP/s; default: recipes/hardware/cpus.yaml's, only on a CPU with fp16 "
+        "instructions.")] = None
+    int8_gops: Annotated[PositiveFloat | None, Meta(description=
+        "int8 GEMM peak of the node, GOP/s (`modak probe`, where it measures one); default: "
+        "recipes/hardware/cpus.yaml's int8, else 4x its fp32 with dot-product instructions, 2x with AVX2 "
+        "alone.")] = None
+    memory_bandwidth_gbs: Annotated[PositiveFloat | None, Meta(description=
+        "Stream triad of the whole node, GB/s (`modak probe`: its best over thread counts); default: "
+        "memory.bandwidth_gbs, else recipes/hardware/cpus.yaml's per socket x cpu.sockets.")] = None
     core_memory_bandwidth_gbs: Annotated[PositiveFloat | None, Meta(description=
         "Stream triad of one core alone (`modak probe`'s one-thread triad): the bandwidth a job given part of "
         "a node (scheduler.cores_per_job) draws per core, up to the node's.")] = None
@@ -319,26 +363,45 @@ class CpuPeaks(Strict, frozen=True, kw_only=True):
 class Cpu(Strict, frozen=True, kw_only=True):
     microarchitecture: Annotated[str, Meta(description=
         "archspec microarchitecture name, e.g. zen4, icelake, neoverse_v1.")]
-    sockets: PositiveInt = 1
-    cores_per_socket: PositiveInt
-    threads_per_core: PositiveInt = 1
+    sockets: Annotated[PositiveInt, Meta(description=
+        "CPU sockets per node; the catalog's memory bandwidth (recipes/hardware/cpus.yaml) is per socket.")] = 1
+    cores_per_socket: Annotated[PositiveInt, Meta(description=
+        "Physical cores per socket: a node's sockets x cores_per_socket cores scale the catalog's compute peaks "
+        "and are the default and the upper bound of scheduler.cores_per_job.")]
+    threads_per_core: Annotated[PositiveInt, Meta(description=
+        "Hardware threads per core (2 with SMT/Hyper-Threading), as `modak probe` finds them.")] = 1
     frequency_ghz: Annotated[PositiveFloat | None, Meta(description=
         "Sustained all-core clock; catalog default if absent.")] = None
-    peaks: CpuPeaks = CpuPeaks()
+    peaks: Annotated[CpuPeaks, Meta(description=
+        "Measured ceilings of the whole node (`modak probe` writes them); each one given replaces the value "
+        "derived from recipes/hardware/cpus.yaml.")] = CpuPeaks()
 
 
 class Memory(Strict, frozen=True, kw_only=True):
-    size_gb: PositiveFloat
+    size_gb: Annotated[PositiveFloat, Meta(description=
+        "Main memory of one node, GB: CPU candidates whose parameters (and training state) need more than 90% of "
+        "it are left out.")]
     bandwidth_gbs: Annotated[PositiveFloat | None, Meta(description="Node memory bandwidth (stream triad).")] = None
 
 
 class GpuPeaks(Strict, frozen=True, kw_only=True):
-    fp32_tflops: PositiveFloat | None = None
-    tf32_tflops: PositiveFloat | None = None
-    bf16_tflops: PositiveFloat | None = None
-    fp16_tflops: PositiveFloat | None = None
-    int8_tops: PositiveFloat | None = None
-    memory_bandwidth_gbs: PositiveFloat | None = None
+    fp32_tflops: Annotated[PositiveFloat | None, Meta(description=
+        "fp32 peak of one GPU, TFLOP/s (`modak probe`: a GEMM); default: recipes/hardware/gpus.yaml's for "
+        "gpus.model.")] = None
+    tf32_tflops: Annotated[PositiveFloat | None, Meta(description=
+        "TF32 tensor-core peak of one GPU, TFLOP/s (`modak probe`: a GEMM); default: recipes/hardware/gpus.yaml's "
+        "for gpus.model.")] = None
+    bf16_tflops: Annotated[PositiveFloat | None, Meta(description=
+        "bf16 peak of one GPU, TFLOP/s (`modak probe`: a GEMM); default: recipes/hardware/gpus.yaml's for "
+        "gpus.model.")] = None
+    fp16_tflops: Annotated[PositiveFloat | None, Meta(description=
+        "fp16 peak of one GPU, TFLOP/s (`modak probe`: a GEMM); default: recipes/hardware/gpus.yaml's for "
+        "gpus.model.")] = None
+    int8_tops: Annotated[PositiveFloat | None, Meta(description=
+        "int8 peak of one GPU, TOP/s; default: recipes/hardware/gpus.yaml's for gpus.model.")] = None
+    memory_bandwidth_gbs: Annotated[PositiveFloat | None, Meta(description=
+        "Memory bandwidth of one GPU, GB/s (`modak probe`: a stream triad); default: recipes/hardware/gpus.yaml's "
+        "for gpus.model.")] = None
     h2d_pinned_gbs: Annotated[PositiveFloat | None, Meta(
         description="Host-to-GPU copy bandwidth from pinned host memory, GB/s (modak probe on a GPU).")] = None
     h2d_pageable_gbs: Annotated[PositiveFloat | None, Meta(
@@ -351,9 +414,15 @@ class GpuPeaks(Strict, frozen=True, kw_only=True):
 
 class Gpus(Strict, frozen=True, kw_only=True):
     model: Annotated[str, Meta(description="GPU model; peaks come from recipes/hardware/gpus.yaml unless given.")]
-    count: PositiveInt = 1
-    memory_gb: PositiveFloat | None = None
-    peaks: GpuPeaks = GpuPeaks()
+    count: Annotated[PositiveInt, Meta(description=
+        "GPUs per node: a GPU candidate's job script and self-test get all of them, and data-parallel scaling "
+        "runs one worker on each.")] = 1
+    memory_gb: Annotated[PositiveFloat | None, Meta(description=
+        "Memory of one GPU, GB (default: recipes/hardware/gpus.yaml's; needed for a model not there): GPU "
+        "candidates whose parameters (and training state) need more than 90% of it are left out.")] = None
+    peaks: Annotated[GpuPeaks, Meta(description=
+        "Ceilings of one GPU; each one given replaces recipes/hardware/gpus.yaml's (a model not there needs "
+        "fp32_tflops and memory_bandwidth_gbs).")] = GpuPeaks()
 
 
 class Network(Strict, frozen=True, kw_only=True):
@@ -374,7 +443,9 @@ class Network(Strict, frozen=True, kw_only=True):
 
 
 class Scheduler(Strict, frozen=True, kw_only=True):
-    kind: SchedulerKind = "none"
+    kind: Annotated[SchedulerKind, Meta(description=
+        "What takes the job script: slurm (sbatch), pbs (qsub) or none (bash on the machine modak runs on, in the "
+        "background).")] = "none"
     allocation: Annotated[Allocation, Meta(description=
         "exclusive: a job's cores are its own (Slurm/PBS core binding, --exclusive, Kubernetes' static "
         "CPU manager); shared: other work runs on them (oversubscribed nodes, a CPU quota without "
@@ -388,10 +459,16 @@ class Scheduler(Strict, frozen=True, kw_only=True):
         "CPU-bound processes (one busy thread each) that run on the job's cores beside it, time-sliced by the "
         "operating system: `modak whatif` predicts the job's step with the sharing model of `modak pack`. Needs "
         "allocation: shared.")] = 0
-    partition: SchedulerWord | None = None
-    account: SchedulerWord | None = None
-    qos: SchedulerWord | None = None
-    time_limit: TimeLimit = "01:00:00"
+    partition: Annotated[SchedulerWord | None, Meta(description=
+        "Partition (Slurm --partition) or queue (PBS -q) the job script asks for; `modak tune --dispatch` "
+        "submits its job arrays there too.")] = None
+    account: Annotated[SchedulerWord | None, Meta(description=
+        "Account the job is charged to (Slurm --account, PBS -A).")] = None
+    qos: Annotated[SchedulerWord | None, Meta(description=
+        "Quality of service the job script asks for (Slurm --qos; PBS job scripts do not use it).")] = None
+    time_limit: Annotated[TimeLimit, Meta(description=
+        "Wall-clock limit of the job, in Slurm's syntax (M:S, H:M:S, D-H:M or D-H:M:S; default one hour); PBS "
+        "job scripts get it as walltime H:MM:SS.")] = "01:00:00"
 
     def __post_init__(self) -> None:
         if self.co_runners and self.allocation != "shared":
@@ -399,7 +476,9 @@ class Scheduler(Strict, frozen=True, kw_only=True):
 
 
 class Container(Strict, frozen=True, kw_only=True):
-    engine: EngineName = "podman"
+    engine: Annotated[EngineName, Meta(description=
+        "docker, podman or apptainer: the engine that builds and tests the image and that the job script runs it "
+        "with (`modak build --engine` overrides it for the build).")] = "podman"
     registry: Annotated[ImageRef | None, Meta(description="Registry/namespace images are pushed to.")] = None
     base_images: Annotated[dict[Name, ImageRef], Meta(description=
         "Site mirrors for the logical base images of recipes (e.g. debian, cuda).")] = field(default_factory=dict)
@@ -409,8 +488,12 @@ class Container(Strict, frozen=True, kw_only=True):
 
 
 class PythonPackages(Strict, frozen=True, kw_only=True):
-    index_url: Url | None = None
-    extra_index_urls: list[Url] = field(default_factory=list)
+    index_url: Annotated[Url | None, Meta(description=
+        "The package index pip installs from while building (pip --index-url; e.g. a site mirror of PyPI); "
+        "default: pip's, PyPI.")] = None
+    extra_index_urls: Annotated[list[Url], Meta(description=
+        "More package indexes pip searches while building (pip --extra-index-url), beside those runtime recipes "
+        "name (see recipe_indexes).")] = field(default_factory=list)
     wheelhouse: Annotated[Text | None, Meta(description="Folder of wheels, relative to the target file.")] = None
     ca_bundle: Annotated[Text | None, Meta(description=
         "CA bundle for TLS-intercepting proxies, used only while building.")] = None
@@ -432,18 +515,27 @@ class Cost(Strict, frozen=True, kw_only=True):
 class Target(Strict, frozen=True, kw_only=True):
     """A platform engineer's description of where jobs run."""
 
-    apiVersion: Literal["modak/v1"]
-    kind: Literal["Target"]
-    name: Name
-    nodes: PositiveInt = 1
+    apiVersion: Annotated[Literal["modak/v1"], Meta(description="The spec's version: modak/v1, the only one.")]
+    kind: Annotated[Literal["Target"], Meta(description="Target: this document is a target spec.")]
+    name: Annotated[Name, Meta(description=
+        "The target's name (letters, digits, . _ -; at most 63 characters): the images' io.modak.target label, "
+        "and the machine that `modak bench` and `modak tune` store measurements under.")]
+    nodes: Annotated[PositiveInt, Meta(description=
+        "Nodes of the target: a plan runs on one, and data-parallel scaling (job scaling) spreads a training job "
+        "over at most this many.")] = 1
     cpu: Annotated[Cpu, Meta(description=
         "The nodes' CPU. In a target file, 'cpu: local' takes this section (and memory, unless given) from the "
         "cached `modak probe` of the machine modak runs on.")]
-    memory: Memory
-    gpus: Gpus | None = None
-    network: Network = Network()
-    scheduler: Scheduler = Scheduler()
-    container: Container = Container()
-    python: PythonPackages = PythonPackages()
+    memory: Annotated[Memory, Meta(description="Main memory of each node.")]
+    gpus: Annotated[Gpus | None, Meta(description=
+        "The GPUs of each node; without it, the target has none and only CPU candidates are planned.")] = None
+    network: Annotated[Network, Meta(description=
+        "How the nodes are connected, for the data-parallel scaling model.")] = Network()
+    scheduler: Annotated[Scheduler, Meta(description=
+        "What runs the job script, with the share of a node and the directives it asks for.")] = Scheduler()
+    container: Annotated[Container, Meta(description=
+        "How images are built and run: the engine, registry, base image mirrors and site templates.")] = Container()
+    python: Annotated[PythonPackages, Meta(description=
+        "Where pip gets packages while building: indexes, a wheelhouse and a CA bundle.")] = PythonPackages()
     cost: Annotated[Cost | None, Meta(description="Price of the target's nodes (optional): `modak whatif` adds cost "
                                                 "and the Pareto front of time against cost.")] = None
