@@ -32,6 +32,7 @@ from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor, for_model
 from modak.predict.default import default_predictor
+from modak.predict.gpu import PREDICTOR as GPU_TERMS
 from modak.predict.kernel_fit import (
     KernelEstimate,
     attributable,
@@ -660,7 +661,7 @@ def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_
         perf.add_kernels(rows, recs)
     default = default_predictor(store)
     assert isinstance(default, FallbackPredictor) and isinstance(default.predictors[0], KernelPredictor)
-    assert default.name == f"{PREDICTOR}+learned+roofline"
+    assert default.name == f"{PREDICTOR}+{GPU_TERMS}+learned+roofline"
     # The runtime's report of the graph is the seam: the CNN's ONNX nodes, one kernel each.
     predictor = replace(default, predictors=(replace(default.predictors[0], kernels_of=planned),
                                              *default.predictors[1:]))
@@ -709,7 +710,8 @@ def test_a_changed_shipped_file_is_another_data_key(tmp_path: Path, monkeypatch)
 
 def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kernel_rows(tmp_path: Path) -> None:
     shipped = kernel_set(tmp_path / "none.sqlite")  # the shipped kernel files alone
-    assert shipped is not None and default_predictor(tmp_path / "none.sqlite").name == f"{PREDICTOR}+learned+roofline"
+    chain = f"{PREDICTOR}+{GPU_TERMS}+learned+roofline"  # the GPU model answers GPU candidates only
+    assert shipped is not None and default_predictor(tmp_path / "none.sqlite").name == chain
     store = tmp_path / "perf.sqlite"
     with PerfStore(store) as perf:
         perf.add_kernels(*fixed_table())
@@ -720,7 +722,7 @@ def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kerne
     again = kernel_set(store)
     assert again is not None and data.key == again.key != KernelData.of(*fixed_table()).key  # shipped files too
     given = default_predictor(store)
-    assert given.name == f"{PREDICTOR}+learned+roofline"
+    assert given.name == chain
     assert isinstance(given, FallbackPredictor) and isinstance(given.predictors[0], KernelPredictor)
     box = next(m for m in given.predictors[0].model.machines if m.key == BOX.key)  # the local rows' machine
     assert box.kinds.keys() >= {("onnxruntime", "cpu", "Conv"), ("onnxruntime", "cpu", "Relu")}
