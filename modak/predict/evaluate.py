@@ -44,6 +44,7 @@ from modak.measurements.stats import EQUIVALENCE_MARGIN, Ratio, ratio
 from modak.measurements.store import Measurement
 from modak.predict.base import Prediction as PlanPrediction
 from modak.predict.base import paired_ratio_p90
+from modak.predict.kernel_fit import KindFits
 from modak.predict.kernel_model import PREDICTOR as KERNELS
 from modak.predict.kernel_model import KernelModel
 from modak.predict.kernel_terms import MachineCeilings
@@ -277,6 +278,7 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
     plan_of = kernels_of or planned_for_row
     profiled = {r.machine for r in kernel_rows}  # the machines whose rows are asked of the kernel model
     planned: dict[tuple, Sequence[Kernel]] = {}  # each row's planned kernels, asked once over the folds
+    kinds: KindFits = {}  # each distinct kind's fit, made once over the folds (most folds leave most kinds' rows)
 
     def fit(rows: list[Measurement]) -> tuple[set[tuple[str, str]], Any]:
         return {(r.machine, r.model) for r in rows}, whole.fit(rows)
@@ -299,7 +301,7 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
         model = None
         if any(row.machine in profiled for row in rows):
             model = KernelModel.fit([r for r in kernel_rows if in_fold(r)],
-                                    [r for r in reconciliations if in_fold(r)], seed)
+                                    [r for r in reconciliations if in_fold(r)], seed, fitted=kinds)
         return tuple(None if fallback is None
                      else (model is not None and row.machine in profiled and composed(model, row))
                      or replace(fallback, by=whole.name)

@@ -143,15 +143,20 @@ def class_kind(op: str) -> str:
     return f"[{op}]"
 
 
-def fit_kinds(rows: Sequence[KernelRow], seed: int = 0, pooled: bool = True) -> dict[KindKey, KindModel]:
-    """One model per (runtime, device, kernel kind) of the :func:`attributable` ``rows`` (:func:`fit_kind`) and, where
-    ``pooled``, one per (runtime, device, op class) over its kinds' rows (kind :func:`class_kind`)."""
+def kind_groups(rows: Sequence[KernelRow], pooled: bool = True) -> list[tuple[KindKey, tuple[KernelRow, ...]]]:
+    """The :func:`attributable` ``rows`` of each (runtime, device, kernel kind) and, where ``pooled``, of each
+    (runtime, device, op class) over its kinds (kind :func:`class_kind`), in key order."""
     by_kind: dict[KindKey, list[KernelRow]] = {}
     for row in filter(attributable, rows):
         by_kind.setdefault((row.runtime, row.device, row.kernel.kind), []).append(row)
         if pooled:
             by_kind.setdefault((row.runtime, row.device, class_kind(row.kernel.op)), []).append(row)
-    return {key: fit_kind(group, seed) for key, group in sorted(by_kind.items())}
+    return [(key, tuple(group)) for key, group in sorted(by_kind.items())]
+
+
+def fit_kinds(rows: Sequence[KernelRow], seed: int = 0, pooled: bool = True) -> dict[KindKey, KindModel]:
+    """One model per group of :func:`kind_groups` (:func:`fit_kind`)."""
+    return {key: fit_kind(group, seed) for key, group in kind_groups(rows, pooled)}
 
 
 def fit_kind(rows: Sequence[KernelRow], seed: int = 0) -> KindModel:
@@ -337,21 +342,42 @@ def out_of_fold_steps(rows: Sequence[KernelRow], reconciliations: Sequence[Recon
     return steps
 
 
-def fit_kind_sets(row_sets: Sequence[Sequence[KernelRow]], seed: int = 0,
-                  jobs: int = 1) -> list[dict[KindKey, KindModel]]:
-    """:func:`fit_kinds` of each of ``row_sets``, in up to ``jobs`` processes (in this one where the system cannot
-    start a pool, e.g. without shared memory for its semaphores): each kind's fit is seeded, so the models are the
-    same whatever ``jobs``."""
+KindFits = dict[tuple[tuple[int, ...], int], tuple[tuple[KernelRow, ...], KindModel]]
+"""Kinds already fit, by the identities of their rows and the seed (each with its rows, which keeps them alive, so
+an identity stays theirs): what :func:`fit_kind_sets` fits once and finds again."""
+
+
+def fit_kind_sets(row_sets: Sequence[Sequence[KernelRow]], seed: int = 0, jobs: int = 1,
+                  fitted: KindFits | None = None) -> list[dict[KindKey, KindModel]]:
+    """:func:`fit_kinds` of each of ``row_sets``, each distinct group of rows fit once, in up to ``jobs`` processes (in
+    this one where the system cannot start a pool, e.g. without shared memory for its semaphores). A kind whose rows
+    a calibration fold leaves as they are (the held-out models ran none of its kernels) is the same fit; so is one an
+    evaluation's folds repeat, where the caller keeps ``fitted`` across its calls. Each kind's fit is seeded by
+    ``seed`` and depends on its rows alone, so the models are the same whatever ``jobs`` and ``fitted``."""
     from concurrent.futures import ProcessPoolExecutor
 
+    fitted = {} if fitted is None else fitted
+    groups = [kind_groups(rows) for rows in row_sets]
+    todo: dict[tuple[tuple[int, ...], int], tuple[KernelRow, ...]] = {}
+    for key, group in ((_identity(group, seed), group) for set_groups in groups for _, group in set_groups):
+        if key not in fitted:
+            todo.setdefault(key, group)
     try:
-        pool = ProcessPoolExecutor(min(jobs, len(row_sets))) if jobs > 1 and len(row_sets) > 1 else None
+        pool = ProcessPoolExecutor(min(jobs, len(todo))) if jobs > 1 and len(todo) > 1 else None
     except (OSError, NotImplementedError):
         pool = None
+    fit = functools.partial(fit_kind, seed=seed)
     if pool is None:
-        return [fit_kinds(rows, seed) for rows in row_sets]
-    with pool:
-        return list(pool.map(functools.partial(fit_kinds, seed=seed), row_sets))
+        models = list(map(fit, todo.values()))
+    else:
+        with pool:
+            models = list(pool.map(fit, todo.values(), chunksize=8))
+    fitted.update((key, (group, model)) for (key, group), model in zip(todo.items(), models))
+    return [{kind: fitted[_identity(group, seed)][1] for kind, group in set_groups} for set_groups in groups]
+
+
+def _identity(group: tuple[KernelRow, ...], seed: int) -> tuple[tuple[int, ...], int]:
+    return tuple(map(id, group)), seed
 
 
 def _deciles(values: Sequence[float]) -> tuple[float, float]:

@@ -23,6 +23,7 @@ from modak.predict.kernel_fit import (
     CalibrationKey,
     Corrections,
     KernelEstimate,
+    KindFits,
     KindKey,
     RuntimeKey,
     above_profiler,
@@ -208,10 +209,10 @@ class KernelModel:
 
     @classmethod
     def fit(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation], seed: int = 0,
-            jobs: int = 1) -> KernelModel:
+            jobs: int = 1, fitted: KindFits | None = None) -> KernelModel:
         """Fit a model per machine kind of ``rows`` and ``reconciliations`` (on the ceilings they carry), the kinds
-        of all of them in up to ``jobs`` processes (:func:`fit_kind_sets`: the same models whatever ``jobs``); a
-        damaged table is an InputError."""
+        of all of them in up to ``jobs`` processes (:func:`fit_kind_sets`: the same models whatever ``jobs``, and
+        whatever kinds ``fitted`` holds from earlier fits of the same rows); a damaged table is an InputError."""
         check_rows(rows, reconciliations)
         # What a step adds to its kernels (dispatch, the profiler's cost, the calibration) is learned from whole
         # models' steps: a probed layer's session is mostly the fixed cost of a run.
@@ -230,8 +231,9 @@ class KernelModel:
                 by_machine[key][1].append(rec)
         machines = [by_machine[key] for key in sorted(by_machine, key=repr)]
         sets = [MachineModel.training_sets(*machine) for machine in machines]
-        fitted = iter(fit_kind_sets([training for machine_sets in sets for training in machine_sets], seed, jobs))
-        return cls(tuple(MachineModel.fit(*machine, [next(fitted) for _ in machine_sets])
+        fitted_sets = iter(fit_kind_sets([training for machine_sets in sets for training in machine_sets], seed, jobs,
+                                        fitted))
+        return cls(tuple(MachineModel.fit(*machine, [next(fitted_sets) for _ in machine_sets])
                          for machine, machine_sets in zip(machines, sets)))
 
     @classmethod
