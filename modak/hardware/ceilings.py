@@ -34,11 +34,11 @@ PAGEABLE_SHARE = 0.5
 DEFAULT_HOST_LINK = "pcie4"  # a GPU whose catalog entry names no host_link (as interconnects.yaml's default)
 
 
-
 @cache
 def interconnects() -> dict[str, Any]:
     """``recipes/hardware/interconnects.yaml``: the links' default alphas and betas (and PCIe's bandwidths)."""
     return read_catalog("hardware/interconnects.yaml")
+
 
 @dataclass(frozen=True)
 class HostLink:
@@ -62,10 +62,7 @@ class HostLink:
     def of_catalog(cls, model: str | None) -> HostLink:
         """The catalog GPU ``model``'s host link (its entry's ``host_link``; an unknown GPU's
         :data:`DEFAULT_HOST_LINK`)."""
-        catalog = gpu_catalog()
-        aliases = {a.lower(): name for name, entry in catalog.items() for a in [name, *entry.get("aliases", [])]}
-        entry = catalog.get(aliases.get((model or "").lower(), ""), {})
-        return cls.of_link(entry.get("host_link", DEFAULT_HOST_LINK))
+        return cls.of_link(gpu_entry(model)[1].get("host_link", DEFAULT_HOST_LINK))
 
     @classmethod
     def unknown(cls) -> HostLink:
@@ -208,13 +205,20 @@ def _cpu_ceilings(target: Target, arch: Any, features: frozenset[str], cores: in
                     core_bandwidth_gbs=peaks.core_memory_bandwidth_gbs)
 
 
+def gpu_entry(model: str | None) -> tuple[str | None, dict[str, Any]]:
+    """The catalog name and entry of GPU ``model`` (its name or an alias, in any case); (None, {}) where the catalog
+    does not know it."""
+    catalog = gpu_catalog()
+    aliases = {alias.lower(): name for name, entry in catalog.items() for alias in [name, *entry.get("aliases", [])]}
+    canonical = aliases.get((model or "").lower())
+    return canonical, catalog.get(canonical, {}) if canonical else {}
+
+
 def _gpu_ceilings(target: Target, doc: SpecDocument) -> tuple[Ceilings, str | None]:
     assert target.gpus is not None
     gpus = target.gpus
     catalog = gpu_catalog()
-    aliases = {alias.lower(): name for name, entry in catalog.items() for alias in [name, *entry.get("aliases", [])]}
-    canonical = aliases.get(gpus.model.lower())
-    entry = catalog.get(canonical, {}) if canonical else {}
+    canonical, entry = gpu_entry(gpus.model)
     given = gpus.peaks
     if not entry and not (given.fp32_tflops and given.memory_bandwidth_gbs):
         known = [*catalog, *(a for e in catalog.values() for a in e.get("aliases", []))]
@@ -229,11 +233,10 @@ def _gpu_ceilings(target: Target, doc: SpecDocument) -> tuple[Ceilings, str | No
     memory = gpus.memory_gb or entry.get("memory_gb")
     if memory is None:
         raise doc.error(("gpus", "memory_gb"), "GPU memory is unknown for this model; give memory_gb")
-    link = HostLink.of_link(entry.get("host_link", DEFAULT_HOST_LINK))
-    probed = [given.h2d_pinned_gbs, given.h2d_pageable_gbs, given.d2h_pinned_gbs, given.d2h_pageable_gbs]
-    if all(probed):
-        h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable = (float(v or 0.0) for v in probed)
-        link = HostLink(h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, measured=True)
+    probed = [v for v in (given.h2d_pinned_gbs, given.h2d_pageable_gbs, given.d2h_pinned_gbs, given.d2h_pageable_gbs)
+              if v is not None]
+    link = (HostLink(probed[0], probed[1], probed[2], probed[3], measured=True) if len(probed) == 4
+            else HostLink.of_link(entry.get("host_link", DEFAULT_HOST_LINK)))
     return (Ceilings(kind="gpu", name=canonical or gpus.model, peak_gflops=peak, bandwidth_gbs=float(bandwidth),
                      memory_gb=float(memory), measured=bool(given.fp32_tflops and given.memory_bandwidth_gbs),
                      host_link=link),
