@@ -139,7 +139,8 @@ def _choices(command: str, option: str) -> tuple[str, ...]:
 def test_scheduler_names_come_from_the_registry() -> None:
     assert SCHEDULERS.names() == ("slurm", "pbs", "none")
     kind = next(f for f in msgspec.structs.fields(SchedulerSpec) if f.name == "kind")
-    assert get_args(kind.type) == SCHEDULERS.names()
+    literal, *_ = get_args(kind.type)  # Annotated[Literal[...], Meta(description=...)]
+    assert get_args(literal) == SCHEDULERS.names()
     schema = schemas()["target"]
     assert sorted(schema["$defs"]["Scheduler"]["properties"]["kind"]["enum"]) == sorted(SCHEDULERS.names())
     assert _choices("tune", "--dispatch") == ("local", "slurm")  # the schedulers that run job arrays
