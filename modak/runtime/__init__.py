@@ -192,7 +192,8 @@ def open_model(request: RunRequest, deployment: Deployment | None = None) -> Mod
     if has_graph(request):
         inputs, outputs = _graph_specs(request)
     else:  # the user's own model without an ONNX export: the specs of what it takes and gives
-        inputs = tuple(TensorSpec(name, tuple(shape), "float32") for name, shape in request.input_shapes.items())
+        inputs = tuple(TensorSpec(name, tuple(shape), sample[name].dtype.name)
+                       for name, shape in request.input_shapes.items())
         outputs = () if request.task == "training" else tuple(  # (a training step would change the weights)
             TensorSpec(f"output_{index}", tuple(o.shape[1:]), o.dtype.name)
             for index, o in enumerate(session.run(sample)))

@@ -41,7 +41,7 @@ else:
     SchedulerKind = Literal[SCHEDULERS.names()]
 Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: are a job's cores its own?
 Interconnect = Literal["ethernet", "roce", "infiniband", "omnipath", "slingshot", "none"]  # network.interconnect
-InputDtype = Literal["float32", "int64"]  # the element type of a user model's input (model.input_dtype)
+InputDtype = Literal["float32", "float16", "int64", "bool"]  # the element type of a user model's input (input_dtype)
 AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.batching.choose_batch)
 
 
@@ -129,8 +129,8 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
     input_shape: Annotated[list[PositiveInt] | dict[str, list[PositiveInt]] | None, Meta(description=
         "Per-sample input shape without the batch dimension; a mapping for several inputs.")] = None
     input_dtype: Annotated[InputDtype | dict[str, InputDtype] | None, Meta(description=
-        "The user's own model (pytorch, exported): its inputs' element type, float32 (default) or int64 "
-        "(token ids, embedding rows); a mapping for several inputs.")] = None
+        "The user's own model (pytorch, exported): its inputs' element type, float32 (default), float16, int64 "
+        "(token ids, embedding rows; give input_high) or bool (masks); a mapping for several inputs.")] = None
     input_high: Annotated[PositiveInt | dict[str, PositiveInt] | None, Meta(description=
         "The user's own model: the exclusive upper bound of its int64 inputs (the vocabulary size, an "
         "embedding table's rows); a mapping for several inputs.")] = None

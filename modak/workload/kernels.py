@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from modak.errors import ModakError, short_reason
+from modak.image.calling import by_keyword, call_model
 from modak.image.kernels import Kernel
 from modak.image.runtimes.base import Adapter, adapter
 from modak.paths import cache_dir, file_digest, installed, write_atomic
@@ -328,6 +329,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     fake = FakeTensorMode()
     model = model._apply(fake.from_tensor)
     feeds: dict[str, Any] = {name: fake.from_tensor(tensor) for name, tensor in batch.items()}
+    keyword = by_keyword(model, list(feeds))
     if task == "inference":
         model.eval()
         hooks = [hook for name, module in model.named_modules()
@@ -335,7 +337,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
                               module.register_forward_hook(leave))] if mapped else []
         try:
             with fake, torch.no_grad(), autocast("cpu", precision), Recorder():
-                model(*feeds.values())
+                call_model(model, list(feeds), list(feeds.values()), keyword)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -352,7 +354,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with autocast("cpu", precision):
-            batch_loss = loss_of(model(*feeds.values()), feeds)
+            batch_loss = loss_of(call_model(model, list(feeds), list(feeds.values()), keyword), feeds)
         batch_loss.backward()
         optimizer.step()
 

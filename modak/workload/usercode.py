@@ -59,6 +59,9 @@ class UserModel:
     counted: tuple[OpStats, ...] | None  # the flop counter's ops, when there is no ONNX graph
     torch_version: str
     export_seconds: float  # what the first plan of this model paid for loading and exporting it
+    by_keyword: bool  # called by keyword (modak.image.calling.by_keyword), else positionally
+    outputs: tuple[str, ...]  # the tensors of its outputs by name (modak.image.calling.flatten)
+    dropped_outputs: tuple[str, ...]  # what it returns that is not a tensor, left out of the export
 
     @property
     def onnx_path(self) -> Path | None:
@@ -78,7 +81,9 @@ class UserModel:
     def describe(self) -> dict[str, Any]:
         """The plan's ``model_source``: the source, the exporter (or why none) and the digests."""
         return {"source": self.source, "exporter": self.exporter, "export_failures": list(self.export_failures),
-                "digests": dict(self.digests), "torch": self.torch_version,
+                "call": "keyword" if self.by_keyword else "positional", "outputs": list(self.outputs),
+                "dropped_outputs": list(self.dropped_outputs), "digests": dict(self.digests),
+                "torch": self.torch_version,
                 "export_seconds": round(self.export_seconds, 2)}
 
 
@@ -283,4 +288,5 @@ def _user_model(loaded: LoadedJob, folder: Path, digests: dict[str, str], second
         seconds = float((folder / "seconds").read_text())
     return UserModel(source, folder, result["exporter"], tuple(result["failures"]),
                      {k: list(v) for k, v in result["input_shapes"].items()}, digests, result["parameters"],
-                     result["parameter_bytes"], counted, result["torch"], seconds)
+                     result["parameter_bytes"], counted, result["torch"], seconds, result["by_keyword"],
+                     tuple(result["outputs"]), tuple(result["dropped_outputs"]))

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from modak.image.calling import by_keyword, call_model, flatten
+
 EXPORT_BATCH = 2  # exported and counted with a batch of 2, so that no size-1 dimension is mistaken for a constant
 OPSET = 18
 IR_VERSION = 10  # what onnxruntime reads (see modak.workload.zoo)
@@ -76,19 +78,24 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
     field = "model.exported" if request["exported"] else "model.input_shape"
     _set_phase(folder, field)
     inputs = example_inputs(request, shapes)
+    names = list(inputs)
+    keyword = by_keyword(model, names)
     try:
         with torch.no_grad():
-            model(*inputs.values())
+            outputs = flatten(call_model(model, names, list(inputs.values()), keyword))
     except Exception as exc:
         message = (f"the model does not run on inputs of per-sample shape {_shapes_text(shapes)} "
                    f"(batch {EXPORT_BATCH}): {_describe(exc)}")
         raise UserCodeError(field, message, exc, root) from exc
+    if not outputs.tensors:
+        raise UserCodeError(field, "the model returns no tensor (" + (", ".join(outputs.dropped) or "None") + ")")
+    flat = _flat_module(model, names, keyword)
     _set_phase(folder, "model.pytorch.factory" if not request["exported"] else "model.exported")
     failures: list[str] = []
     exporter = None
     for name, export in (("dynamo", _export_dynamo), ("torchscript", _export_torchscript)):
         try:
-            export(request, model, inputs, folder / MODEL_FILE)
+            export(flat, inputs, outputs.names, folder / MODEL_FILE)
             exporter = name
             break
         except MemoryError:
@@ -98,12 +105,13 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
     counted = None
     if exporter is None:
         try:
-            counted = _count(model, inputs)
+            counted = _count(model, lambda: flat(*inputs.values()))
         except Exception as exc:
             raise UserCodeError(field, f"the FLOP counter cannot run the model: {_describe(exc)}", exc, root) from exc
     parameters = [p for p in model.parameters()]
     return {"ok": True, "exporter": exporter, "onnx": MODEL_FILE if exporter else None, "failures": failures,
-            "input_shapes": shapes, "counted": counted, "torch": torch.__version__,
+            "input_shapes": shapes, "counted": counted, "torch": torch.__version__, "by_keyword": keyword,
+            "outputs": list(outputs.names), "dropped_outputs": list(outputs.dropped),
             "parameters": sum(p.numel() for p in parameters),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in parameters)}
 
@@ -123,16 +131,40 @@ def load(request: dict[str, Any], folder: Path) -> tuple[Any, dict[str, list[int
 
 def example_inputs(request: dict[str, Any], shapes: dict[str, list[int]], batch: int = EXPORT_BATCH
                    ) -> dict[str, Any]:
-    """The inputs the model is run, exported and counted on (batch :data:`EXPORT_BATCH`): standard normal float32,
-    or int64 ids below their bound (``model.input_dtype``, ``model.input_high``)."""
+    """The inputs the model is run, exported and counted on (batch :data:`EXPORT_BATCH`), by
+    ``model.input_dtype``: standard normal float32 or float16, int64 ids below their bound (``model.input_high``),
+    or random booleans."""
     import torch
 
     from modak.spec.models import input_types
 
+    def make(shape: list[int], dtype: str, high: int | None) -> Any:
+        if dtype == "int64":
+            return torch.randint(0, high or 1, (batch, *shape))
+        if dtype == "bool":
+            return torch.randint(0, 2, (batch, *shape)).bool()
+        return torch.randn(batch, *shape, dtype=getattr(torch, dtype))
+
     types = input_types(request.get("input_dtype"), request.get("input_high"), list(shapes))
-    return {name: torch.randint(0, high or 1, (batch, *shape)) if dtype == "int64"
-            else torch.randn(batch, *shape) for name, shape in shapes.items()
-            for dtype, high in [types[name]]}
+    return {name: make(shape, *types[name]) for name, shape in shapes.items()}
+
+
+def _flat_module(model: Any, names: list[str], keyword: bool) -> Any:
+    """``model`` as a module of positional tensors (in the order of ``names``) that returns the tensors of its
+    outputs (:func:`modak.image.calling.flatten`): what the exporters and the FLOP counter take."""
+    import torch
+
+    class Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: Any) -> tuple[Any, ...]:
+            return flatten(call_model(self.model, names, tensors, keyword)).tensors
+
+    flat = Flat()
+    flat.training = False  # as the model, which is in eval mode (an exported program's module refuses train())
+    return flat
 
 
 def _build(request: dict[str, Any], folder: Path, root: Path) -> Any:
@@ -229,7 +261,7 @@ def _load_program(request: dict[str, Any]) -> tuple[Any, dict[str, list[int]]]:
     return program.module(), shapes
 
 
-def _export_dynamo(request: dict[str, Any], model: Any, inputs: dict[str, Any], path: Path) -> None:
+def _export_dynamo(model: Any, inputs: dict[str, Any], outputs: tuple[str, ...], path: Path) -> None:
     import onnx
     import onnxscript.optimizer
     import torch
@@ -241,7 +273,9 @@ def _export_dynamo(request: dict[str, Any], model: Any, inputs: dict[str, Any], 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(model, tuple(inputs.values()), dynamo=True, input_names=list(inputs),
-                                    dynamic_shapes=tuple({0: batch} for _ in inputs), opset_version=OPSET,
+                                    output_names=list(outputs),
+                                    dynamic_shapes=(tuple({0: batch} for _ in inputs),),  # forward(*tensors)
+                                    opset_version=OPSET,
                                     optimize=False, verbose=False)
         assert program is not None  # dynamo=True returns the program
         onnxscript.optimizer.fold_constants(program.model)
@@ -267,7 +301,7 @@ def _unsqueeze_scalar_reshapes(onnx: Any, proto: Any) -> None:
                                                                    list(node.output), name=node.name))
 
 
-def _export_torchscript(request: dict[str, Any], model: Any, inputs: dict[str, Any], path: Path) -> None:
+def _export_torchscript(model: Any, inputs: dict[str, Any], outputs: tuple[str, ...], path: Path) -> None:
     import onnx
     import torch
 
@@ -276,7 +310,8 @@ def _export_torchscript(request: dict[str, Any], model: Any, inputs: dict[str, A
         warnings.simplefilter("ignore")
         # the TorchScript exporter writes to a file object too; torch's hints name only paths
         torch.onnx.export(model, tuple(inputs.values()), buffer, input_names=list(inputs), dynamo=False,  # type: ignore[arg-type]
-                          dynamic_axes={name: {0: "batch"} for name in inputs}, opset_version=17,
+                          output_names=list(outputs), opset_version=17,
+                          dynamic_axes={name: {0: "batch"} for name in (*inputs, *outputs)},
                           training=torch.onnx.TrainingMode.PRESERVE)
     _save(onnx, onnx.load_from_string(buffer.getvalue()), path)
 
@@ -288,8 +323,9 @@ def _save(onnx: Any, proto: Any, path: Path) -> None:
     onnx.checker.check_model(str(path))
 
 
-def _count(model: Any, inputs: dict[str, Any]) -> list[dict[str, Any]]:
-    """FLOPs (``torch.utils.flop_counter``) and bytes per leaf module for one forward pass at the export batch;
+def _count(model: Any, forward: Callable[[], Any]) -> list[dict[str, Any]]:
+    """FLOPs (``torch.utils.flop_counter``) and bytes per leaf module of ``model`` in one ``forward`` pass at the
+    export batch;
     FLOPs outside every leaf module (functional calls in a forward) as one more entry."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -327,7 +363,7 @@ def _count(model: Any, inputs: dict[str, Any]) -> list[dict[str, Any]]:
         if not any(True for _ in module.children()):
             handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after(name or "model"))]
     with torch.no_grad(), counter:
-        model(*inputs.values())
+        forward()
     for handle in handles:
         handle.remove()
     rest = counter.get_total_flops() - sum(op["flops"] for op in ops if op["op_class"] in ("conv", "matmul",

@@ -257,32 +257,30 @@ def has_graph(request: RunRequest) -> bool:
 
 
 def make_inputs(request: RunRequest) -> dict[str, np.ndarray]:
-    """Deterministic inputs for the request's ONNX graph: random floats, in-range integer ids (without a graph:
-    floats of the request's input shapes)."""
+    """Deterministic inputs for the request's ONNX graph, of its inputs' types (without a graph: of the user's
+    ``model.input_dtype``): standard normal floats, integer ids below their bound, random booleans."""
     import numpy as np
     import onnx
 
     rng = np.random.default_rng(request.seed)
     bounds = _index_bounds(request)
+
+    def make(name: str, dtype: Any) -> np.ndarray:
+        shape = [request.batch_size, *request.input_shapes[name]]
+        if dtype.kind in "iu":
+            return rng.integers(0, bounds.get(name, int(request.extra.get("int_input_high", 100))),
+                                size=shape).astype(dtype)
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape).astype(dtype)
+        return rng.standard_normal(shape).astype(dtype)
+
     if not has_graph(request):
-        return {name: rng.integers(0, bounds[name], size=[request.batch_size, *shape]).astype(np.int64)
-                if name in bounds else rng.standard_normal([request.batch_size, *shape]).astype(np.float32)
-                for name, shape in request.input_shapes.items()}
+        given = (request.pytorch or {}).get("input_types", {})
+        return {name: make(name, np.dtype(given.get(name, ["float32"])[0])) for name in request.input_shapes}
     model = onnx.load(request.onnx_path, load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
-    inputs: dict[str, np.ndarray] = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        shape = [request.batch_size, *request.input_shapes[value.name]]
-        elem = value.type.tensor_type.elem_type
-        if elem in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
-            high = bounds.get(value.name, int(request.extra.get("int_input_high", 100)))
-            dtype = np.int64 if elem == onnx.TensorProto.INT64 else np.int32
-            inputs[value.name] = rng.integers(0, high, size=shape).astype(dtype)
-        else:
-            inputs[value.name] = rng.standard_normal(shape).astype(np.float32)
-    return inputs
+    return {value.name: make(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
+        value.type.tensor_type.elem_type))) for value in model.graph.input if value.name not in initializers}
 
 
 def _index_bounds(request: RunRequest) -> dict[str, int]:

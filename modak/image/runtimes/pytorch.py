@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from modak.image.calling import by_keyword, call_model, flatten
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest, has_graph, loss_targets
 from modak.image.runtimes.profiling import WARMUP_STEPS, median_step, op_class
@@ -170,6 +171,10 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
             return [t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
                     for t in found]
     module = wrap(model) if wrap else model
+    keyword = by_keyword(model, input_names)
+
+    def forward(batch: Sequence[Any]) -> Any:
+        return call_model(module, input_names, batch, keyword)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     if request.task == "inference":
@@ -178,12 +183,12 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
         def infer(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
             batch = tensors(feeds)
             key = tuple((tuple(t.shape), t.dtype) for t in batch)
-            replay = graphs.get(key, lambda: capture_graph(module, batch, device.type, request.precision))
+            replay = graphs.get(key, lambda: capture_graph(forward, batch, device.type, request.precision))
             if replay is not None:
                 outputs = replay(batch)
             else:
                 with torch.inference_mode(), autocast(device.type, request.precision):
-                    outputs = _as_list(module(*batch))
+                    outputs = _as_list(forward(batch))
             sync()
             with io():
                 return staging.to_host(outputs)
@@ -198,7 +203,7 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
         optimizer.zero_grad(set_to_none=True)
         with autocast(device.type, request.precision):
             batch = tensors(feeds)
-            loss = loss_of(module(*batch), dict(zip(input_names, batch)))
+            loss = loss_of(forward(batch), dict(zip(input_names, batch)))
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
@@ -208,8 +213,9 @@ def _build(request: RunRequest, wrap: Callable[[Any], Any] | None,
     return FunctionSession(train_step), model
 
 
-def capture_graph(module: Any, batch: Sequence[Any], device_type: str, precision: str) -> Callable[[Any], list[Any]]:
-    """The inference step of ``module`` on inputs shaped like ``batch`` captured in a CUDA graph (after
+def capture_graph(forward: Callable[[Sequence[Any]], Any], batch: Sequence[Any], device_type: str, precision: str
+                  ) -> Callable[[Any], list[Any]]:
+    """The inference step ``forward`` on inputs shaped like ``batch`` captured in a CUDA graph (after
     :data:`CAPTURE_WARMUP_STEPS` eager steps on a side stream); the replay: a batch's tensors copied into the
     graph's static inputs, the graph replayed, its static outputs (overwritten by the next replay)."""
     import torch
@@ -219,11 +225,11 @@ def capture_graph(module: Any, batch: Sequence[Any], device_type: str, precision
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad(), autocast(device_type, precision):
         for _ in range(CAPTURE_WARMUP_STEPS):
-            module(*static)
+            forward(static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), autocast(device_type, precision), torch.cuda.graph(graph):
-        outputs = _as_list(module(*static))
+        outputs = _as_list(forward(static))
 
     def replay(tensors: Any) -> list[Any]:
         for target, source in zip(static, tensors):
@@ -318,11 +324,9 @@ def _loss(request: RunRequest, device: Any) -> Callable[[Any, dict[str, Any]], A
 
 
 def _as_list(outputs: Any) -> list[Any]:
-    """A module's outputs as a list, in the order its ONNX export lists them (a mapping, e.g. a Hugging Face
-    ``ModelOutput``: its values that are set)."""
-    if isinstance(outputs, Mapping):
-        return [value for value in outputs.values() if value is not None]
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    """A module's output tensors as a list, in the order its ONNX export lists them
+    (:func:`modak.image.calling.flatten`: a ``ModelOutput``'s tensors, without its key/value cache)."""
+    return list(flatten(outputs).tensors)
 
 
 # --- Profiles (#40): the kernels of one step, from torch.profiler --------------------------------------------------
