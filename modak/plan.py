@@ -142,14 +142,20 @@ class Plan:
             runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
             batch_size=self.workload.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
-            zoo=self.source.zoo, pytorch=self._user_deployment(), loss=self._loss())
+            zoo=self.source.zoo, pytorch=self._user_deployment(), loss=self._loss(), tokenizer=self._tokenizer())
+
+    def _tokenizer(self) -> dict[str, Any] | None:
+        """The job's tokenizer as the image reads it: its folder's name beside the model file, and the length."""
+        spec, folder = self.loaded.job.model.tokenizer, self.loaded.files.tokenizer
+        return None if spec is None or folder is None else {"folder": folder.name, "max_length": spec.max_length}
 
     def user_files(self) -> list[Path]:
         """The user's own files, which the PyTorch runtimes read beside the model file (:attr:`Deployment.pytorch`,
         :attr:`Deployment.loss`): the module file (or its top-level package folder) and the weights, or the
-        torch.export program; the loss's module."""
+        torch.export program; the loss's module; the tokenizer's folder."""
         job, files = self.loaded.job, self.loaded.files
-        found = [*([files.exported] if files.exported else []), *([files.weights] if files.weights else [])]
+        found = [*([files.exported] if files.exported else []), *([files.weights] if files.weights else []),
+                 *([files.tokenizer] if files.tokenizer else [])]
         if job.model.pytorch is not None and files.model_module is not None:
             found.insert(0, module_code(job.model.pytorch.module, files.model_module))
         if job.loss is not None and files.loss_module is not None:

@@ -64,6 +64,9 @@ class Deployment:
     # The training step's loss (job.loss): a built-in (cross_entropy, mse) or "module:function" with the module
     # beside the model file; None: the mean square of the outputs.
     loss: str | None = None
+    # The job's tokenizer (model.tokenizer): {"folder": its name beside the model file, "max_length"}; served
+    # models take text then (modak.image.text).
+    tokenizer: Mapping[str, Any] | None = None
 
     @property
     def threads_policy(self) -> str:
@@ -74,11 +77,12 @@ class Deployment:
         data = asdict(self)
         data["params"], data["env"] = dict(self.params), dict(self.env)
         data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
-        for key in ("pytorch", "loss"):  # plans of ONNX files and zoo models are what they were
+        for key in ("pytorch", "loss", "tokenizer"):  # plans of ONNX files and zoo models are what they were
             if data[key] is None:
                 del data[key]
-        if self.pytorch is not None:
-            data["pytorch"] = dict(self.pytorch)
+        for key in ("pytorch", "tokenizer"):
+            if data.get(key) is not None:
+                data[key] = dict(data[key])
         return data
 
     @classmethod

@@ -266,7 +266,8 @@ def _pip_step(plan: Plan) -> PipStep:
     needs = recipe.container[plan.choice.candidate.device]
     pins = [_compact(r) for r in needs.pip]
     pinned = {_project(r) for r in pins}
-    pins += [r for r in image_requirements(job.task.value) if _project(r) not in pinned]
+    uses = (job.task.value, *(("tokenizer",) if job.model.tokenizer else ()))
+    pins += [r for r in image_requirements(*uses) if _project(r) not in pinned]
     pins += [_compact(r) for r in (job.entrypoint.requirements if job.entrypoint else [])]
     recipe_index = [needs.pip_index_url] if needs.pip_index_url and python.recipe_indexes else []
     extra = recipe_index + list(python.extra_index_urls)
@@ -276,12 +277,13 @@ def _pip_step(plan: Plan) -> PipStep:
                    wheelhouse=WHEELS_CONTEXT if files.wheels else None)
 
 
-def image_requirements(task: str | None = None) -> tuple[str, ...]:
-    """What modak's in-image package needs in images of ``task`` (``recipes/image.yaml``: every image's, then the
-    task's; all of them when ``task`` is None); a recipe's own pin of the same project wins."""
+def image_requirements(*uses: str) -> tuple[str, ...]:
+    """What modak's in-image package needs in images for ``uses`` (``recipes/image.yaml``: every image's, then
+    each use's: the task, ``tokenizer``; all of them when none is given); a recipe's own pin of the same project
+    wins."""
     pins = read_catalog("image.yaml")
-    tasks = [task] if task else [k for k in pins if k != "requirements"]
-    return (*pins["requirements"], *(r for t in tasks for r in pins.get(t, ())))
+    uses = uses or tuple(k for k in pins if k != "requirements")
+    return (*pins["requirements"], *(r for use in uses for r in pins.get(use, ())))
 
 
 def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> tuple[tuple[str, str], ...]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,6 +48,7 @@ from modak.image.runtimes.base import (
     make_inputs,
     relative_error,
 )
+from modak.image.text import TOKEN_FIELDS, TextInput, load_text_input
 
 __all__ = ["FeedError", "Model", "TensorSpec", "load", "request_from_environment"]
 
@@ -79,6 +80,13 @@ class Model:
     sample_batch: Mapping[str, np.ndarray]  # the deterministic batch it was prepared with (one batch_size)
     prepare_seconds: float = 0.0
     any_batch: bool = False  # a partial batch runs unpadded (:func:`runs_partial_batches`)
+    text: TextInput | None = None  # the job's tokenizer: the model also takes text (modak.image.text)
+
+    def encode_text(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The model's token inputs for ``texts`` (through the job's tokenizer); FeedError without one."""
+        if self.text is None:
+            raise FeedError("this model has no tokenizer (model.tokenizer): send its inputs as tensors")
+        return self.text.encode(texts, {spec.name: np.dtype(spec.dtype) for spec in self.inputs})
 
     @property
     def batch_size(self) -> int:
@@ -199,7 +207,12 @@ def open_model(request: RunRequest, deployment: Deployment | None = None) -> Mod
             for index, o in enumerate(session.run(sample)))
     if request.task == "training":
         outputs = (TensorSpec("loss", (), "float32"),)
-    return Model(deployment, request, session, inputs, outputs, sample, prepare_s)
+    text = None
+    if deployment.tokenizer is not None:
+        text = load_text_input(Path(request.onnx_path).parent / deployment.tokenizer["folder"],
+                               int(deployment.tokenizer["max_length"]),
+                               [spec.name for spec in inputs if spec.name in TOKEN_FIELDS])
+    return Model(deployment, request, session, inputs, outputs, sample, prepare_s, text=text)
 
 
 def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequest:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from msgspec import Meta, Struct, field
 
+from modak.image.text import TOKEN_FIELDS
 from modak.schedulers import SCHEDULERS
 from modak.spec.names import EngineName
 
@@ -116,6 +117,18 @@ class PyTorchModel(Strict, frozen=True, kw_only=True):
                 from None
 
 
+class TokenizerSpec(Strict, frozen=True, kw_only=True):
+    """The text a served model takes: a Hugging Face tokenizer that turns a request's strings into its token
+    inputs (:data:`modak.image.text.TOKEN_FIELDS`), in the image (:mod:`modak.image.text`)."""
+
+    path: Annotated[Text, Meta(description=
+        "A local folder with the tokenizer's tokenizer.json (what save_pretrained writes), relative to the job "
+        "file; the image carries it.")]
+    max_length: Annotated[PositiveInt, Meta(description=
+        "The sequence length every text is padded or truncated to: the length of the token inputs in "
+        "model.input_shape, which the plan predicts at.")]
+
+
 class ModelSpec(Strict, frozen=True, kw_only=True):
     """The network: an ONNX file, a zoo architecture, the user's own PyTorch module or a ``torch.export`` program,
     with its input and batch size."""
@@ -134,6 +147,9 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
     input_high: Annotated[PositiveInt | dict[str, PositiveInt] | None, Meta(description=
         "The user's own model: the exclusive upper bound of its int64 inputs (the vocabulary size, an "
         "embedding table's rows); a mapping for several inputs.")] = None
+    tokenizer: Annotated[TokenizerSpec | None, Meta(description=
+        "The user's own model: a tokenizer, so that `modak serve` takes text (a BYTES input named text) as well "
+        "as token ids.")] = None
     batch_size: Annotated[PositiveInt | Literal["auto"], Meta(description=
         "Samples per step, or 'auto' (inference with objective throughput): the plan predicts every power of two "
         "from 1 to 256 and takes the batch with the most samples per second within constraints.max_latency_ms "
@@ -145,6 +161,8 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
                              "module and factory) or 'exported' (a torch.export .pt2 file)")
         if self.pytorch is not None and self.input_shape is None:
             raise ValueError("a PyTorch model needs input_shape (per sample, without the batch dimension)")
+        if self.tokenizer is not None:
+            self._check_tokenizer(self.tokenizer)
         if self.input_dtype is None and self.input_high is None:
             return
         if self.onnx is not None or self.zoo is not None:
@@ -156,6 +174,24 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
         if unbounded:
             raise ValueError("int64 inputs need input_high (their exclusive upper bound, e.g. the vocabulary size): "
                              f"none for {', '.join(unbounded)}")
+
+    def _check_tokenizer(self, tokenizer: TokenizerSpec) -> None:
+        shapes = self.input_shape
+        if self.pytorch is None and self.exported is None:
+            raise ValueError("tokenizer serves the user's own model (pytorch, exported): give its token inputs in "
+                             "input_shape")
+        if not isinstance(shapes, dict) or "input_ids" not in shapes:
+            raise ValueError("a tokenizer fills input_ids: input_shape must name it (e.g. {input_ids: [128], "
+                             "attention_mask: [128]})")
+        wrong = [f"{name} {shapes[name]}" for name in TOKEN_FIELDS if name in shapes
+                 and shapes[name] != [tokenizer.max_length]]
+        if wrong:
+            raise ValueError(f"the token inputs are padded to tokenizer.max_length {tokenizer.max_length}, so their "
+                             f"input_shape must be [{tokenizer.max_length}]: {', '.join(wrong)}")
+        others = sorted(set(shapes) - set(TOKEN_FIELDS))
+        if others:
+            raise ValueError(f"a tokenizer fills only {', '.join(TOKEN_FIELDS)}; the model also takes "
+                             f"{', '.join(others)}")
 
     def input_types(self, names: Sequence[str]) -> dict[str, tuple[str, int | None]]:
         """Element type and exclusive upper bound (int64 inputs) of each of the user's model's inputs ``names``."""

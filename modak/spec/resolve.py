@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modak.errors import InputError
+from modak.image.text import TOKENIZER_FILE
 from modak.limits import GIB, MAX_APP_BYTES, MAX_APP_FILES
 from modak.paths import refusal
 from modak.spec.document import SpecDocument
@@ -55,6 +56,7 @@ class ResolvedFiles:
     weights: Path | None = None  # model.pytorch.weights
     exported: Path | None = None  # model.exported, a torch.export program
     loss_module: Path | None = None  # the file of the job's loss module (loss: module:function)
+    tokenizer: Path | None = None  # the folder of model.tokenizer.path (holds tokenizer.json)
 
     def inputs(self) -> tuple[Path, ...]:
         """The job's own input files (for the image's ``created`` time): spec files and application files."""
@@ -91,6 +93,13 @@ def _model_files(job: Job, doc: SpecDocument) -> dict[str, Path]:
             files["weights"] = _existing_file(spec.pytorch.weights, doc, ("model", "pytorch", "weights"))
     if spec.exported is not None:
         files["exported"] = _existing_file(spec.exported, doc, ("model", "exported"))
+    if spec.tokenizer is not None:
+        loc = ("model", "tokenizer", "path")
+        folder = doc.resolve(spec.tokenizer.path, loc)
+        if not (folder / TOKENIZER_FILE).is_file():
+            raise doc.error(loc, f"no {TOKENIZER_FILE} in {folder} (save the tokenizer with save_pretrained)"
+                            if folder.is_dir() else f"folder not found: {folder}")
+        files["tokenizer"] = folder
     if job.loss is not None and ":" in job.loss:
         files["loss_module"] = module_file(job.loss.rpartition(":")[0], doc, ("loss",))
     return files

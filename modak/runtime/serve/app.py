@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import modak
+from modak.image.text import TEXT_INPUT
 from modak.runtime import Model
 from modak.runtime.serve.batching import DynamicBatcher
 from modak.runtime.serve.metrics import Metrics
@@ -97,8 +98,9 @@ class _App:
             return [{"name": s.name, "datatype": DATATYPES.get(s.dtype, s.dtype.upper()), "shape": [-1, *s.shape]}
                     for s in specs]
 
+        text = [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}] if self.model.text is not None else []
         return {"name": self.name, "versions": ["1"], "platform": self.model.deployment.runtime,
-                "inputs": tensors(self.model.inputs), "outputs": tensors(self.model.outputs)}
+                "inputs": text + tensors(self.model.inputs), "outputs": tensors(self.model.outputs)}
 
     async def model_ready(self, request: Any) -> dict[str, Any]:
         self._check_model(request)
@@ -116,6 +118,8 @@ class _App:
             decoded = await asyncio.to_thread(decode_request, body, header, self.model, self.limits)
         else:
             decoded = decode_request(body, header, self.model, self.limits)
+        if decoded.preprocess_s is not None:
+            self.metrics.preprocess.observe(decoded.preprocess_s)
         assert self.batcher is not None
         outputs = await self.batcher.submit(decoded.feeds, decoded.samples)
         content, length = encode_response(self.model, self.name, decoded, outputs)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from modak.image.text import TEXT_INPUT
 from modak.runtime import FeedError, Model
 from modak.runtime.serve.settings import Limits
 
@@ -43,6 +45,7 @@ class Decoded:
     samples: int
     outputs: list[tuple[str, bool]]  # name, binary
     id: str | None = None
+    preprocess_s: float | None = None  # the tokenizer's seconds, for a text request
 
 
 def decode_request(body: bytes, header_length: str | None, model: Model, limits: Limits) -> Decoded:
@@ -65,6 +68,11 @@ def decode_request(body: bytes, header_length: str | None, model: Model, limits:
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) for i in inputs):
         raise RequestError(400, "inputs must be a non-empty list of tensors")
+    outputs = _requested_outputs(request.get("outputs"), model, bool(parameters.get("binary_data_output")))
+    if model.text is not None and any(tensor.get("name") == TEXT_INPUT for tensor in inputs):
+        start = time.perf_counter()
+        feeds = model.encode_text(_texts(inputs, binary, limits))
+        return Decoded(feeds, len(feeds["input_ids"]), outputs, request_id, time.perf_counter() - start)
     specs = {spec.name: spec for spec in model.inputs}
     raw: dict[str, tuple[list[int], str, dict[str, Any]]] = {}
     for tensor in inputs:
@@ -107,9 +115,48 @@ def decode_request(body: bytes, header_length: str | None, model: Model, limits:
         feeds = model.check(arrays)
     except FeedError as exc:
         raise RequestError(400, str(exc)) from None
-    return Decoded(feeds, len(next(iter(feeds.values()))),
-                   _requested_outputs(request.get("outputs"), model, bool(parameters.get("binary_data_output"))),
-                   request_id)
+    return Decoded(feeds, len(next(iter(feeds.values()))), outputs, request_id)
+
+
+def _texts(inputs: list[dict[str, Any]], binary: bytes, limits: Limits) -> list[str]:
+    """The strings of a text request: one BYTES tensor named :data:`TEXT_INPUT` of shape [n] (or [n, 1]), its
+    elements UTF-8, as JSON strings or as binary data (each a 4-byte little-endian length, then the bytes)."""
+    if len(inputs) != 1:
+        raise RequestError(400, f"a text request has one input, {TEXT_INPUT}; got {len(inputs)}")
+    tensor = inputs[0]
+    shape, datatype = tensor.get("shape"), tensor.get("datatype")
+    if datatype != "BYTES":
+        raise RequestError(400, f"input {TEXT_INPUT}: datatype {datatype!r}; text is BYTES")
+    if not isinstance(shape, list) or not shape or not all(type(d) is int and d >= 0 for d in shape) \
+            or math.prod(shape[1:]) != 1:
+        raise RequestError(400, f"input {TEXT_INPUT}: shape must be [n] or [n, 1] (one text per sample)")
+    if shape[0] > limits.max_request_samples:
+        raise RequestError(413, f"input {TEXT_INPUT}: {shape[0]} samples; this server takes at most "
+                                f"{limits.max_request_samples} per request")
+    size = _object(tensor.get("parameters"), f"input {TEXT_INPUT} parameters").get("binary_data_size")
+    if size is not None:
+        if type(size) is not int or size != len(binary):
+            raise RequestError(400, f"input {TEXT_INPUT}: binary_data_size {size!r}, the body has {len(binary)} "
+                                    "bytes of binary data")
+        items, offset = [], 0
+        while offset < len(binary):
+            length = int.from_bytes(binary[offset:offset + 4], "little")
+            if offset + 4 + length > len(binary):
+                raise RequestError(400, f"input {TEXT_INPUT}: an element's length runs past the binary data")
+            items.append(binary[offset + 4:offset + 4 + length])
+            offset += 4 + length
+    else:
+        data = tensor.get("data")
+        items = data if isinstance(data, list) else []
+        items = [item for row in items for item in (row if isinstance(row, list) else [row])]
+        if not all(isinstance(item, str) for item in items):
+            raise RequestError(400, f"input {TEXT_INPUT}: data must be a list of strings")
+    if len(items) != shape[0]:
+        raise RequestError(400, f"input {TEXT_INPUT}: {len(items)} texts, shape {shape} needs {shape[0]}")
+    try:
+        return [item if isinstance(item, str) else item.decode() for item in items]
+    except UnicodeDecodeError:
+        raise RequestError(400, f"input {TEXT_INPUT}: an element is not UTF-8") from None
 
 
 def _object(value: object, what: str) -> dict[str, Any]:

@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from modak.image.text import TEXT_INPUT
 from modak.runtime import Model
 from modak.runtime.serve.app import bind, build_app
 from modak.runtime.serve.protocol import DATATYPES, DTYPES
 from modak.runtime.serve.settings import Settings
 
 SELF_CHECK_SAMPLES = 3
+SELF_CHECK_TEXTS = ("The smoke test's first sentence.", "A second, longer one: served through the tokenizer.")
 
 
 def self_check(model: Model, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -59,8 +61,19 @@ def self_check(model: Model, timeout_s: float = 60.0) -> dict[str, Any]:
             if got[name].shape != array.shape or not np.allclose(got[name], array, rtol=1e-5, atol=1e-6):
                 raise RuntimeError(f"output {name}: the server's {list(got[name].shape)} differs from Model.run's "
                                    f"{list(array.shape)}")
-        return {"status": "ok", "url": url, "latency_s": round(latency, 6),
-                "outputs": {name: list(a.shape) for name, a in got.items()}}
+        result = {"status": "ok", "url": url, "latency_s": round(latency, 6),
+                  "outputs": {name: list(a.shape) for name, a in got.items()}}
+        if model.text is not None:  # and as text, through the job's tokenizer
+            expected = model.run(model.encode_text(SELF_CHECK_TEXTS))
+            request = {"inputs": [{"name": TEXT_INPUT, "shape": [len(SELF_CHECK_TEXTS)], "datatype": "BYTES",
+                                   "data": list(SELF_CHECK_TEXTS)}]}
+            answer = _post(f"{url}/models/model/infer", request, max(1.0, deadline - time.monotonic()))
+            for output in answer["outputs"]:
+                array = np.asarray(output["data"], DTYPES[output["datatype"]]).reshape(output["shape"])
+                if not np.allclose(array, expected[output["name"]], rtol=1e-5, atol=1e-6):
+                    raise RuntimeError(f"output {output['name']} of a text request differs from Model.run's")
+            result["text_outputs"] = {o["name"]: o["shape"] for o in answer["outputs"]}
+        return result
     except Exception as exc:
         return {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000]}
     finally:
