@@ -470,6 +470,44 @@ def test_served_image_of_the_users_module_equals_eager_pytorch(engine: DockerEng
         container.remove(force=True)
 
 
+@pytest.mark.engine
+def test_served_image_answers_text_through_the_jobs_tokenizer(engine: DockerEngine, tmp_path: Path) -> None:
+    """examples/hf-text (a BERT classifier as its users write it, and its tokenizer) built on ONNX Runtime: the
+    image takes a KServe v2 BYTES request of text from the reference client and answers what eager PyTorch
+    answers on transformers' own tokenization of the same texts; its smoke test served text too."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from tests.test_hf_models import eager_logits
+
+    folder = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / "hf-text", folder)
+    write_target(folder, "local-cpu")
+    job_path = folder / "job.yaml"
+    job = yaml.safe_load(job_path.read_text())
+    job.update(target="target.yaml", constraints={"runtimes": ["onnxruntime"]})
+    job_path.write_text(yaml.safe_dump(job, sort_keys=False))
+    data = build(job_path, "-o", tmp_path / "out")
+    assert data["smoke_test"]["status"] == "ok" and data["smoke_test"]["text_outputs"] == {"logits": [2, 3]}, \
+        data["smoke_test"]
+    port = _free_port()
+    container = engine.client.containers.run(data["image"]["ref"], detach=True,
+                                             ports={"8080/tcp": ("127.0.0.1", port)})
+    try:
+        client = _ready_client(container, port)
+        metadata = client.get_model_metadata(data["job"])
+        assert metadata["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [-1]}, metadata
+        texts = ["modak builds the image and serves it.", "A second text, " * 20, "short"]
+        given = httpclient.InferInput("text", [len(texts)], "BYTES")
+        given.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+        result = client.infer(data["job"], [given])
+        np.testing.assert_allclose(result.as_numpy("logits"), eager_logits(job_path, texts), rtol=1e-4, atol=1e-5)
+        assert "modak_preprocess_seconds_count 1.0" in urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    finally:
+        container.remove(force=True)
+
+
 # --- failures ------------------------------------------------------------------------------------------------
 
 @pytest.mark.engine

@@ -145,7 +145,7 @@ def mistral():
 
 
 def whisper_encoder():
-    return t.WhisperModel(t.WhisperConfig(vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2,
+    return t.WhisperModel(t.WhisperConfig(d_model=128, encoder_layers=2, decoder_layers=2,
                                           encoder_attention_heads=4, decoder_attention_heads=4,
                                           encoder_ffn_dim=256, decoder_ffn_dim=256, num_mel_bins=80,
                                           max_source_positions=64)).get_encoder()
