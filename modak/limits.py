@@ -9,6 +9,8 @@ or a Python recursion error. docs/reference/limits.md lists them (generated from
 * ONNX models (:func:`modak.workload.analysis.load_model`): the graph file's size (protobuf cannot parse a message
   of 2 GiB or more; larger models keep their weights as external data, which modak does not read) and the number
   of nodes, local functions inlined.
+* The one run of an ONNX graph in ONNX Runtime for the shapes shape inference leaves unknown
+  (:mod:`modak.workload.shapes`): its time and address space.
 * Measurement CSV files (:func:`modak.measurements.store.read_csv`) and kernel CSV files
   (:func:`modak.measurements.kernels.read_kernel_csv`): the file's size (one field is limited to the :mod:`csv`
   module's 128 KiB).
@@ -51,6 +53,11 @@ MAX_APP_BYTES = 1 * GIB
 build context."""
 MAX_APP_FILES = 20_000
 """Files of the job's ``entrypoint.files``, folders walked."""
+SHAPE_RUN_SECONDS = 120
+"""Wall-clock seconds of the one ONNX Runtime run of a graph for the shapes shape inference leaves unknown
+(:mod:`modak.workload.shapes`); beyond it, the shapes it would have given are guessed."""
+SHAPE_RUN_MEMORY_BYTES = 32 * GIB
+"""Address space of that run's process (``RLIMIT_AS``)."""
 
 
 def check_size(path: Path, limit: int, what: str) -> None:

@@ -59,6 +59,7 @@ def analysis_document(profile: WorkloadProfile) -> dict[str, Any]:
         "forward_flops": profile.forward_flops, "forward_bytes": profile.forward_bytes,
         "arithmetic_intensity": profile.arithmetic_intensity,
         "op_types": {k: {"count": c, "flops": f, "bytes": b} for k, (c, f, b) in profile.by_op_type().items()},
+        **({"shapes": shapes} if (shapes := profile.shapes_record()) is not None else {}),
     })
 
 

@@ -25,6 +25,7 @@ from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
 from modak.spec.resolve import module_code
 from modak.workload.analysis import WorkloadProfile
+from modak.workload.shapes import ShapeSource
 from modak.workload.source import ModelSource
 
 if TYPE_CHECKING:
@@ -205,6 +206,7 @@ class Plan:
                 "parameters": workload.parameters, "flops_per_step": workload.flops,
                 "bytes_per_step": workload.bytes, "arithmetic_intensity": round(workload.arithmetic_intensity, 4),
                 "nodes": len(workload.ops),
+                **({"shapes": shapes} if (shapes := workload.shapes_record()) is not None else {}),
             },
             "candidates": [_ranked_dict(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
             "pruned": [{"runtime": p.runtime, "reason": p.reason} for p in self.pruned],
@@ -323,13 +325,31 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     recipes = {r.candidate.runtime: catalog[r.candidate.runtime] for r in ranked}
     correction = describe_corrections(factors, loaded.target.name)
     reasons = _reasons(loaded, ranked, pruned, stock, kept_over, tuned,
-                       (*gate_reasons, *_source_reasons(source), *((correction,) if correction else ())))
+                       (*gate_reasons, *_source_reasons(source), *_shape_reasons(workload),
+                        *((correction,) if correction else ())))
     plan = Plan(loaded, source, workload, ceilings, recipes, tuple(ranked), tuple(pruned), reasons, stock, tuned)
     if loaded.job.scaling is None:  # scaling decides nothing then (and its all-reduce model is not imported)
         return plan
     from modak.scaling import decide
 
     return replace(plan, data_parallel=decide(plan))
+
+
+def _shape_reasons(workload: WorkloadProfile) -> tuple[str, ...]:
+    """Where the shapes ONNX shape inference left unknown came from (:mod:`modak.workload.shapes`), and the nodes
+    priced at guessed shapes."""
+    counts = workload.shape_sources
+    found = [f"{counts[source.value]} node(s) from {how}" for source, how in (
+        (ShapeSource.symbolic, "ONNX Runtime's symbolic shape inference"),
+        (ShapeSource.run, f"one run of the graph in ONNX Runtime at batch {workload.batch_size}"))
+        if counts.get(source.value)]
+    reasons = ["shapes ONNX shape inference left unknown: " + ", ".join(found)] if found else []
+    guessed = workload.unknown_shapes
+    if guessed:
+        reasons.append(f"{len(guessed)} node(s) priced at guessed shapes (no source gave them; each unknown tensor as "
+                       "large as the largest of its node), so the workload's FLOPs and bytes are estimates: "
+                       + ", ".join(guessed[:6]) + (" ..." if len(guessed) > 6 else ""))
+    return tuple(reasons)
 
 
 def _source_reasons(source: ModelSource) -> tuple[str, ...]:

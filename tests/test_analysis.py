@@ -259,16 +259,6 @@ def test_symbolic_dims_come_from_input_shapes():
         analyze(dynamic_reshape_model(), 4, {"x": [10, 16]}, Task.training, optimizer="adma")
 
 
-def test_unknown_shape_names_the_node():
-    node = helper.make_node("Mystery", ["x"], ["y"], name="custom", domain="example.ops")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.ops", 1)])
-    model.ir_version = 10
-    with pytest.raises(InputError, match="output 'y' of node 'custom' \\(Mystery\\)"):
-        analyze(model, 2)
-
-
 # --- the job's model source -----------------------------------------------------------------------------
 
 TARGET = """apiVersion: modak/v1

@@ -11,6 +11,8 @@ Cost model (the constants live in ``recipes/hardware/op_classes.yaml`` and :data
   reuse); inputs that are initializers or Constant outputs count as weights. Shape and Size read no data.
   A gather reads the elements it gathers, not its whole data input: an embedding lookup (a Gather from a weight
   table) the rows it looks up, a Gather from an activation (the first token of a sequence) that slice.
+* Nodes are costed at the shapes ONNX shape inference gives at the batch; those it leaves unknown come from ONNX
+  Runtime, else are guessed (:mod:`modak.workload.shapes`; the profile counts each node's source).
 * Training: the backward pass costs :data:`BACKWARD_FLOPS` x the forward FLOPs (gradients with respect to
   activations and weights, the common 2x rule) and moves :data:`BACKWARD_BYTES` x the forward bytes (saved
   activations and incoming gradients read, gradients written); the optimizer update costs per parameter the
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -35,6 +37,7 @@ from modak.limits import MAX_ONNX_BYTES, MAX_ONNX_NODES, check_size
 from modak.paths import data_dir
 from modak.spec.loader import read_catalog
 from modak.spec.models import Task
+from modak.workload.shapes import ShapeSource, TensorType, complete, fill, value_types
 
 if TYPE_CHECKING:
     import onnx
@@ -123,6 +126,10 @@ class WorkloadProfile:
     # for a model profiled without an ONNX graph)
     input_bytes: int = 0
     output_bytes: int = 0
+    # Nodes per ShapeSource value: where the shapes each node is costed at came from (the least sure of them; {}: no
+    # ONNX graph), and the nodes priced at guessed shapes (modak.workload.shapes)
+    shape_sources: Mapping[str, int] = field(default_factory=dict)
+    unknown_shapes: tuple[str, ...] = ()
 
     @property
     def macs(self) -> int:
@@ -142,6 +149,13 @@ class WorkloadProfile:
         """Forward count, FLOPs and bytes per op class, most FLOPs first."""
         return _group(self.ops, lambda op: op.op_class)
 
+    def shapes_record(self) -> dict[str, Any] | None:
+        """Where the nodes' shapes came from, for the JSON documents: ``sources`` (nodes per source) and ``unknown``
+        (the nodes priced at guessed shapes); None where ONNX shape inference gave them all, or without a graph."""
+        if not any(count for source, count in self.shape_sources.items() if source != ShapeSource.onnx.value):
+            return None
+        return {"sources": dict(self.shape_sources), "unknown": list(self.unknown_shapes)}
+
 
 def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
             input_shapes: Mapping[str, list[int] | tuple[int, ...]] | None = None, task: Task | str = Task.inference,
@@ -149,8 +163,8 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
     """Profile ``model`` (a ModelProto or an ONNX file, whose weight data is not read) at ``batch_size``.
 
     Dimension 0 of every graph input is the batch; ``input_shapes`` gives per-sample shapes for inputs whose
-    other dimensions are symbolic. Every tensor must get a concrete shape from ONNX shape inference,
-    otherwise an :class:`InputError` names the node.
+    other dimensions are symbolic. The shapes ONNX shape inference leaves unknown are found otherwise, or guessed
+    (:mod:`modak.workload.shapes`; the profile's ``shape_sources`` and ``unknown_shapes`` say which).
     """
     import onnx
 
@@ -170,9 +184,18 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
     weights = {t.name: t for t in graph.initializer}
     constants = constant_tensors(graph)
     skeleton, fixed = _skeleton(model, batch_size, input_shapes or {})
-    types = _infer_types(skeleton)
-    types.update({t.name: (t.data_type, tuple(t.dims)) for t in weights.values()})
-    ops = tuple(_node_stats(node, i, types, constants, skeleton) for i, node in enumerate(graph.node))
+    inferred = _infer_types(skeleton)
+    for index, node in enumerate(graph.node):
+        if any(attr.type in (5, 10) for attr in node.attribute):  # GRAPH, GRAPHS
+            label = f"'{node.name}'" if node.name else f"#{index}"
+            raise InputError(f"node {label} ({node.op_type}): control flow with subgraphs is not supported by the "
+                             "analysis")
+    inferred.update({t.name: (t.data_type, tuple(t.dims)) for t in weights.values()})
+    costed = [_costed(node) for node in graph.node]
+    shapes = fill(model, skeleton, inferred, costed)
+    types = shapes.types
+    ops = tuple(_node_stats(node, i, types, constants) for i, node in enumerate(graph.node))
+    sources = [shapes.source(tensors) for tensors in costed]
 
     statistics = {n for node in graph.node if node.op_type == "BatchNormalization" for n in node.input[3:5]}
     params = [t for t in weights.values() if t.data_type in _FLOAT_TYPES and t.name not in statistics]
@@ -182,8 +205,10 @@ def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
                        for values in (graph.input, graph.output))
     profile = step_profile(name or graph.name or "model", task, batch_size, fixed, ops, parameters, parameter_bytes,
                            optimizer)
-    return replace(profile, input_bytes=sum(_nbytes(kind, dims) for kind, dims in inputs if dims is not None),
-                   output_bytes=sum(_nbytes(kind, dims) for kind, dims in outputs if dims is not None))
+    return replace(profile, input_bytes=sum(_nbytes(kind, dims) for kind, dims in inputs),
+                   output_bytes=sum(_nbytes(kind, dims) for kind, dims in outputs),
+                   shape_sources={source.value: sources.count(source) for source in ShapeSource},
+                   unknown_shapes=tuple(op.name for op, source in zip(ops, sources) if source is ShapeSource.guessed))
 
 
 def step_profile(name: str, task: Task | str, batch_size: int, input_shapes: Mapping[str, tuple[int, ...]],
@@ -206,9 +231,10 @@ def step_profile(name: str, task: Task | str, batch_size: int, input_shapes: Map
 def tensor_shapes(model: onnx.ModelProto, batch_size: int,
                   input_shapes: Mapping[str, list[int] | tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
     """The shape at ``batch_size`` of every tensor of ``model`` (its local functions inlined) that ONNX shape
-    inference fixes, initializers included: the shapes :func:`analyze` costs the nodes at."""
+    inference fixes, initializers included: the shapes :func:`analyze` costs the nodes at, where it needs no
+    other source."""
     skeleton, _ = _skeleton(model, batch_size, input_shapes or {})
-    shapes = {name: dims for name, (_, dims) in _infer_types(skeleton).items() if dims is not None}
+    shapes = {name: full for name, (_, dims) in _infer_types(skeleton).items() if (full := complete(dims)) is not None}
     shapes.update({t.name: tuple(t.dims) for t in model.graph.initializer})
     return shapes
 
@@ -253,9 +279,13 @@ def format_table(profile: WorkloadProfile) -> Table:
     """A rich table for ``modak analyze``: forward cost per op type, the totals and the parameters."""
     from rich.table import Table
 
-    table = Table(title=f"{profile.model_name}: {profile.task.value}, batch {profile.batch_size}",
-                  caption=f"parameters: {profile.parameters / 1e6:.2f} M ({profile.parameter_bytes / 1e6:.1f} MB); "
-                          f"forward MACs: {profile.macs / 1e9:.3f} G")
+    caption = (f"parameters: {profile.parameters / 1e6:.2f} M ({profile.parameter_bytes / 1e6:.1f} MB); "
+               f"forward MACs: {profile.macs / 1e9:.3f} G")
+    shapes = profile.shapes_record()
+    if shapes is not None:
+        caption += "; nodes' shapes: " + ", ".join(f"{count} {source}" for source, count in shapes["sources"].items()
+                                                   if count)
+    table = Table(title=f"{profile.model_name}: {profile.task.value}, batch {profile.batch_size}", caption=caption)
     for header in ("op type", "class", "count", "GFLOP", "FLOP %", "MB", "FLOP/B"):
         table.add_column(header, justify="left" if header in ("op type", "class") else "right")
     classes: dict[str, set[str]] = {}
@@ -342,36 +372,18 @@ def _fixed_dims(vi: onnx.ValueInfoProto, batch: int, sample: Any) -> list[int]:
     return fixed
 
 
-def _infer_types(skeleton: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...] | None]]:
-    """Element type and shape (None where not fully known) of every tensor ONNX shape inference reaches."""
+def _infer_types(skeleton: onnx.ModelProto) -> dict[str, TensorType]:
+    """Element type and (partial) shape of every tensor ONNX shape inference reaches."""
     import onnx
 
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, data_prop=True)
     except Exception as exc:  # InferenceError, ValidationError: the graph contradicts itself
         raise InputError(f"ONNX shape inference failed: {short_reason(exc)}") from None
-    types = {}
-    graph = inferred.graph
-    for vi in (*graph.input, *graph.value_info, *graph.output):
-        tensor_type = vi.type.tensor_type
-        dims = None
-        if tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in tensor_type.shape.dim):
-            dims = tuple(d.dim_value for d in tensor_type.shape.dim)
-        types[vi.name] = (tensor_type.elem_type, dims)
-    for tensor in graph.initializer:
+    types = value_types(inferred.graph)
+    for tensor in inferred.graph.initializer:
         types[tensor.name] = (tensor.data_type, tuple(tensor.dims))
     return types
-
-
-def _strict_reason(skeleton: onnx.ModelProto) -> str:
-    """Why shape inference left a tensor unknown, from a strict-mode run (empty if it does not say)."""
-    import onnx
-
-    try:
-        onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
-    except Exception as exc:
-        return short_reason(exc)
-    return ""
 
 
 # --- costs ----------------------------------------------------------------------------------------------
@@ -387,25 +399,17 @@ def op_table() -> dict[str, tuple[str, float]]:
     return {op: (op_class, float(cost)) for op_class, ops in data.items() for op, cost in ops.items()}
 
 
-def _node_stats(node: onnx.NodeProto, index: int, types: dict[str, tuple[int, tuple[int, ...] | None]],
-                constants: frozenset[str], skeleton: onnx.ModelProto) -> OpStats:
-    label = f"'{node.name}'" if node.name else f"#{index}"
-    if any(attr.type in (5, 10) for attr in node.attribute):  # GRAPH, GRAPHS
-        raise InputError(f"node {label} ({node.op_type}): control flow with subgraphs is not supported "
-                         "by the analysis")
+def _costed(node: onnx.NodeProto) -> list[str]:
+    """The tensors whose shapes ``node`` is costed at: its outputs and, unless it reads only shapes, its inputs."""
+    inputs = [] if node.op_type in _METADATA_ONLY else [n for n in node.input if n]
+    return [*inputs, *(n for n in node.output if n)]
 
-    def shape_of(tensor: str, role: str) -> tuple[int, tuple[int, ...]]:
-        elem_type, dims = types.get(tensor, (0, None))
-        if dims is None or not elem_type:
-            reason = _strict_reason(skeleton) or (
-                f"ONNX has no shape inference for the custom operator {node.domain}.{node.op_type}"
-                if node.domain not in ("", "ai.onnx") else "ONNX shape inference left it unknown")
-            raise InputError(f"cannot infer the shape of {role} '{tensor}' of node {label} ({node.op_type}): {reason}")
-        return elem_type, dims
 
+def _node_stats(node: onnx.NodeProto, index: int, types: Mapping[str, tuple[int, tuple[int, ...]]],
+                constants: frozenset[str]) -> OpStats:
     metadata_only = node.op_type in _METADATA_ONLY
-    inputs = [(n, None if metadata_only else shape_of(n, "input")) for n in node.input if n]
-    outputs = [shape_of(n, "output") for n in node.output if n]
+    inputs = [(n, None if metadata_only else types[n]) for n in node.input if n]
+    outputs = [types[n] for n in node.output if n]
     op_class, cost = op_table().get(node.op_type, ("elementwise", 1.0))
     gather = op_class == "embedding"
     if gather and node.input[0] not in constants:

@@ -159,7 +159,8 @@ def _code_digest(runtime: str) -> str:
     from modak.image import zoo
 
     reports = _reporting(runtime)
-    files = [Path(__file__), Path(__file__).with_name("analysis.py"), reports.source_file(),
+    files = [Path(__file__), Path(__file__).with_name("analysis.py"), Path(__file__).with_name("shapes.py"),
+             Path(__file__).with_name("shapes_child.py"), reports.source_file(),
              Path(zoo.__file__ or "").with_name("onnx_nodes.py")]
     if reports.kernels == "torch":  # files read, not imported (zoo_models would import torch)
         here = Path(__file__)

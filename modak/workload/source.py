@@ -20,7 +20,7 @@ from modak.paths import cache_dir, write_atomic
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Task
-from modak.workload import analysis, usercode_child, zoo
+from modak.workload import analysis, shapes, usercode_child, zoo
 from modak.workload.analysis import OpStats, WorkloadProfile, analyze, load_model, step_profile
 from modak.workload.usercode import UserModel, load_user_model
 
@@ -149,7 +149,8 @@ def _analysis_key(loaded: LoadedJob, optimizer: str, user: UserModel | None = No
     digest = hashlib.sha256(json.dumps(
         [str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, spec.zoo, spec.input_shape, spec.batch_size,
          loaded.job.task, optimizer]).encode())
-    for file in (Path(__file__), Path(analysis.__file__), analysis.OP_TABLE_FILE):
+    for file in (Path(__file__), Path(analysis.__file__), Path(shapes.__file__),
+                 Path(shapes.__file__).with_name("shapes_child.py"), analysis.OP_TABLE_FILE):
         digest.update(file.read_bytes())
     return digest.hexdigest()[:32]
 
@@ -164,7 +165,8 @@ def _cached_analysis(key: str) -> tuple[ModelSource, WorkloadProfile] | None:
         stored = data["profile"]
         profile = WorkloadProfile(**{**stored, "task": Task(stored["task"]),
                                      "input_shapes": {k: tuple(v) for k, v in stored["input_shapes"].items()},
-                                     "ops": tuple(OpStats(**op) for op in stored["ops"])})
+                                     "ops": tuple(OpStats(**op) for op in stored["ops"]),
+                                     "unknown_shapes": tuple(stored["unknown_shapes"])})
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if source.onnx_path is None:
