@@ -153,10 +153,9 @@ class Plan:
     def user_files(self) -> list[Path]:
         """The user's own files, which the PyTorch runtimes read beside the model file (:attr:`Deployment.pytorch`,
         :attr:`Deployment.loss`): the module file (or its top-level package folder) and the weights, or the
-        torch.export program; the loss's module; the tokenizer's folder."""
+        torch.export program; the loss's module."""
         job, files = self.loaded.job, self.loaded.files
-        found = [*([files.exported] if files.exported else []), *([files.weights] if files.weights else []),
-                 *([files.tokenizer] if files.tokenizer else [])]
+        found = [*([files.exported] if files.exported else []), *([files.weights] if files.weights else [])]
         if job.model.pytorch is not None and files.model_module is not None:
             found.insert(0, module_code(job.model.pytorch.module, files.model_module))
         if job.loss is not None and files.loss_module is not None:

@@ -228,6 +228,8 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
     if recipe.model_format == "torch":  # the user's own module: the PyTorch runtimes build it beside the graph
         context += [ContextItem(path, f"{MODEL_CONTEXT}/{path.name}", ("__pycache__",)) for path in plan.user_files()]
     files = loaded.files
+    if files.tokenizer:  # every runtime's image serves text through it (Deployment.tokenizer)
+        context.append(ContextItem(files.tokenizer, f"{MODEL_CONTEXT}/{files.tokenizer.name}"))
     if files.ca_bundle:
         context.append(ContextItem(files.ca_bundle, CA_CONTEXT))
     context += [ContextItem(wheel, f"{WHEELS_CONTEXT}/{wheel.name}") for wheel in files.wheels]
@@ -330,7 +332,8 @@ def _created(plan: Plan) -> str:
     else:
         source = plan.source
         graph = [source.onnx_path] if source.onnx_path and source.zoo is None and source.user is None else []
-        paths = [*plan.loaded.files.inputs(), *graph, *plan.user_files()]
+        tokenizer = plan.loaded.files.tokenizer
+        paths = [*plan.loaded.files.inputs(), *graph, *plan.user_files(), *([tokenizer] if tokenizer else [])]
         stamps = [p.stat().st_mtime for p in paths if p.exists()]
         stamp = max(stamps) if stamps else 0.0
     moment = datetime.fromtimestamp(int(stamp), UTC)
