@@ -33,6 +33,7 @@ from modak.paths import data_dir
 from modak.plan import Plan, make_plan
 from modak.predict.base import Prediction
 from modak.render.ir import BuildDescription, build_description
+from modak.render.package import source_digest
 from modak.render.render import OUTPUTS, render
 from modak.spec.loader import LoadedJob
 from modak.spec.models import DataSpec
@@ -171,9 +172,11 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rendered]:
 
 
 def _normalized(text: str, plan: Plan) -> str:
-    """The text with the plan digest replaced: it changes with every predictor or recipe edit elsewhere."""
+    """The text with the plan digest and the in-image package's replaced: they change with every predictor,
+    recipe or in-image code edit elsewhere."""
     digest = plan.digest()
-    return text.replace(digest, "<plan-digest>").replace(digest[:12], "<digest12>")
+    return (text.replace(digest, "<plan-digest>").replace(digest[:12], "<digest12>")
+            .replace(source_digest(), "<runtime-digest>"))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import modak
 from modak import schedulers
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
-from modak.render.package import wheel_name
+from modak.render.package import source_digest, wheel_name
 from modak.render.sharing import Sharing
 from modak.spec.loader import read_catalog
 from modak.spec.resolve import APP_DIR, DataBind
@@ -175,6 +175,7 @@ class BuildDescription:
     job: JobScript
     plan_document: str  # plan.json: the plan, with the chosen deployment the entrypoint applies
     runtime_wheel: str  # context path of modak's in-image package (:mod:`modak.render.package`), built by render
+    runtime_digest: str  # its sources' sha256, named in the install step so that a layer cache sees a change
     ports: tuple[int, ...] = ()  # what the default command listens on
     templates: tuple[Path, ...] = ()  # site template folders, in front of modak's own
     venv: str = VENV
@@ -252,7 +253,8 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
         command=command, self_test=self_test_command(job.task.value),
         context=tuple(context), job=_job_script(plan, image, command, sharing),
         plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
-        runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", ports=(SERVE_PORT,) if serving else (),
+        runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", runtime_digest=source_digest(),
+        ports=(SERVE_PORT,) if serving else (),
         templates=files.templates)
 
 

@@ -10,6 +10,7 @@ same sources give the same bytes and an unchanged image rebuilds from its cached
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,6 +38,21 @@ modak = "modak.runtime.cli:main"
 [tool.hatch.build.targets.wheel]
 packages = ["modak"]
 """
+
+
+def source_digest() -> str:
+    """sha256 of the in-image package's sources (:data:`IMAGE_PACKAGE`): the Dockerfile's install step names it,
+    since an engine's layer cache does not see what a bind mount holds (a changed wheel of the same name would
+    otherwise be taken from the cache)."""
+    source = Path(modak.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for entry in IMAGE_PACKAGE:
+        root = source / entry
+        files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts) if root.is_dir() else [root]
+        for path in files:
+            digest.update(f"{path.relative_to(source)}\0{path.stat().st_size}\0".encode())
+            digest.update(path.read_bytes())
+    return f"sha256:{digest.hexdigest()}"
 
 
 def wheel_name() -> str:

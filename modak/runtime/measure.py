@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from modak.errors import EXIT_OK, EXIT_RUN_FAILED
-from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE
+from modak.image.deployment import PLAN_FILE, PLAN_VARIABLE, location, read_deployment
 from modak.image.runtimes.base import (
     TOLERANCE,
     RunRequest,
@@ -297,7 +297,7 @@ def self_test(steps: int = SELF_TEST_STEPS, budget_s: float = 120.0, serve_check
     the plan predicted for its choice; with ``serve_check``, also serve the model and send it one infer request
     (:func:`modak.runtime.serve.self_check`)."""
     request = request_from_environment()
-    model = open_model(request)
+    model = open_model(request, read_deployment(location(PLAN_VARIABLE)))  # the plan's: its tokenizer too
     feeds = model.example_inputs()
     outputs = model.step(feeds)
     with CpuWatch() as watch:
