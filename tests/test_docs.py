@@ -115,8 +115,8 @@ def test_every_exit_code_and_limit_is_documented_on_its_page(site: Path, module)
     prefix = "EXIT_" if module is modak.errors else "MAX_"
     documented = {name for name, _, doc in gen.documented_constants(Path(module.__file__)) if doc}
     constants = {name for name in vars(module) if name.startswith(prefix)}
-    assert constants == documented, f"constants without a docstring: {sorted(constants - documented)}"
-    for name in constants:
+    assert constants <= documented, f"constants without a docstring: {sorted(constants - documented)}"
+    for name in documented:
         assert f"<code>{name}</code>" in page, name
     if module is modak.errors:
         assert "Build failed" in page and "<code>5</code>" in page
