@@ -1,5 +1,7 @@
 """Shared test fixtures."""
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -37,3 +39,28 @@ def _modak_cache(tmp_path_factory: pytest.TempPathFactory):
     store_probe(TEST_HOST_PROBE)
     yield
     patch.undo()
+
+
+# The environment variables that steer threads and modak in this process (a library's own settings are its own).
+_GUARDED_VARIABLES = ("OMP_", "KMP_", "MKL_", "OPENBLAS_", "TVM_", "MODAK_")
+
+
+@pytest.fixture(autouse=True)
+def _process_left_as_found():
+    """Fail a test that leaves the pytest process's CPU affinity or its thread and modak variables changed, and
+    restore them. A test that ran ``modak.runtime.load`` in-process once set ``OMP_PROC_BIND``; libgomp then pinned
+    the process to one CPU, and every later test saw another host (the probe's cache key names the usable CPUs),
+    on one core."""
+    def guarded() -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k.startswith(_GUARDED_VARIABLES)}
+
+    affinity, before = os.sched_getaffinity(0), guarded()
+    yield
+    after, now = guarded(), os.sched_getaffinity(0)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    for name in after.keys() - before.keys():
+        del os.environ[name]
+    os.environ.update(before)
+    os.sched_setaffinity(0, affinity)
+    assert not changed and now == affinity, (f"the test left the process changed: variables {changed}, "
+                                             f"CPUs {sorted(affinity)} -> {sorted(now)}")

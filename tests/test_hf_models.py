@@ -85,7 +85,7 @@ def eager_logits(job: Path, texts: list[str]) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_a_text_request_is_served_through_the_jobs_tokenizer(tmp_path: Path) -> None:
+def test_a_text_request_is_served_through_the_jobs_tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The example's plan, rendered and opened as the image opens it: the server takes text (BYTES) and answers
     what eager PyTorch answers on transformers' tokenization; its self-check sends text too."""
     import modak.runtime
@@ -96,6 +96,9 @@ def test_a_text_request_is_served_through_the_jobs_tokenizer(tmp_path: Path) -> 
     assert plan.to_dict()["deployment"]["tokenizer"] == {"folder": "tokenizer", "max_length": 32}
     api.render_plan(plan, tmp_path / "out")
     assert (tmp_path / "out" / "model" / "tokenizer" / "tokenizer.json").is_file()
+    # As the image's entrypoint starts it: with its threads set, load() applies no allocation's settings (their
+    # OMP_PROC_BIND would pin this test process to one CPU once libgomp starts).
+    monkeypatch.setenv("MODAK_THREADS", "1")
     model = modak.runtime.load(tmp_path / "out" / "plan.json", tmp_path / "out" / "model" / "model.onnx")
     texts = ["modak serves text.", "A much longer sentence, " * 10, ""]
     served = model.run(model.encode_text(texts))["logits"]
