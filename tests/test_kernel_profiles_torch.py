@@ -126,7 +126,7 @@ def test_tvm_reports_its_primitives(tmp_path):
 
 
 def test_inductor_kernel_names_split_into_their_source_ops():
-    from modak.image.runtimes.pytorch import inductor_sources
+    from modak.image.runtimes.torch_kernels import inductor_sources
 
     assert inductor_sources("cpp_fused__native_batch_norm_legit_functional_copy__relu_threshold_backward") == [
         "aten::_native_batch_norm_legit_functional", "aten::copy_", "aten::relu", "aten::threshold_backward"]
@@ -164,7 +164,7 @@ def test_calls_map_to_the_nodes_of_their_scope_in_order(tmp_path):
     its ONNX op types there, only where the counts agree; a call without a scope (backward) maps to none."""
     from onnx import TensorProto, helper
 
-    from modak.image.runtimes.pytorch import inner_scope, onnx_nodes
+    from modak.image.runtimes.torch_kernels import inner_scope, onnx_nodes
 
     names = ["/fc1/Gemm", "/Relu", "/fc2/Gemm", "/fc2/Relu", "/fc2/Relu_1"]
     nodes = [helper.make_node(name.rpartition("/")[2].split("_")[0], [f"t{i}"], [f"t{i + 1}"], name=name)

@@ -131,3 +131,12 @@ def test_the_documented_layout_names_every_part_in_layer_order() -> None:
                and p.name not in {"modak", "out", "build", "dist", "site"} and not p.name.endswith(".egg-info")
                and p.name != "__pycache__"}
     assert folders <= set(listed), sorted(folders - set(listed))
+
+
+MAX_MODULE_LINES = 600  # one room, one job (#65): a module that outgrows it is split by what its parts do
+LONGER_MODULES = {"modak.image.zoo_models"}  # the zoo's architecture definitions: data written as code
+
+
+def test_no_module_outgrows_its_room() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES and name not in LONGER_MODULES} == {}

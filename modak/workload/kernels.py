@@ -11,7 +11,7 @@ its profile maps kernels with, so a planned kernel and a profiled one have the s
 * ``pytorch``, ``torch-compile`` (its eager ops): the aten ops of one step (inference, or training: forward,
   loss, backward, optimizer update) run on fake CPU tensors at the candidate's precision (autocast's
   conversions included). ``pytorch``'s inference ops map to the ONNX graph's nodes as its profiles map them
-  (:func:`modak.image.runtimes.pytorch.onnx_nodes`: the same FLOPs and bytes for a planned op and a profiled one;
+  (:func:`modak.image.runtimes.torch_kernels.onnx_nodes`: the same FLOPs and bytes for a planned op and a profiled one;
   an op mapping to none has neither, in both); elsewhere, and without an ONNX graph, an op has
   ``torch.utils.flop_counter``'s FLOPs where it knows the op and the bytes of its tensors. A zoo model is traced
   here; the user's own model only in a child process (:mod:`modak.workload.kernels_child`).
@@ -46,7 +46,7 @@ from modak.workload.analysis import OpStats, analyze, covering, load_model, tens
 
 if TYPE_CHECKING:
 
-    from modak.image.runtimes.pytorch import Argument
+    from modak.image.runtimes.torch_kernels import Argument
     from modak.spec.loader import LoadedJob
 
 TRACE = "trace"  # the key of the user model child's request that asks for a trace: batch, params, task, loss
@@ -155,7 +155,7 @@ def _reporting(runtime: str) -> type[Adapter]:
 def _code_digest(runtime: str) -> str:
     """The digest of the code an answer comes from: this module, the analysis (the kernels' FLOPs and bytes), the
     runtime's module that plans its kernels (its session options, its step) and, for the traced runtimes, the
-    zoo's architectures and the user model's children."""
+    zoo's architectures, the user model's children and how a call becomes a kernel (``torch_kernels``)."""
     from modak.image import zoo
 
     reports = _reporting(runtime)
@@ -163,9 +163,12 @@ def _code_digest(runtime: str) -> str:
              Path(__file__).with_name("shapes_child.py"), reports.source_file(),
              Path(zoo.__file__ or "").with_name("onnx_nodes.py")]
     if reports.kernels == "torch":  # files read, not imported (zoo_models would import torch)
+        from modak.image.runtimes import torch_kernels
+
         here = Path(__file__)
         files += [Path(zoo.__file__ or ""), Path(zoo.__file__ or "").with_name("zoo_models.py"),
-                  here.with_name("kernels_child.py"), here.with_name("usercode_child.py")]
+                  here.with_name("kernels_child.py"), here.with_name("usercode_child.py"),
+                  Path(torch_kernels.__file__ or "")]
     digest = hashlib.sha256()
     for file in files:
         digest.update(file.read_bytes())
@@ -269,7 +272,7 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     for training the forward pass, the built-in ``loss``, the backward pass and the SGD update of a steady step
     (after the one that makes the momentum buffers). Each op's FLOPs are torch's flop counter's and its bytes its
     tensors' at fp32; with the ONNX file ``graph`` (inference), the forward ops map to its nodes as a profile maps
-    them (:func:`modak.image.runtimes.pytorch.onnx_nodes`) and carry neither, as a profile's ops do: the caller
+    them (:func:`modak.image.runtimes.torch_kernels.onnx_nodes`) and carry neither, as a profile's ops do: the caller
     costs them by their nodes."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -278,15 +281,8 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
     from torch.utils.flop_counter import flop_registry
 
     from modak.image.runtimes.base import RunRequest
-    from modak.image.runtimes.pytorch import (
-        NO_KERNEL,
-        _loss,
-        aten_kernel,
-        autocast,
-        inner_scope,
-        onnx_nodes,
-        training_optimizer,
-    )
+    from modak.image.runtimes.pytorch import _loss, autocast, training_optimizer
+    from modak.image.runtimes.torch_kernels import NO_KERNEL, aten_kernel, inner_scope, onnx_nodes
 
     kernels: list[Kernel] = []
     mapped = graph is not None and task == "inference"  # its forward ops map to the graph's nodes
@@ -367,11 +363,11 @@ def trace_step(model: Any, batch: Mapping[str, Any], params: Mapping[str, Any], 
 
 
 def _argument(name: str, value: Any, schema_type: str) -> Argument:
-    """An aten op's argument of type ``schema_type`` as :func:`modak.image.runtimes.pytorch.aten_kernel` takes it,
+    """An aten op's argument of type ``schema_type`` as :func:`modak.image.runtimes.torch_kernels.aten_kernel` takes it,
     in the profiler's form (a number passed for a tensor, as to ``mul_``, is the 0-d tensor it is wrapped in)."""
     import torch
 
-    from modak.image.runtimes.pytorch import Argument, channels_last
+    from modak.image.runtimes.torch_kernels import Argument, channels_last
 
     if isinstance(value, torch.Tensor):
         shape = tuple(int(d) for d in value.shape)

@@ -85,7 +85,7 @@ class Session(Protocol):
 
 KernelReport = Literal["onnx", "torch"]  # from the runtime's own plan of an ONNX graph; from a PyTorch trace
 ENTRY_POINTS = "modak.runtimes"  # the entry point group of runtimes outside modak
-_NOT_RUNTIMES = {"base", "profiling"}  # this package's modules that are not runtimes
+_NOT_RUNTIMES = {"base", "profiling", "torch_kernels"}  # this package's modules that are not runtimes
 
 
 class Adapter:
