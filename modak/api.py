@@ -145,6 +145,49 @@ def build(plan: Plan, out_dir: str | Path | None = None, options: BuildOptions |
     return replace(result, job_id=submission.job_id, submission=submission.to_dict())
 
 
+@dataclass(frozen=True)
+class MeasuredChoice:
+    """What ``modak build`` measured before it chose: the race (None where it did not measure) and a sentence."""
+
+    race: TuneResult | None
+    summary: str
+
+
+def measure_choice(plan: Plan, budget_s: float, store: Path | None = None,
+                   on_launch: Callable[[Candidate, dict], None] | None = None,
+                   on_round: Callable[[int, list[str], list[str]], None] | None = None) -> MeasuredChoice:
+    """Race the predicted best of each runtime and precision (:func:`modak.bench.tune.each_runtime`) on the job's
+    target within ``budget_s`` seconds and record the winner, so that the job planned again chooses it (#66).
+    It measures only where it can and should: the target is this machine, ``budget_s`` is positive, the plan's
+    choice was not measured already, and two candidates or more fit the budget; else the summary says why not."""
+    from modak.bench.harness import BenchSettings
+    from modak.bench.tune import MEASURE_LAUNCH_SECONDS, TuneSettings, each_runtime
+    from modak.bench.tune import tune as race
+    from modak.measurements.store import PerfStore
+
+    target = plan.loaded.target.name
+    if plan.tuned is not None:
+        return MeasuredChoice(None, f"chosen by measurement on {target} ({plan.tuned.measured_at}): "
+                                    f"{plan.tuned.summary}")
+    if budget_s <= 0:
+        return MeasuredChoice(None, "chosen by prediction: no measurement budget (--measure-budget 0)")
+    if not plan.loaded.here:
+        return MeasuredChoice(None, f"chosen by prediction: target '{target}' is not this machine (`modak tune "
+                                    "--dispatch slurm` measures on the target's cluster)")
+    settings = TuneSettings(budget_s=budget_s, protocol=BenchSettings(min_seconds=MEASURE_LAUNCH_SECONDS))
+    finalists = each_runtime(plan, settings.trials, budget_s)
+    if len(finalists) < 2:
+        return MeasuredChoice(None, f"chosen by prediction: {len(finalists)} candidate(s) to measure within "
+                                    f"{budget_s:g} s")
+    with PerfStore(store) as perf:
+        result = race(plan, perf, settings, on_launch=on_launch, on_round=on_round, finalists=finalists,
+                      command="modak build")
+    if result.recorded is None:
+        return MeasuredChoice(result, f"chosen by prediction: the race recorded no winner ({result.stopped})")
+    return MeasuredChoice(result, f"chosen by measurement: {result.winner} of {len(finalists)} candidates "
+                                  f"(the predicted best of each runtime and precision) in {result.seconds:.0f} s")
+
+
 def submit(plan: Plan, out_dir: str | Path | None = None, wait_seconds: float | None = None) -> Submission:
     """Render the plan and submit its job script to the target's scheduler (waiting up to ``wait_seconds``)."""
     out = (Path(out_dir) if out_dir else default_output(plan)).absolute()

@@ -196,6 +196,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="also save the image as a docker-archive tar (apptainer build x.sif docker-archive://FILE)")
     sub.add_argument("--sif", action="store_true",
                      help="also convert the image into OUT/<job name>.sif with Apptainer (Docker or Podman builds)")
+    sub.add_argument("--measure-budget", type=float, metavar="SECONDS",
+                     help="where the target is this machine, first race the predicted best of each runtime and "
+                          "precision for at most SECONDS and choose the fastest measured (default "
+                          "$MODAK_MEASURE_BUDGET or 60; 0: choose by prediction)")
     sub.add_argument("--json", action="store_true", help="stable JSON output (schema_version 1)")
 
     sub = command("submit", _cmd_submit, "render the job and submit its job script (sbatch, qsub or bash)")
@@ -365,10 +369,25 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from modak import api
+    from modak.bench.tune import measure_budget
     from modak.build.pipeline import BuildOptions
-    from modak.output import BuildProgress, print_build
+    from modak.measurements.store import default_store_path
+    from modak.output import BuildProgress, console, launch_line, print_build
 
     plan = _plan(args)
+    if args.measure_budget is not None and not 0 <= args.measure_budget < float("inf"):
+        raise InputError("--measure-budget takes seconds, 0 or more (0: choose by prediction)")
+    out = console(stderr=True)
+    try:
+        measured = api.measure_choice(plan, measure_budget() if args.measure_budget is None else args.measure_budget,
+                                      args.store, on_launch=lambda c, r: out.print(launch_line(c, r), highlight=False))
+    except KeyboardInterrupt:
+        print(f"modak: interrupted; the launches measured so far are kept in {args.store or default_store_path()}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if measured.race is not None and measured.race.recorded is not None:
+        plan = _plan(args)  # planned again: it chooses the recorded winner
+    out.print(f"modak: {measured.summary}", highlight=False)
     options = BuildOptions(engine=args.engine, push=args.push, smoke=args.smoke, oci_archive=args.oci_archive,
                            sif=args.sif)
     with BuildProgress() as progress:

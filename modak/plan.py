@@ -210,6 +210,7 @@ class Plan:
             "candidates": [_ranked_dict(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
             "pruned": [{"runtime": p.runtime, "reason": p.reason} for p in self.pruned],
             "choice": self.choice.candidate.name,
+            "chosen_by": self.chosen_by,
             "tuned": None if self.tuned is None else {
                 "candidate": self.tuned.candidate, "step_seconds": self.tuned.step_s,
                 "interval_seconds": [self.tuned.ci_low_s, self.tuned.ci_high_s], "confident": self.tuned.confident,
@@ -222,6 +223,12 @@ class Plan:
             **({"data_parallel": self.data_parallel.to_dict()} if self.data_parallel is not None else {}),
         })
         return body
+
+    @property
+    def chosen_by(self) -> str:
+        """``measured`` where a race on the target chose (``tuned``: ``modak tune``, or ``modak build`` before it
+        chose), else ``predicted``."""
+        return "predicted" if self.tuned is None else "measured"
 
     def digest(self) -> str:
         """sha256 of the plan's JSON: names the decision in image labels."""

@@ -36,6 +36,9 @@ def _modak_cache(tmp_path_factory: pytest.TempPathFactory):
     patch.setenv("MODAK_CACHE", str(tmp_path_factory.mktemp("modak-cache")))
     # Plans learn from the shipped perfmodels/ only, never from the local store of whoever runs the tests.
     patch.setenv("MODAK_STORE", str(tmp_path_factory.mktemp("modak-store") / "perf.sqlite"))
+    # Builds choose by prediction (a race of a minute each, and its winner recorded for later tests' plans);
+    # tests/test_measured_choice.py measures.
+    patch.setenv("MODAK_MEASURE_BUDGET", "0")
     store_probe(TEST_HOST_PROBE)
     yield
     patch.undo()

@@ -13,14 +13,19 @@ leader); when none is, stock is kept.
 Every launch is stored as it is measured; the winner is recorded for the job's workload on the target, and
 ``modak plan``/``modak build`` choose it from then on and say so. Compile and tuning time (TVM MetaSchedule
 trials included) happen inside the launches, so they count against the same budget.
+
+``modak build`` runs the same race before it chooses, where the target is the machine it runs on (#66): on
+:func:`each_runtime`'s shortlist, the predicted best of each runtime and precision, within
+:data:`MEASURE_BUDGET_S` unless told otherwise.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from modak.bench.dispatch import Dispatcher
@@ -30,6 +35,25 @@ from modak.errors import InputError
 from modak.measurements.stats import Ratio, ratio
 from modak.measurements.store import Measurement, PerfStore, TunedChoice
 from modak.plan import Plan, workload_identity, worth_tuning
+
+MEASURE_BUDGET_S = 60.0  # modak build's race before it chooses: wall-clock seconds, unless told otherwise
+MEASURE_BUDGET_VARIABLE = "MODAK_MEASURE_BUDGET"  # the environment's default for it (a CI runner's 0: predict)
+MEASURE_LAUNCH_SECONDS = 0.5  # timed seconds per launch of that race (modak tune's protocol: 1 s)
+
+
+def measure_budget(environ: Mapping[str, str] = os.environ) -> float:
+    """The default budget of ``modak build``'s race: ``$MODAK_MEASURE_BUDGET`` seconds, else
+    :data:`MEASURE_BUDGET_S`."""
+    text = environ.get(MEASURE_BUDGET_VARIABLE, "").strip()
+    if not text:
+        return MEASURE_BUDGET_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise InputError(f"{MEASURE_BUDGET_VARIABLE}={text!r}: expected seconds, 0 or more (0: choose by prediction)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -82,14 +106,31 @@ def shortlist(plan: Plan, trials: int) -> list[Candidate]:
     return [c for c in worth if c != stock][: trials - 1] + [stock]
 
 
+def each_runtime(plan: Plan, trials: int, budget_s: float) -> list[Candidate]:
+    """``modak build``'s shortlist: the predicted best of each runtime, device and precision whose predicted
+    compile and tuning time leaves room in ``budget_s`` for the others (at most half of it), best predicted first;
+    stock kept in as in :func:`shortlist`. Never a candidate whose output failed the reference check."""
+    best: dict[tuple[str, str, str], Candidate] = {}
+    for ranked in sorted(plan.ranked, key=lambda r: r.objective_seconds):
+        if ranked.failed_check is None and ranked.prediction.compile_seconds <= budget_s / 2:
+            candidate = ranked.candidate
+            best.setdefault((candidate.runtime, candidate.device, candidate.precision.value), candidate)
+    found = list(best.values())
+    stock = plan.stock.candidate if plan.stock else None
+    if stock is None or stock in found[:trials] or trials < 2:
+        return found[:trials]
+    return [c for c in found if c != stock][: trials - 1] + [stock]
+
+
 def tune(plan: Plan, store: PerfStore, settings: TuneSettings = TuneSettings(), dispatcher: Dispatcher | None = None,
          on_launch: Callable[[Candidate, dict], None] | None = None,
-         on_round: Callable[[int, list[str], list[str]], None] | None = None) -> TuneResult:
-    """Race the plan's shortlist on this target (see the module's description); ``on_round(round, alive,
-    dropped)`` is told after every round."""
+         on_round: Callable[[int, list[str], list[str]], None] | None = None,
+         finalists: list[Candidate] | None = None, command: str = "modak tune") -> TuneResult:
+    """Race ``finalists`` (default: the plan's :func:`shortlist`) on this target (see the module's description);
+    ``on_round(round, alive, dropped)`` is told after every round; ``command`` is named in the recorded summary."""
     from modak.bench.dispatch import LocalDispatcher
 
-    finalists = shortlist(plan, settings.trials)
+    finalists = finalists if finalists is not None else shortlist(plan, settings.trials)
     alive = list(finalists)
     dropped: dict[str, int] = {}
     start = time.monotonic()
@@ -119,7 +160,8 @@ def tune(plan: Plan, store: PerfStore, settings: TuneSettings = TuneSettings(), 
             if len(alive) == 1 and session.rounds >= settings.min_rounds:
                 stopped = "one candidate left: every other was confidently slower"
                 break
-        return _result(plan, store, session, finalists, alive, dropped, rows, stopped, time.monotonic() - start)
+        return _result(plan, store, session, finalists, alive, dropped, rows, stopped, time.monotonic() - start,
+                       command)
 
 
 def _center(session: Session, candidate: Candidate) -> float:
@@ -140,7 +182,8 @@ def _versus(session: Session, a: Candidate, b: Candidate) -> Ratio:
 
 
 def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Candidate], alive: list[Candidate],
-            dropped: dict[str, int], rows: dict[str, Measurement], stopped: str, seconds: float) -> TuneResult:
+            dropped: dict[str, int], rows: dict[str, Measurement], stopped: str, seconds: float,
+            command: str) -> TuneResult:
     measured = [c for c in alive if session.launches.get(c.name)]
     winner = min(measured, key=lambda c: _center(session, c)) if measured else None
     confident = winner is not None and len(alive) == 1 and session.rounds >= 2
@@ -179,7 +222,7 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
     winner_row = rows.get(winner.name) if winner else None
     if winner is not None and winner_row is not None and winner_row.status == "ok":
         recorded = _record(plan, store, session, winner, winner_row, confident, len(finalists), standings,
-                           over_stock, over_stock_ratio)
+                           over_stock, over_stock_ratio, command)
     return TuneResult(tuple(c.name for c in finalists), plan.choice.candidate.name,
                       winner.name if winner else None, confident, stopped, session.rounds, seconds,
                       tuple(standings), recorded)
@@ -187,7 +230,7 @@ def _result(plan: Plan, store: PerfStore, session: Session, finalists: list[Cand
 
 def _record(plan: Plan, store: PerfStore, session: Session, winner: Candidate, row: Measurement, confident: bool,
             trials: int, standings: list[Standing], over_stock: Candidate | None,
-            over_stock_ratio: Ratio | None) -> TunedChoice:
+            over_stock_ratio: Ratio | None, command: str) -> TunedChoice:
     others = [s for s in standings if s.versus_winner is not None]
     stock = next((s for s in others if plan.stock and s.name == plan.stock.candidate.name), None)
     if over_stock is not None and over_stock_ratio is not None:
@@ -202,7 +245,7 @@ def _record(plan: Plan, store: PerfStore, session: Session, winner: Candidate, r
         raise ValueError(f"the winner's row of {winner.name} has no interval (aggregate_row gives every row one)")
     versus_stock = stock.versus_winner if stock else None
     summary = guard + (f"measured {step * 1e3:.3g} ms per step [{interval[0] * 1e3:.3g}, "
-               f"{interval[1] * 1e3:.3g}] over {row.launches} launches in `modak tune` "
+               f"{interval[1] * 1e3:.3g}] over {row.launches} launches in `{command}` "
                + ("(confidently the fastest" if confident else "(the fastest when the race stopped, not confidently")
                + f" of {trials} candidates"
                + (f"; stock was {versus_stock.describe()} its step time" if versus_stock else "") + ")")

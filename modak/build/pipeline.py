@@ -144,7 +144,8 @@ class BuildResult:
                 "labels": dict(image.labels) if image else {},
             },
             "choice": {"candidate": candidate.name, "runtime": candidate.runtime, "device": candidate.device,
-                       "precision": candidate.precision.value, "parameters": dict(candidate.params)},
+                       "precision": candidate.precision.value, "parameters": dict(candidate.params),
+                       "chosen_by": self.plan.chosen_by},
             "predicted_step_seconds": prediction.step_seconds,
             "requirements_lock": None if self.lock_digest is None else {
                 "digest": self.lock_digest, "packages": self.lock_packages, "file": str(self.out_dir / LOCK_NAME)},

@@ -311,6 +311,7 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
         ("io.modak.target", target.name),
         ("io.modak.predicted-step-seconds", f"{prediction.step_seconds:.6g}"),
         ("io.modak.predictor", prediction.predictor),
+        ("io.modak.chosen-by", plan.chosen_by),
         ("io.modak.plan-digest", plan.digest()),
         *((("io.modak.quantized-model", _json(plan.choice.accuracy.to_dict())),) if plan.choice.accuracy else ()),
         *((("io.modak.model-source", _json(plan.source.user.describe())),) if plan.source.user else ()),

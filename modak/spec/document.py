@@ -13,10 +13,12 @@ Loc = tuple[str | int, ...]
 
 @dataclass(frozen=True)
 class SpecDocument:
-    """A parsed spec file: where it is and the line of every key, for error messages."""
+    """A parsed spec file: where it is and the line of every key, for error messages; a target's says whether it
+    describes the machine modak runs on (``target: local``, or ``cpu: local`` in the file)."""
 
     path: Path
     lines: dict[Loc, int] = field(default_factory=dict)
+    local: bool = False
 
     def line_of(self, loc: Loc) -> int | None:
         """Line of ``loc``, or of its nearest ancestor present in the file."""

@@ -36,6 +36,11 @@ class LoadedJob:
     target_doc: SpecDocument
     files: ResolvedFiles
 
+    @property
+    def here(self) -> bool:
+        """Whether the target is the machine modak runs on, where it can measure the candidates itself."""
+        return self.target_doc.local
+
 
 def load_job(job_path: str | Path, target_path: str | Path | None = None,
              local_machine: LocalMachine | None = None) -> LoadedJob:
@@ -65,7 +70,7 @@ def load_job(job_path: str | Path, target_path: str | Path | None = None,
         if local_machine is None:
             raise job_doc.error(("target",), "target 'local' is not available here")
         document = {"apiVersion": "modak/v1", "kind": "Target", "name": LOCAL, **local_machine()}
-        target, target_doc = validate(document, Target), SpecDocument(Path.cwd() / LOCAL)
+        target, target_doc = validate(document, Target), SpecDocument(Path.cwd() / LOCAL, local=True)
     else:
         target, target_doc = load_spec(target_file, Target, local_machine)
     return LoadedJob(job, target, job_doc, target_doc, resolve_files(job, target, job_doc, target_doc))
@@ -105,6 +110,7 @@ def load_spec(path: str | Path, model: type[M], local_machine: LocalMachine | No
         if local_machine is None:
             raise doc.error(("cpu",), "'cpu: local' is not available here")
         data = {**local_machine(), **{k: v for k, v in data.items() if k != "cpu"}}
+        doc = SpecDocument(path, lines, local=True)
     try:
         return validate(data, model), doc
     except msgspec.ValidationError as exc:
