@@ -45,7 +45,7 @@ def _modak_cache(tmp_path_factory: pytest.TempPathFactory):
 
 
 # The environment variables that steer threads and modak in this process (a library's own settings are its own).
-_GUARDED_VARIABLES = ("OMP_", "KMP_", "MKL_", "OPENBLAS_", "TVM_", "MODAK_")
+_GUARDED_VARIABLES = ("OMP_", "MKL_", "OPENBLAS_", "TVM_", "MODAK_")
 
 
 @pytest.fixture(autouse=True)
