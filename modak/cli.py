@@ -385,9 +385,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(f"modak: interrupted; the launches measured so far are kept in {args.store or default_store_path()}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    if measured.race is not None and measured.race.recorded is not None:
-        plan = _plan(args)  # planned again: it chooses the recorded winner
-    out.print(f"modak: {measured.summary}", highlight=False)
+    if measured.race is not None:
+        if measured.race.recorded is not None:
+            plan = _plan(args)  # planned again: it chooses the recorded winner
+        out.print(f"modak: {measured.summary}", highlight=False)
     options = BuildOptions(engine=args.engine, push=args.push, smoke=args.smoke, oci_archive=args.oci_archive,
                            sif=args.sif)
     with BuildProgress() as progress:

@@ -36,7 +36,7 @@ def assert_valid(name: str, document: object) -> None:
 def base_env(tmp_path: Path) -> dict[str, str]:
     """This environment without CI variables, with this Python's `modak` and `python3` first on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MODAK_", "CI_"))}
-    env.update({k: os.environ[k] for k in ("MODAK_CACHE", "MODAK_STORE") if k in os.environ})
+    env.update({k: os.environ[k] for k in ("MODAK_CACHE", "MODAK_STORE", "MODAK_MEASURE_BUDGET") if k in os.environ})
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["HOME"] = os.environ.get("HOME", str(tmp_path))
     return env
