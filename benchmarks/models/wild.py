@@ -14,6 +14,7 @@ machine (nothing else running; name the CPU with the table):
 
     flock -x /tmp/modak-quiet.lock python -m benchmarks.models.wild [--target TARGET] [--rounds 3] [--top 3]
         [--models vit swin ...]
+    python -m benchmarks.models.wild --max-compile-seconds 60    # without the candidates that tune for minutes
     python -m benchmarks.models.wild --plan-only    # plans (yes/no), export seconds and the candidates' runtimes
     python -m benchmarks.models.wild --quick        # one launch of a fraction of a second: the pipeline, not a
                                                     # measurement
@@ -209,6 +210,9 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", choices=[a.name for a in ARCHITECTURES], help="default: all")
     parser.add_argument("--plan-only", action="store_true", help="plan only: no measurement")
     parser.add_argument("--quick", action="store_true", help="one launch of a fraction of a second per candidate")
+    parser.add_argument("--max-compile-seconds", type=float, metavar="SECONDS",
+                        help="the jobs' constraints.max_compile_seconds: leaves out the candidates predicted to "
+                             "compile or tune longer (TVM's MetaSchedule: minutes per launch)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     settings = (BenchSettings(launches=1, min_seconds=0.05, budget_s=0.2, retries=0) if args.quick
@@ -224,25 +228,26 @@ def main() -> int:
         for architecture in ARCHITECTURES:
             if args.models and architecture.name not in args.models:
                 continue
-            row, plan = plan_row(folder, architecture, args.target.resolve())
+            row, plan = plan_row(folder, architecture, args.target.resolve(), args.max_compile_seconds)
             if plan is not None and not args.plan_only:
                 measure(row, plan, rounds, settings, store, args.top)
             rows.append(row)
             print(_line(row), flush=True)
     planned = sum(r.planned for r in rows)
     print(f"planned: {planned} of {len(rows)}", flush=True)
-    measured = [r for r in rows if r.pick is not None]
+    measured = [r for r in rows if r.measured_pick is not None]
     if measured:
         within = sum(r.pick <= 1.05 for r in measured if r.pick is not None)
         measured_within = sum(r.measured_pick <= 1.05 for r in measured if r.measured_pick is not None)
-        print(f"zero-shot pick within 5% of the best: {within} of {len(measured)}; measured pick: "
-              f"{measured_within} of {len(measured)}", flush=True)
+        print(f"zero-shot pick within 5% of the best: {within} of {len(measured)} (a pick that failed is a miss); "
+              f"measured pick: {measured_within} of {len(measured)}", flush=True)
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1, default=list))
     return 0
 
 
-def plan_row(folder: Path, architecture: Architecture, target: Path) -> tuple[Row, Plan | None]:
+def plan_row(folder: Path, architecture: Architecture, target: Path,
+             max_compile_seconds: float | None = None) -> tuple[Row, Plan | None]:
     """``architecture`` planned as a module job: its row, and the plan (None where it did not plan)."""
     job = folder / f"{architecture.name}.yaml"
     job.write_text(yaml.safe_dump({
@@ -250,7 +255,9 @@ def plan_row(folder: Path, architecture: Architecture, target: Path) -> tuple[Ro
         "target": str(target), "task": "inference", "precision": ["fp32", "bf16"],
         "objective": {"metric": "latency"},
         "model": {"pytorch": {"module": "hf_models.py", "factory": architecture.name},
-                  "input_shape": architecture.inputs, **architecture.dtypes, "batch_size": BATCH}}, sort_keys=False))
+                  "input_shape": architecture.inputs, **architecture.dtypes, "batch_size": BATCH},
+        **({"constraints": {"max_compile_seconds": max_compile_seconds}} if max_compile_seconds else {})},
+        sort_keys=False))
     try:
         plan = api.plan_job(job)
     except ModakError as exc:
@@ -273,16 +280,28 @@ def measure(row: Row, plan: Plan, rounds: int, settings: BenchSettings, store: P
     pairs = {name: (plan, ranked.candidate) for name, ranked in chosen.items()}
     medians = {name: s for name, s in measure_plans(pairs, rounds, settings, store).items() if s is not None}
     pick = plan.choice.candidate.name
-    if pick not in medians:
-        row.error = "the zero-shot pick failed to run"
+    if pick not in medians:  # it failed to run, or its output failed the reference check: a miss
+        row.error = f"the zero-shot pick {pick} failed: {_failure(store, plan, plan.choice.candidate)}"
+    if not medians:
         return
     best = min(medians.values())
     per_runtime = [medians[r.candidate.name] for r in best_of.values() if r.candidate.name in medians]
-    row.pick = medians[pick] / best
-    row.measured_pick = min(per_runtime) / best
-    row.error_pct = 100 * (plan.choice.prediction.step_seconds - medians[pick]) / medians[pick]
+    row.measured_pick = min(per_runtime) / best if per_runtime else None
     fastest = min(medians, key=medians.__getitem__)
-    row.names = [f"pick {pick} {medians[pick] * 1e3:.2f} ms", f"best {fastest} {best * 1e3:.2f} ms"]
+    row.names = [f"best {fastest} {best * 1e3:.2f} ms"]
+    if pick in medians:
+        row.pick = medians[pick] / best
+        row.error_pct = 100 * (plan.choice.prediction.step_seconds - medians[pick]) / medians[pick]
+        row.names.insert(0, f"pick {pick} {medians[pick] * 1e3:.2f} ms")
+
+
+def _failure(store: PerfStore, plan: Plan, candidate: Any) -> str:
+    """The status and error of the latest row of ``candidate`` of ``plan``'s workload in ``store``."""
+    from modak.predict.measured import measures
+
+    rows = [r for r in store.rows(machine=plan.loaded.target.name, model=plan.workload.model_name)
+            if measures(r, candidate)]
+    return f"{rows[-1].status}: {rows[-1].error}" if rows else "no row"
 
 
 def _line(row: Row) -> str:
