@@ -99,11 +99,15 @@ class TuneResult:
 
 def shortlist(plan: Plan, trials: int) -> list[Candidate]:
     """At most ``trials`` candidates worth tuning, stock kept in when there is room for two."""
-    worth = [r.candidate for r in worth_tuning(plan)]
+    return _with_stock(plan, [r.candidate for r in worth_tuning(plan)], trials)
+
+
+def _with_stock(plan: Plan, candidates: list[Candidate], trials: int) -> list[Candidate]:
+    """The first ``trials`` of ``candidates``, the plan's stock deployment among them when there is room for two."""
     stock = plan.stock.candidate if plan.stock else None
-    if stock is None or stock in worth[:trials] or trials < 2:
-        return worth[:trials]
-    return [c for c in worth if c != stock][: trials - 1] + [stock]
+    if stock is None or stock in candidates[:trials] or trials < 2:
+        return candidates[:trials]
+    return [c for c in candidates if c != stock][: trials - 1] + [stock]
 
 
 def each_runtime(plan: Plan, trials: int, budget_s: float) -> list[Candidate]:
@@ -115,11 +119,7 @@ def each_runtime(plan: Plan, trials: int, budget_s: float) -> list[Candidate]:
         if ranked.failed_check is None and ranked.prediction.compile_seconds <= budget_s / 2:
             candidate = ranked.candidate
             best.setdefault((candidate.runtime, candidate.device, candidate.precision.value), candidate)
-    found = list(best.values())
-    stock = plan.stock.candidate if plan.stock else None
-    if stock is None or stock in found[:trials] or trials < 2:
-        return found[:trials]
-    return [c for c in found if c != stock][: trials - 1] + [stock]
+    return _with_stock(plan, list(best.values()), trials)
 
 
 def tune(plan: Plan, store: PerfStore, settings: TuneSettings = TuneSettings(), dispatcher: Dispatcher | None = None,
