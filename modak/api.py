@@ -77,7 +77,7 @@ def plan_job(job: str | Path, target: str | Path | None = None, predictor_name: 
 def plan_loaded(loaded: LoadedJob, using: Predictor, store: Path | None = None) -> Plan:
     """:func:`plan_job` of a job already loaded (e.g. with its target changed: ``modak whatif``, ``modak pack``)."""
     from modak.batching import choose_batch
-    from modak.plan import make_plan
+    from modak.plan import make_plan, with_processing
     from modak.spec.models import AUTO_BATCH
     from modak.workload.source import load_analysis
 
@@ -86,7 +86,8 @@ def plan_loaded(loaded: LoadedJob, using: Predictor, store: Path | None = None) 
         tuned, measured = measured_on_target(concrete, workload, store)
         return make_plan(concrete, source, workload, using, tuned=tuned, measured=measured)
 
-    return choose_batch(loaded, plan_at) if loaded.job.model.batch_size == AUTO_BATCH else plan_at(loaded)
+    return with_processing(choose_batch(loaded, plan_at) if loaded.job.model.batch_size == AUTO_BATCH
+                           else plan_at(loaded))
 
 
 def measured_on_target(loaded: LoadedJob, workload: WorkloadProfile,

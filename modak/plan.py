@@ -23,8 +23,9 @@ from modak.predict.measured import CORRECTED, CORRECTION_TERM, corrected, correc
 from modak.predict.measured import describe as describe_corrections
 from modak.spec.loader import LoadedJob
 from modak.spec.models import Device, Metric, Precision, Task
-from modak.spec.resolve import module_code
+from modak.spec.resolve import beside, module_code
 from modak.workload.analysis import WorkloadProfile
+from modak.workload.processing import ProcessingCost, deployment_fields, measure_processing
 from modak.workload.shapes import ShapeSource
 from modak.workload.source import ModelSource
 
@@ -99,8 +100,8 @@ class BatchOption:
 class Plan:
     """Ranked candidates for one job on one target, the choice, and the reasons for it.
 
-    Self-contained: it carries the job and target (with their resolved files), the model source, and the recipe
-    of every ranked candidate, so that nothing downstream reads the catalog or the specs' files again.
+    Self-contained: it carries the job and target (their files resolved), the model source and every ranked
+    candidate's recipe: nothing downstream reads the catalog or the specs' files again.
     """
 
     loaded: LoadedJob
@@ -115,6 +116,7 @@ class Plan:
     tuned: TunedChoice | None = None  # the winner ``modak tune`` measured for this workload on this target, if chosen
     batches: tuple[BatchOption, ...] = ()  # model.batch_size auto: every batch size tried; () for a given batch
     data_parallel: DataParallel | None = None  # the workers a training job with ``scaling`` runs on (job.sh's)
+    processing: ProcessingCost | None = None  # the job's pre- and post-processing, measured here (with_processing)
 
     @property
     def choice(self) -> RankedCandidate:
@@ -143,12 +145,8 @@ class Plan:
             runtime=candidate.runtime, device=candidate.device, precision=candidate.precision.value,
             task=job.task.value, params=dict(candidate.params), env=self.recipe(candidate).environment(candidate),
             batch_size=self.workload.batch_size, input_shapes={k: list(v) for k, v in self.source.input_shapes.items()},
-            zoo=self.source.zoo, pytorch=self._user_deployment(), loss=self._loss(), tokenizer=self._tokenizer())
-
-    def _tokenizer(self) -> dict[str, Any] | None:
-        """The job's tokenizer as the image reads it: its folder's name beside the model file, and the length."""
-        spec, folder = self.loaded.job.model.tokenizer, self.loaded.files.tokenizer
-        return None if spec is None or folder is None else {"folder": folder.name, "max_length": spec.max_length}
+            zoo=self.source.zoo, pytorch=self._user_deployment(),  # the loss: a built-in, or beside the model file
+            loss=beside(job.loss) if job.loss and ":" in job.loss else job.loss, **deployment_fields(self.loaded))
 
     def user_files(self) -> list[Path]:
         """The user's own files, which the PyTorch runtimes read beside the model file (:attr:`Deployment.pytorch`,
@@ -162,15 +160,6 @@ class Plan:
             loss_code = module_code(job.loss.rpartition(":")[0], files.loss_module)
             found += [loss_code] if loss_code not in found else []
         return found
-
-    def _loss(self) -> str | None:
-        """The job's loss as the image's runtimes read it: a built-in, or ``module:function`` with the module
-        named as it is beside the model file."""
-        loss = self.loaded.job.loss
-        if loss is None or ":" not in loss:
-            return loss
-        module, _, function = loss.rpartition(":")
-        return f"{Path(module).name if module.endswith('.py') else module}:{function}"
 
     def _user_deployment(self) -> dict[str, Any] | None:
         """The user's own model as the image's PyTorch runtimes build it (:attr:`Deployment.pytorch`): names of
@@ -221,6 +210,7 @@ class Plan:
             "reasons": list(self.reasons),
             **({"model_source": self.source.user.describe()} if self.source.user is not None else {}),
             **({"data_parallel": self.data_parallel.to_dict()} if self.data_parallel is not None else {}),
+            **({"processing": self.processing.to_dict()} if self.processing is not None else {}),
         })
         return body
 
@@ -339,6 +329,12 @@ def make_plan(loaded: LoadedJob, source: ModelSource, workload: WorkloadProfile,
     from modak.scaling import decide
 
     return replace(plan, data_parallel=decide(plan))
+
+
+def with_processing(plan: Plan) -> Plan:
+    """``plan`` with its job's pre- and post-processing measured here at its batch, and said in its reasons."""
+    cost = measure_processing(plan.loaded, plan.workload.batch_size)
+    return plan if cost is None else replace(plan, processing=cost, reasons=(*plan.reasons, cost.describe()))
 
 
 def _shape_reasons(workload: WorkloadProfile) -> tuple[str, ...]:
@@ -597,3 +593,4 @@ def _uncorrected_kernels(ranked: Sequence[RankedCandidate]) -> bool:
 
 def _count(value: float) -> str:
     return f"{value / 1e6:.3g}M" if value >= 1e6 else f"{value / 1e3:.3g}k" if value >= 1e3 else f"{value:.3g}"
+

@@ -488,7 +488,7 @@ def test_served_image_answers_text_through_the_jobs_tokenizer(engine: DockerEngi
     job.update(target="target.yaml", constraints={"runtimes": ["onnxruntime"]})
     job_path.write_text(yaml.safe_dump(job, sort_keys=False))
     data = build(job_path, "-o", tmp_path / "out")
-    assert data["smoke_test"]["status"] == "ok" and data["smoke_test"]["serve"]["text_outputs"] == {"logits": [2, 3]}, \
+    assert data["smoke_test"]["status"] == "ok" and data["smoke_test"]["serve"]["raw_outputs"] == {"logits": [2, 3]}, \
         data["smoke_test"]
     port = _free_port()
     container = engine.client.containers.run(data["image"]["ref"], detach=True,

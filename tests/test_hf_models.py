@@ -101,10 +101,10 @@ def test_a_text_request_is_served_through_the_jobs_tokenizer(tmp_path: Path, mon
     monkeypatch.setenv("MODAK_THREADS", "1")
     model = modak.runtime.load(tmp_path / "out" / "plan.json", tmp_path / "out" / "model" / "model.onnx")
     texts = ["modak serves text.", "A much longer sentence, " * 10, ""]
-    served = model.run(model.encode_text(texts))["logits"]
+    served = model.run(model.encode(texts))["logits"]
     np.testing.assert_allclose(served, eager_logits(job, texts), rtol=1e-4, atol=1e-5)
     result = self_check(model)
-    assert result["status"] == "ok" and result["text_outputs"] == {"logits": [2, 3]}, result
+    assert result["status"] == "ok" and result["raw_outputs"] == {"logits": [2, 3]}, result
 
 
 @pytest.mark.parametrize(("change", "field", "message"), [
@@ -142,7 +142,7 @@ def test_text_requests_are_checked(tmp_path: Path) -> None:
                          onnx_path="", zoo=None, batch_size=2, input_shapes=shapes, workdir="")
     model = Model(deployment, request, None, tuple(TensorSpec(n, (32,), "int64") for n in shapes),  # type: ignore[arg-type]
                   (TensorSpec("logits", (3,), "float32"),), {},
-                  text=load_text_input(TEXT_EXAMPLE / "tokenizer", 32, list(shapes)))
+                  preprocessor=load_text_input(TEXT_EXAMPLE / "tokenizer", 32, list(shapes)))
     limits = Limits(max_batch=4, delay_s=0.0, max_queue=8, max_body=1 << 20, max_request_samples=8,
                     max_queued_bytes=1 << 20)
 
@@ -160,12 +160,15 @@ def test_text_requests_are_checked(tmp_path: Path) -> None:
         np.testing.assert_array_equal(by_json.feeds[name], by_binary.feeds[name])
     assert by_json.feeds["input_ids"].shape == (2, 32)
     for tensor, message in [
-        ({"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}, "text is BYTES"),
+        ({"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}, "it takes BYTES"),
         ({"name": "text", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}, "shape must be [n] or [n, 1]"),
-        ({"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a"]}, "1 texts, shape [2] needs 2"),
+        ({"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a"]}, "1 items, shape [2] needs 2"),
         ({"name": "text", "datatype": "BYTES", "shape": [1], "data": [3]}, "data must be a list of strings"),
         ({"name": "text", "datatype": "BYTES", "shape": [9], "data": ["a"] * 9}, "at most 8 per request"),
     ]:
         with pytest.raises(RequestError) as info:
             decode(tensor)
         assert message in info.value.message, info.value.message
+    blob = len(b"\xff").to_bytes(4, "little") + b"\xff"
+    with pytest.raises(RequestError, match="input text: item 0 is not UTF-8 text"):
+        decode({"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 5}}, blob)

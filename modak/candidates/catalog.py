@@ -13,8 +13,9 @@ from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_
 from modak.errors import InputError
 from modak.image.runtimes.base import plugin_recipes
 from modak.paths import data_dir
+from modak.spec.fields import Name, Requirement
 from modak.spec.loader import load_spec
-from modak.spec.models import Allocation, Name, Precision, Requirement, Task
+from modak.spec.models import Allocation, Precision, Task
 
 # How the learned model sees a parameter: one column per value, log(1 + value), the candidate's share of the
 # cores (the parameter named threads, which the planner resolves to a thread count), or not at all.

@@ -44,6 +44,9 @@ class DeploymentError(Exception):
     """The deployment cannot be applied here (a missing library, an unreadable plan)."""
 
 
+_OPTIONAL = ("pytorch", "loss", "tokenizer", "image_processor", "preprocess", "postprocess")  # left out when None
+
+
 @dataclass(frozen=True)
 class Deployment:
     """One candidate as the image runs it (JSON: the ``deployment`` object of ``plan.json``)."""
@@ -67,6 +70,13 @@ class Deployment:
     # The job's tokenizer (model.tokenizer): {"folder": its name beside the model file, "max_length"}; served
     # models take text then (modak.image.text).
     tokenizer: Mapping[str, Any] | None = None
+    # The job's image processor (model.image_processor): {"folder": its name beside the model file}; served models
+    # take encoded images then (modak.image.vision).
+    image_processor: Mapping[str, Any] | None = None
+    # The user's pre-processing (model.preprocess): {"function": "module:function" with the module beside the model
+    # file, "example": the example item's file name beside it}; served models take raw items (modak.image.functions).
+    preprocess: Mapping[str, Any] | None = None
+    postprocess: str | None = None  # the user's post-processing (model.postprocess): "module:function", as above
 
     @property
     def threads_policy(self) -> str:
@@ -77,10 +87,10 @@ class Deployment:
         data = asdict(self)
         data["params"], data["env"] = dict(self.params), dict(self.env)
         data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
-        for key in ("pytorch", "loss", "tokenizer"):  # plans of ONNX files and zoo models are what they were
+        for key in _OPTIONAL:  # plans of ONNX files and zoo models are what they were
             if data[key] is None:
                 del data[key]
-        for key in ("pytorch", "tokenizer"):
+        for key in ("pytorch", "tokenizer", "image_processor", "preprocess"):
             if data.get(key) is not None:
                 data[key] = dict(data[key])
         return data

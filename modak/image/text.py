@@ -29,12 +29,20 @@ class TextInput:
     tokenizer: Any  # tokenizers.Tokenizer, padding and truncation set
     max_length: int
     names: tuple[str, ...]  # the model's inputs it fills: input_ids, attention_mask, token_type_ids
+    input_name: str = TEXT_INPUT
 
-    def encode(self, texts: Sequence[str], dtypes: Mapping[str, Any]) -> dict[str, Any]:
-        """The model's token inputs for ``texts``, as arrays of ``dtypes`` (input name -> NumPy dtype)."""
+    def encode(self, texts: Sequence[str | bytes], dtypes: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's token inputs for ``texts`` (strings, or their UTF-8 bytes), as arrays of ``dtypes`` (input
+        name -> NumPy dtype); ValueError names an item that is not UTF-8."""
         import numpy as np
 
-        encodings = self.tokenizer.encode_batch(list(texts))
+        decoded = []
+        for index, text in enumerate(texts):
+            try:
+                decoded.append(text.decode() if isinstance(text, bytes) else text)
+            except UnicodeDecodeError:
+                raise ValueError(f"item {index} is not UTF-8 text") from None
+        encodings = self.tokenizer.encode_batch(decoded)
         return {name: np.array([getattr(e, TOKEN_FIELDS[name]) for e in encodings], dtype=dtypes[name])
                 .reshape(len(texts), self.max_length) for name in self.names}
 

@@ -25,6 +25,7 @@ from modak.render.package import source_digest, wheel_name
 from modak.render.sharing import Sharing
 from modak.spec.loader import read_catalog
 from modak.spec.resolve import APP_DIR, DataBind
+from modak.workload.processing import processing_files
 
 if TYPE_CHECKING:
     from modak.plan import Plan
@@ -229,8 +230,10 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
     if recipe.model_format == "torch":  # the user's own module: the PyTorch runtimes build it beside the graph
         context += [ContextItem(path, f"{MODEL_CONTEXT}/{path.name}", ("__pycache__",)) for path in plan.user_files()]
     files = loaded.files
-    if files.tokenizer:  # every runtime's image serves text through it (Deployment.tokenizer)
-        context.append(ContextItem(files.tokenizer, f"{MODEL_CONTEXT}/{files.tokenizer.name}"))
+    # every runtime's image serves raw items through them (Deployment.tokenizer, image_processor, preprocess...)
+    copied = {item.source for item in context}
+    context += [ContextItem(path, f"{MODEL_CONTEXT}/{path.name}", ("__pycache__",))
+                for path in processing_files(plan.loaded) if path not in copied]
     if files.ca_bundle:
         context.append(ContextItem(files.ca_bundle, CA_CONTEXT))
     context += [ContextItem(wheel, f"{WHEELS_CONTEXT}/{wheel.name}") for wheel in files.wheels]
@@ -270,7 +273,7 @@ def _pip_step(plan: Plan) -> PipStep:
     needs = recipe.container[plan.choice.candidate.device]
     pins = [_compact(r) for r in needs.pip]
     pinned = {_project(r) for r in pins}
-    uses = (job.task.value, *(("tokenizer",) if job.model.tokenizer else ()))
+    uses = (job.task.value, *(use for use in ("tokenizer", "image_processor") if getattr(job.model, use)))
     pins += [r for r in image_requirements(*uses) if _project(r) not in pinned]
     pins += [_compact(r) for r in (job.entrypoint.requirements if job.entrypoint else [])]
     recipe_index = [needs.pip_index_url] if needs.pip_index_url and python.recipe_indexes else []
@@ -283,8 +286,8 @@ def _pip_step(plan: Plan) -> PipStep:
 
 def image_requirements(*uses: str) -> tuple[str, ...]:
     """What modak's in-image package needs in images for ``uses`` (``recipes/image.yaml``: every image's, then
-    each use's: the task, ``tokenizer``; all of them when none is given); a recipe's own pin of the same project
-    wins."""
+    each use's: the task, ``tokenizer``, ``image_processor``; all of them when none is given); a recipe's own pin
+    of the same project wins."""
     pins = read_catalog("image.yaml")
     uses = uses or tuple(k for k in pins if k != "requirements")
     return (*pins["requirements"], *(r for use in uses for r in pins.get(use, ())))
@@ -335,8 +338,7 @@ def _created(plan: Plan) -> str:
     else:
         source = plan.source
         graph = [source.onnx_path] if source.onnx_path and source.zoo is None and source.user is None else []
-        tokenizer = plan.loaded.files.tokenizer
-        paths = [*plan.loaded.files.inputs(), *graph, *plan.user_files(), *([tokenizer] if tokenizer else [])]
+        paths = [*plan.loaded.files.inputs(), *graph, *plan.user_files(), *processing_files(plan.loaded)]
         stamps = [p.stat().st_mtime for p in paths if p.exists()]
         stamp = max(stamps) if stamps else 0.0
     moment = datetime.fromtimestamp(int(stamp), UTC)

@@ -39,6 +39,8 @@ from modak.image.deployment import (
     location,
     read_deployment,
 )
+from modak.image.functions import FunctionOutput
+from modak.image.processing import Preprocessor, load_postprocessor, load_preprocessor, sample_items
 from modak.image.runtimes.base import (
     TOLERANCE,
     RunRequest,
@@ -48,7 +50,6 @@ from modak.image.runtimes.base import (
     make_inputs,
     relative_error,
 )
-from modak.image.text import TOKEN_FIELDS, TextInput, load_text_input
 
 __all__ = ["FeedError", "Model", "TensorSpec", "load", "request_from_environment"]
 
@@ -80,13 +81,35 @@ class Model:
     sample_batch: Mapping[str, np.ndarray]  # the deterministic batch it was prepared with (one batch_size)
     prepare_seconds: float = 0.0
     any_batch: bool = False  # a partial batch runs unpadded (:func:`runs_partial_batches`)
-    text: TextInput | None = None  # the job's tokenizer: the model also takes text (modak.image.text)
+    # The job's pre-processing (tokenizer, image processor or the user's function): the model also takes raw
+    # items then, as the BYTES input it names (modak.image.processing); and the user's post-processing of them.
+    preprocessor: Preprocessor | None = None
+    postprocessor: FunctionOutput | None = None
 
-    def encode_text(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """The model's token inputs for ``texts`` (through the job's tokenizer); FeedError without one."""
-        if self.text is None:
-            raise FeedError("this model has no tokenizer (model.tokenizer): send its inputs as tensors")
-        return self.text.encode(texts, {spec.name: np.dtype(spec.dtype) for spec in self.inputs})
+    def encode(self, items: Sequence[bytes | str]) -> dict[str, np.ndarray]:
+        """The model's inputs for raw ``items`` (texts, encoded images...) through the job's pre-processing;
+        FeedError without one, or where an item does not fit."""
+        if self.preprocessor is None:
+            raise FeedError("this model has no pre-processing (model.tokenizer, model.image_processor, "
+                            "model.preprocess): send its inputs as tensors")
+        try:
+            return self.check(self.preprocessor.encode(items, {s.name: np.dtype(s.dtype) for s in self.inputs}))
+        except ValueError as exc:
+            raise FeedError(str(exc)) from None
+
+    def sample_items(self) -> list[bytes | str]:
+        """Raw items its pre-processing takes (:func:`modak.image.processing.sample_items`); none without it."""
+        return sample_items(self.deployment, Path(self.request.onnx_path).parent)
+
+    def postprocess(self, outputs: Mapping[str, np.ndarray], samples: int) -> dict[str, np.ndarray]:
+        """What the user's post-processing makes of ``outputs`` of raw items; the outputs themselves without
+        one. FeedError says what it returned that does not fit."""
+        if self.postprocessor is None:
+            return dict(outputs)
+        try:
+            return self.postprocessor.decode(outputs, samples)
+        except ValueError as exc:
+            raise FeedError(str(exc)) from None
 
     @property
     def batch_size(self) -> int:
@@ -207,12 +230,10 @@ def open_model(request: RunRequest, deployment: Deployment | None = None) -> Mod
             for index, o in enumerate(session.run(sample)))
     if request.task == "training":
         outputs = (TensorSpec("loss", (), "float32"),)
-    text = None
-    if deployment.tokenizer is not None:
-        text = load_text_input(Path(request.onnx_path).parent / deployment.tokenizer["folder"],
-                               int(deployment.tokenizer["max_length"]),
-                               [spec.name for spec in inputs if spec.name in TOKEN_FIELDS])
-    return Model(deployment, request, session, inputs, outputs, sample, prepare_s, text=text)
+    folder = Path(request.onnx_path).parent
+    return Model(deployment, request, session, inputs, outputs, sample, prepare_s,
+                 preprocessor=load_preprocessor(deployment, folder, [spec.name for spec in inputs]),
+                 postprocessor=load_postprocessor(deployment, folder))
 
 
 def request_from_environment(environ: Mapping[str, str] = os.environ) -> RunRequest:

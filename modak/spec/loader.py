@@ -18,7 +18,8 @@ from modak.errors import InputError, did_you_mean
 from modak.limits import MAX_SPEC_BYTES, MAX_STRING_CHARS, MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES, read_bounded
 from modak.paths import data_dir
 from modak.spec.document import Loc, SpecDocument, dotted
-from modak.spec.models import AUTO_BATCH, PATTERN_MESSAGE, PATTERN_MESSAGES, Job, Metric, Target, Task
+from modak.spec.fields import PATTERN_MESSAGE, PATTERN_MESSAGES
+from modak.spec.models import AUTO_BATCH, Job, Metric, Target, Task
 from modak.spec.resolve import ResolvedFiles, resolve_files
 
 M = TypeVar("M", bound=msgspec.Struct)

@@ -9,31 +9,31 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from msgspec import Meta, Struct, field
+from msgspec import Meta, field
 
 from modak.image.text import TOKEN_FIELDS
+from modak.image.vision import PIXEL_VALUES
 from modak.schedulers import SCHEDULERS
+from modak.spec.fields import (
+    ImageRef,
+    Loss,
+    Name,
+    PositiveFloat,
+    PositiveInt,
+    PythonModule,
+    PythonName,
+    Requirement,
+    SchedulerWord,
+    Strict,
+    Text,
+    TimeLimit,
+    Url,
+    UserFunction,
+)
 from modak.spec.names import EngineName
 
-# A name that is safe as an image tag, a file name, a Slurm job name and a label value.
-Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
-# An OCI image reference (registry/path:tag@digest) without whitespace or shell metacharacters.
-ImageRef = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$", max_length=255)]
-# Scheduler fields (partition, account, qos) are written into #SBATCH/#PBS directives.
-SchedulerWord = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$", max_length=64)]
-TimeLimit = Annotated[str, Meta(pattern=r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")]
-Url = Annotated[str, Meta(pattern=r"^https?://[^\s'\"`$\\]+$")]
-# A pip requirement: letters, digits and the operators of PEP 508 version specifiers, no URLs or options.
-_REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*[ ]*([<>=!~]=?[ ]*[A-Za-z0-9.*+!\-]+[ ]*,?[ ]*)*$"
-Requirement = Annotated[str, Meta(pattern=_REQUIREMENT)]
-
-
-# Free text that becomes a path or a program argument (it is quoted where written, but NUL cannot be passed on).
-Text = Annotated[str, Meta(pattern=r"^[^\x00]*$")]
-PositiveInt = Annotated[int, Meta(gt=0)]
-PositiveFloat = Annotated[float, Meta(gt=0)]
 # A target's scheduler.kind: a registered scheduler (modak.schedulers); a Literal of their names for validation (the
 # errors and the JSON Schema's enum list them), a string for static type checkers.
 if TYPE_CHECKING:
@@ -44,11 +44,6 @@ Allocation = Literal["exclusive", "shared"]  # a target's scheduler.allocation: 
 Interconnect = Literal["ethernet", "roce", "infiniband", "omnipath", "slingshot", "none"]  # network.interconnect
 InputDtype = Literal["float32", "float16", "int64", "bool"]  # the element type of a user model's input (input_dtype)
 AUTO_BATCH = "auto"  # model.batch_size: the plan chooses it (modak.batching.choose_batch)
-
-
-class Strict(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Base: unknown fields are errors, instances are immutable. Fields are checked where data becomes a spec
-    (:func:`modak.spec.loader.validate`), not by the constructor."""
 
 
 class Task(str, Enum):
@@ -76,23 +71,6 @@ class Device(str, Enum):
     gpu = "gpu"
 
 
-# A Python identifier (a factory or function name) and a module: a .py file relative to the job file, or a dotted
-# importable name (mypkg.models).
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
-_MODULE = rf"([A-Za-z0-9_./-]+\.py|{_IDENTIFIER}(\.{_IDENTIFIER})*)"
-PythonName = Annotated[str, Meta(pattern=rf"^{_IDENTIFIER}$", max_length=128)]
-PythonModule = Annotated[str, Meta(pattern=rf"^{_MODULE}$", max_length=255)]
-BUILTIN_LOSSES = ("cross_entropy", "mse")  # job.loss built-ins: class labels / targets shaped like the outputs
-# A built-in loss or module:function.
-Loss = Annotated[str, Meta(pattern=rf"^({'|'.join(BUILTIN_LOSSES)}|{_MODULE}:{_IDENTIFIER})$", max_length=255)]
-# What the loader says of a string that does not match its field's pattern, by pattern (default: PATTERN_MESSAGE).
-PATTERN_MESSAGES = {
-    get_args(Text)[1].pattern: "cannot contain the NUL character (\\x00): no path or program argument can",
-    get_args(Loss)[1].pattern: f"expected a built-in loss ({', '.join(BUILTIN_LOSSES)}) or module:function "
-                               f"(model.py:my_loss, mypkg.losses:my_loss)",
-}
-PATTERN_MESSAGE = ("this field ends up in image tags, labels or scheduler directives, so only letters, digits and "
-                   ". _ - (and / : @ in references) are allowed")
 
 
 class PyTorchModel(Strict, frozen=True, kw_only=True):
@@ -129,6 +107,27 @@ class TokenizerSpec(Strict, frozen=True, kw_only=True):
         "model.input_shape, which the plan predicts at.")]
 
 
+class ImageProcessorSpec(Strict, frozen=True, kw_only=True):
+    """The images a served model takes: a Hugging Face image processor that turns a request's encoded images into
+    its ``pixel_values``, in the image (:mod:`modak.image.vision`)."""
+
+    path: Annotated[Text, Meta(description=
+        "A local folder with the processor's preprocessor_config.json (what save_pretrained writes), relative to "
+        "the job file; the image carries it.")]
+
+
+class PreprocessSpec(Strict, frozen=True, kw_only=True):
+    """The user's own pre-processing: a function from a request's raw items to the model's inputs
+    (:mod:`modak.image.functions`)."""
+
+    function: Annotated[UserFunction, Meta(description=
+        "module:function, the module a .py file relative to the job file or a dotted name: it takes a list of "
+        "bytes (the items of the BYTES input named data) and returns the model's inputs by name, a row per item.")]
+    example: Annotated[Text, Meta(description=
+        "A file holding one raw item (relative to the job file): the plan measures the function on it, the image "
+        "carries it and its smoke test sends it.")]
+
+
 class ModelSpec(Strict, frozen=True, kw_only=True):
     """The network: an ONNX file, a zoo architecture, the user's own PyTorch module or a ``torch.export`` program,
     with its input and batch size."""
@@ -150,6 +149,15 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
     tokenizer: Annotated[TokenizerSpec | None, Meta(description=
         "The user's own model: a tokenizer, so that `modak serve` takes text (a BYTES input named text) as well "
         "as token ids.")] = None
+    image_processor: Annotated[ImageProcessorSpec | None, Meta(description=
+        "The user's own model: an image processor, so that `modak serve` takes encoded images (a BYTES input named "
+        "image) as well as pixel_values.")] = None
+    preprocess: Annotated[PreprocessSpec | None, Meta(description=
+        "The user's own model: your function from raw items (a BYTES input named data) to the model's inputs.")] \
+        = None
+    postprocess: Annotated[UserFunction | None, Meta(description=
+        "The user's own model: module:function that turns the model's outputs (NumPy arrays by name) into the "
+        "answer to a request of raw items (arrays of numbers or strings by name, a row per item).")] = None
     batch_size: Annotated[PositiveInt | Literal["auto"], Meta(description=
         "Samples per step, or 'auto' (inference with objective throughput): the plan predicts every power of two "
         "from 1 to 256 and takes the batch with the most samples per second within constraints.max_latency_ms "
@@ -161,8 +169,7 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
                              "module and factory) or 'exported' (a torch.export .pt2 file)")
         if self.pytorch is not None and self.input_shape is None:
             raise ValueError("a PyTorch model needs input_shape (per sample, without the batch dimension)")
-        if self.tokenizer is not None:
-            self._check_tokenizer(self.tokenizer)
+        self._check_processing()
         if self.input_dtype is None and self.input_high is None:
             return
         if self.onnx is not None or self.zoo is not None:
@@ -175,11 +182,25 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
             raise ValueError("int64 inputs need input_high (their exclusive upper bound, e.g. the vocabulary size): "
                              f"none for {', '.join(unbounded)}")
 
+    def _check_processing(self) -> None:
+        steps = [name for name in ("tokenizer", "image_processor", "preprocess") if getattr(self, name) is not None]
+        if len(steps) > 1:
+            raise ValueError(f"give one pre-processing: {' or '.join(steps)}")
+        if (steps or self.postprocess is not None) and self.pytorch is None and self.exported is None:
+            raise ValueError(f"{(steps or ['postprocess'])[0]} serves the user's own model (pytorch, exported): give "
+                             "its inputs in input_shape")
+        if self.postprocess is not None and not steps:
+            raise ValueError("postprocess answers requests of raw items: give a pre-processing too (tokenizer, "
+                             "image_processor or preprocess)")
+        if self.tokenizer is not None:
+            self._check_tokenizer(self.tokenizer)
+        if self.image_processor is not None and (not isinstance(self.input_shape, dict)
+                                                 or set(self.input_shape) != {PIXEL_VALUES}):
+            raise ValueError(f"an image processor fills {PIXEL_VALUES} only: input_shape must name it alone (e.g. "
+                             f"{{{PIXEL_VALUES}: [3, 224, 224]}})")
+
     def _check_tokenizer(self, tokenizer: TokenizerSpec) -> None:
         shapes = self.input_shape
-        if self.pytorch is None and self.exported is None:
-            raise ValueError("tokenizer serves the user's own model (pytorch, exported): give its token inputs in "
-                             "input_shape")
         if not isinstance(shapes, dict) or "input_ids" not in shapes:
             raise ValueError("a tokenizer fills input_ids: input_shape must name it (e.g. {input_ids: [128], "
                              "attention_mask: [128]})")

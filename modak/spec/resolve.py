@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 
 from modak.errors import InputError
 from modak.image.text import TOKENIZER_FILE
+from modak.image.vision import PIXEL_VALUES, PROCESSOR_FILE, read_steps
 from modak.limits import GIB, MAX_APP_BYTES, MAX_APP_FILES
 from modak.paths import refusal
 from modak.spec.document import SpecDocument
 
 if TYPE_CHECKING:
-    from modak.spec.models import Job, Target
+    from modak.spec.models import Job, ModelSpec, Target
 
 APP_DIR = "/opt/app"  # where the job's entrypoint files go in the image
 TEMPLATES_VARIABLE = "MODAK_TEMPLATES"  # a site template folder, after the target's container.templates
@@ -57,6 +58,10 @@ class ResolvedFiles:
     exported: Path | None = None  # model.exported, a torch.export program
     loss_module: Path | None = None  # the file of the job's loss module (loss: module:function)
     tokenizer: Path | None = None  # the folder of model.tokenizer.path (holds tokenizer.json)
+    image_processor: Path | None = None  # the folder of model.image_processor.path (preprocessor_config.json)
+    preprocess_module: Path | None = None  # the file of model.preprocess.function's module
+    preprocess_example: Path | None = None  # model.preprocess.example
+    postprocess_module: Path | None = None  # the file of model.postprocess's module
 
     def inputs(self) -> tuple[Path, ...]:
         """The job's own input files (for the image's ``created`` time): spec files and application files."""
@@ -100,9 +105,39 @@ def _model_files(job: Job, doc: SpecDocument) -> dict[str, Path]:
             raise doc.error(loc, f"no {TOKENIZER_FILE} in {folder} (save the tokenizer with save_pretrained)"
                             if folder.is_dir() else f"folder not found: {folder}")
         files["tokenizer"] = folder
+    if spec.image_processor is not None:
+        files["image_processor"] = _image_processor(spec, doc)
+    if spec.preprocess is not None:
+        files["preprocess_module"] = module_file(spec.preprocess.function.rpartition(":")[0], doc,
+                                                 ("model", "preprocess", "function"))
+        files["preprocess_example"] = _existing_file(spec.preprocess.example, doc, ("model", "preprocess", "example"))
+    if spec.postprocess is not None:
+        files["postprocess_module"] = module_file(spec.postprocess.rpartition(":")[0], doc, ("model", "postprocess"))
     if job.loss is not None and ":" in job.loss:
         files["loss_module"] = module_file(job.loss.rpartition(":")[0], doc, ("loss",))
     return files
+
+
+def _image_processor(spec: ModelSpec, doc: SpecDocument) -> Path:
+    """The folder of ``model.image_processor``, its steps checked and the images they make the model's
+    ``pixel_values``."""
+    assert spec.image_processor is not None and isinstance(spec.input_shape, dict)
+    loc = ("model", "image_processor", "path")
+    folder = doc.resolve(spec.image_processor.path, loc)
+    if not (folder / PROCESSOR_FILE).is_file():
+        raise doc.error(loc, f"no {PROCESSOR_FILE} in {folder} (save the image processor with save_pretrained)"
+                        if folder.is_dir() else f"folder not found: {folder}")
+    try:
+        made = read_steps(folder).output_shape
+    except ValueError as exc:
+        raise doc.error(loc, str(exc)) from None
+    if made is None:
+        raise doc.error(loc, "its images' size depends on each image (a shortest-edge resize without a crop); "
+                             "the model takes one shape")
+    if made != spec.input_shape[PIXEL_VALUES]:
+        raise doc.error(("model", "input_shape"), f"the image processor makes {PIXEL_VALUES} of {made}, the "
+                                                  f"input_shape says {spec.input_shape[PIXEL_VALUES]}")
+    return folder
 
 
 def _existing_file(relative: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:
@@ -119,6 +154,13 @@ def module_code(module: str, path: Path) -> Path:
         return path
     depth = module.count(".") + (path.name == "__init__.py")
     return path.parents[depth - 1] if depth else path
+
+
+def beside(reference: str) -> str:
+    """``module:function`` with the module named as the image names it beside the model file (a ``.py`` file by
+    its name, a dotted name as it is)."""
+    module, _, function = reference.rpartition(":")
+    return f"{Path(module).name if module.endswith('.py') else module}:{function}"
 
 
 def module_file(module: str, doc: SpecDocument, loc: tuple[str, ...]) -> Path:

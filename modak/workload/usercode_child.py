@@ -63,8 +63,8 @@ def main(argv: list[str], work: Callable[[dict[str, Any], Path], dict[str, Any]]
     except UserCodeError as exc:
         result = {"ok": False, "field": exc.field, "file": exc.file, "line": exc.line, "message": exc.message}
     except Exception as exc:  # e.g. MemoryError outside the user's calls: reported at the phase it stopped in
-        file, line = _user_frame(exc, _root(request))
-        result = {"ok": False, "field": _phase(folder), "file": file, "line": line, "message": _describe(exc)}
+        file, line = _user_frame(exc, request_root(request))
+        result = {"ok": False, "field": _phase(folder), "file": file, "line": line, "message": describe(exc)}
     (folder / RESULT_FILE).write_text(json.dumps(result))
     return 0
 
@@ -73,10 +73,10 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Load the model, run it, export or count it; what was made (paths relative to ``folder``)."""
     import torch
 
-    root = _root(request)
+    root = request_root(request)
     model, shapes = load(request, folder)
     field = "model.exported" if request["exported"] else "model.input_shape"
-    _set_phase(folder, field)
+    set_phase(folder, field)
     inputs = example_inputs(request, shapes)
     names = list(inputs)
     keyword = by_keyword(model, names)
@@ -85,12 +85,12 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
             outputs = flatten(call_model(model, names, list(inputs.values()), keyword))
     except Exception as exc:
         message = (f"the model does not run on inputs of per-sample shape {_shapes_text(shapes)} "
-                   f"(batch {EXPORT_BATCH}): {_describe(exc)}")
+                   f"(batch {EXPORT_BATCH}): {describe(exc)}")
         raise UserCodeError(field, message, exc, root) from exc
     if not outputs.tensors:
         raise UserCodeError(field, "the model returns no tensor (" + (", ".join(outputs.dropped) or "None") + ")")
     flat = _flat_module(model, names, keyword)
-    _set_phase(folder, "model.pytorch.factory" if not request["exported"] else "model.exported")
+    set_phase(folder, "model.pytorch.factory" if not request["exported"] else "model.exported")
     failures: list[str] = []
     exporter = None
     for name, export in (("dynamo", _export_dynamo), ("torchscript", _export_torchscript)):
@@ -101,13 +101,13 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
         except MemoryError:
             raise
         except Exception as exc:  # an exporter's refusal is a reason, not an error
-            failures.append(f"{name}: {_describe(exc, exporter_cause=True)}")
+            failures.append(f"{name}: {describe(exc, exporter_cause=True)}")
     counted = None
     if exporter is None:
         try:
             counted = _count(model, lambda: flat(*inputs.values()))
         except Exception as exc:
-            raise UserCodeError(field, f"the FLOP counter cannot run the model: {_describe(exc)}", exc, root) from exc
+            raise UserCodeError(field, f"the FLOP counter cannot run the model: {describe(exc)}", exc, root) from exc
     parameters = [p for p in model.parameters()]
     return {"ok": True, "exporter": exporter, "onnx": MODEL_FILE if exporter else None, "failures": failures,
             "input_shapes": shapes, "counted": counted, "torch": torch.__version__, "by_keyword": keyword,
@@ -118,7 +118,7 @@ def run(request: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 def load(request: dict[str, Any], folder: Path) -> tuple[Any, dict[str, list[int]]]:
     """The user's model (in eval mode) and its per-sample input shapes."""
-    _set_phase(folder, "model.exported" if request["exported"] else "model.pytorch.module")
+    set_phase(folder, "model.exported" if request["exported"] else "model.pytorch.module")
     import torch
 
     from modak.image.zoo import SEED
@@ -126,7 +126,7 @@ def load(request: dict[str, Any], folder: Path) -> tuple[Any, dict[str, list[int
     torch.manual_seed(SEED)  # as the PyTorch runtimes do: weights the factory initializes are the same there
     if request["exported"]:
         return _load_program(request)
-    return _build(request, folder, _root(request)).eval(), request["input_shapes"]
+    return _build(request, folder, request_root(request)).eval(), request["input_shapes"]
 
 
 def example_inputs(request: dict[str, Any], shapes: dict[str, list[int]], batch: int = EXPORT_BATCH
@@ -176,13 +176,13 @@ def _build(request: dict[str, Any], folder: Path, root: Path) -> Any:
         module = (_import_file(Path(request["module_file"])) if request["module"].endswith(".py")
                   else importlib.import_module(request["module"]))
     except SyntaxError as exc:
-        error = UserCodeError("model.pytorch.module", _describe(exc))
+        error = UserCodeError("model.pytorch.module", describe(exc))
         error.file, error.line = exc.filename, exc.lineno
         raise error from None
     except Exception as exc:
-        raise UserCodeError("model.pytorch.module", f"importing {request['module']} failed: {_describe(exc)}",
+        raise UserCodeError("model.pytorch.module", f"importing {request['module']} failed: {describe(exc)}",
                             exc, root) from None
-    _set_phase(folder, "model.pytorch.factory")
+    set_phase(folder, "model.pytorch.factory")
     factory = getattr(module, request["factory"], None)
     if not callable(factory):
         from modak.errors import did_you_mean
@@ -194,7 +194,7 @@ def _build(request: dict[str, Any], folder: Path, root: Path) -> Any:
     try:
         model = factory(**request["kwargs"])
     except Exception as exc:
-        error = UserCodeError("model.pytorch.factory", f"{request['factory']}() raised {_describe(exc)}", exc, root)
+        error = UserCodeError("model.pytorch.factory", f"{request['factory']}() raised {describe(exc)}", exc, root)
         if error.file is None and isinstance(exc, TypeError):  # the call itself: the kwargs do not fit
             error.field = "model.pytorch.kwargs"
         raise error from None
@@ -202,7 +202,7 @@ def _build(request: dict[str, Any], folder: Path, root: Path) -> Any:
         raise UserCodeError("model.pytorch.factory", f"{request['factory']}() returned {type(model).__name__}, not "
                                                      "a torch.nn.Module")
     if request["weights"]:
-        _set_phase(folder, "model.pytorch.weights")
+        set_phase(folder, "model.pytorch.weights")
         _load_weights(model, request["weights"])
     return model
 
@@ -223,7 +223,7 @@ def _load_weights(model: Any, path: str) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise UserCodeError("model.pytorch.weights", f"{path} cannot be loaded with weights_only=True: "
-                                                     f"{_describe(exc)}") from None
+                                                     f"{describe(exc)}") from None
     if not isinstance(state, dict):
         raise UserCodeError("model.pytorch.weights", f"{path} holds {type(state).__name__}, not a state_dict")
     wanted = set(model.state_dict())
@@ -246,7 +246,7 @@ def _load_program(request: dict[str, Any]) -> tuple[Any, dict[str, list[int]]]:
     try:
         program = torch.export.load(request["exported"])
     except Exception as exc:
-        raise UserCodeError("model.exported", f"not a torch.export program: {_describe(exc)}") from None
+        raise UserCodeError("model.exported", f"not a torch.export program: {describe(exc)}") from None
     placeholders = [node for node in program.graph.nodes if node.op == "placeholder"
                     and node.name in program.graph_signature.user_inputs]
     shapes = request["input_shapes"]
@@ -382,7 +382,7 @@ def _element_size(value: Any) -> int:
     return next((_element_size(v) for v in value), 4) if isinstance(value, (list, tuple)) and value else 4
 
 
-def _describe(exc: BaseException, exporter_cause: bool = False) -> str:
+def describe(exc: BaseException, exporter_cause: bool = False) -> str:
     """``Type: first line`` of an exception (an exporter's: of its innermost cause, which names the problem),
     at most 300 characters."""
     if exporter_cause:
@@ -394,21 +394,22 @@ def _describe(exc: BaseException, exporter_cause: bool = False) -> str:
 
 
 def _user_frame(exc: BaseException | None, root: Path | None) -> tuple[str | None, int | None]:
-    """The file and line of the last traceback frame inside the user's code (``root``: a folder or a file)."""
+    """The file and line of the last traceback frame inside the user's code (``root``: a folder or a file), the
+    file's real path (a staged link resolved)."""
     if exc is None or root is None:
         return None, None
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = Path(frame.filename)
         if path == root or path.is_relative_to(root):
-            return frame.filename, frame.lineno
+            return str(path.resolve()), frame.lineno
     return None, None
 
 
-def _root(request: dict[str, Any]) -> Path:
+def request_root(request: dict[str, Any]) -> Path:
     return Path(request["root"])
 
 
-def _set_phase(folder: Path, field: str) -> None:
+def set_phase(folder: Path, field: str) -> None:
     (folder / PHASE_FILE).write_text(field)
 
 

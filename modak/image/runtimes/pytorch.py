@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from modak.image.calling import by_keyword, call_model, flatten
+from modak.image.functions import import_beside
 from modak.image.kernels import Kernel, KernelTime, Profile
 from modak.image.runtimes.base import Adapter, FunctionSession, RunRequest, has_graph, loss_targets
 from modak.image.runtimes.profiling import WARMUP_STEPS, median_step
@@ -275,33 +276,10 @@ def user_module(request: RunRequest) -> Any:
     torch.manual_seed(SEED)  # as the plan's child did: weights the factory initializes are the export's
     if "program" in spec:
         return torch.export.load(folder / spec["program"]).module()
-    model = getattr(_import_beside(folder, spec["module"]), spec["factory"])(**spec.get("kwargs", {}))
+    model = getattr(import_beside(folder, spec["module"]), spec["factory"])(**spec.get("kwargs", {}))
     if spec.get("weights"):
         model.load_state_dict(torch.load(folder / spec["weights"], map_location="cpu", weights_only=True), strict=True)
     return model.eval()  # as exported (a training session sets train mode)
-
-
-def _import_beside(folder: Any, name: str) -> Any:
-    """The user's module ``name`` (a ``.py`` file name, or a dotted name of a package) from ``folder``, imported once
-    per process as Python imports a module: its body (which may register custom ops with ``torch.library``) runs
-    once however many sessions open the model."""
-    import importlib
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    if not name.endswith(".py"):
-        sys.path.insert(0, str(folder))
-        return importlib.import_module(name)
-    found = importlib.util.spec_from_file_location(Path(name).stem, Path(folder) / Path(name).name)
-    assert found is not None and found.loader is not None
-    loaded = sys.modules.get(found.name)
-    if loaded is not None and getattr(loaded, "__file__", None) == found.origin:
-        return loaded
-    module = importlib.util.module_from_spec(found)
-    sys.modules[found.name] = module
-    found.loader.exec_module(module)
-    return module
 
 
 def _loss(request: RunRequest, device: Any) -> Callable[[Any, dict[str, Any]], Any]:
@@ -315,7 +293,7 @@ def _loss(request: RunRequest, device: Any) -> Callable[[Any, dict[str, Any]], A
         return lambda outputs, batch: sum(o.float().square().mean() for o in _as_list(outputs))
     if ":" in request.loss:
         module, _, function = request.loss.rpartition(":")
-        return getattr(_import_beside(Path(request.onnx_path).parent, module), function)
+        return getattr(import_beside(Path(request.onnx_path).parent, module), function)
     name, targets = request.loss, {}
 
     def builtin(outputs: Any, batch: dict[str, Any]) -> Any:

@@ -12,8 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import modak
-from modak.image.text import TEXT_INPUT
-from modak.runtime import Model
+from modak.runtime import FeedError, Model
 from modak.runtime.serve.batching import DynamicBatcher
 from modak.runtime.serve.metrics import Metrics
 from modak.runtime.serve.protocol import (
@@ -98,9 +97,10 @@ class _App:
             return [{"name": s.name, "datatype": DATATYPES.get(s.dtype, s.dtype.upper()), "shape": [-1, *s.shape]}
                     for s in specs]
 
-        text = [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}] if self.model.text is not None else []
+        processor = self.model.preprocessor
+        raw = [{"name": processor.input_name, "datatype": "BYTES", "shape": [-1]}] if processor is not None else []
         return {"name": self.name, "versions": ["1"], "platform": self.model.deployment.runtime,
-                "inputs": text + tensors(self.model.inputs), "outputs": tensors(self.model.outputs)}
+                "inputs": raw + tensors(self.model.inputs), "outputs": tensors(self.model.outputs)}
 
     async def model_ready(self, request: Any) -> dict[str, Any]:
         self._check_model(request)
@@ -114,7 +114,8 @@ class _App:
         self._check_model(request)
         body = await read_body(request, self.limits.max_body)
         header = request.headers.get(HEADER_LENGTH)
-        if len(body) > OFF_LOOP_BYTES:  # parsing a large body would hold up every other request
+        if len(body) > OFF_LOOP_BYTES or self.model.preprocessor is not None:  # parsing a large body (or decoding
+            # images, tokenizing) would hold up every other request
             decoded = await asyncio.to_thread(decode_request, body, header, self.model, self.limits)
         else:
             decoded = decode_request(body, header, self.model, self.limits)
@@ -122,6 +123,13 @@ class _App:
             self.metrics.preprocess.observe(decoded.preprocess_s)
         assert self.batcher is not None
         outputs = await self.batcher.submit(decoded.feeds, decoded.samples)
+        if decoded.raw and self.model.postprocessor is not None:
+            start = time.perf_counter()
+            try:
+                outputs = await asyncio.to_thread(self.model.postprocess, outputs, decoded.samples)
+            except FeedError as exc:
+                raise ModelFailure(f"post-processing: {exc}") from None
+            self.metrics.postprocess.observe(time.perf_counter() - start)
         content, length = encode_response(self.model, self.name, decoded, outputs)
         if length is None:
             return Response(content, media_type="application/json")

@@ -21,8 +21,10 @@ class Metrics:
                                         buckets=[float(s) for s in sizes], registry=self.registry)
         self.inference = Histogram("modak_inference_seconds", "Seconds of one Model.run on a batch",
                                    registry=self.registry)
-        self.preprocess = Histogram("modak_preprocess_seconds", "Seconds the tokenizer took on a text request",
-                                    registry=self.registry)
+        self.preprocess = Histogram("modak_preprocess_seconds", "Seconds the pre-processing took on a request of "
+                                    "raw items (text, images)", registry=self.registry)
+        self.postprocess = Histogram("modak_postprocess_seconds", "Seconds the post-processing took on a request "
+                                     "of raw items", registry=self.registry)
         self.queue_depth = Gauge("modak_queue_depth", "Requests waiting for a batch", registry=self.registry)
 
     def text(self) -> tuple[bytes, str]:

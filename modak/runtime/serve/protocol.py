@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from modak.image.text import TEXT_INPUT
 from modak.runtime import FeedError, Model
 from modak.runtime.serve.settings import Limits
 
@@ -43,9 +42,11 @@ class Decoded:
 
     feeds: dict[str, np.ndarray]
     samples: int
-    outputs: list[tuple[str, bool]]  # name, binary
+    outputs: list[tuple[str, bool]] | None  # name, binary; None: all, binary as binary_data_output says
+    binary: bool  # binary_data_output
     id: str | None = None
-    preprocess_s: float | None = None  # the tokenizer's seconds, for a text request
+    preprocess_s: float | None = None  # the pre-processing's seconds, for a request of raw items
+    raw: bool = False  # raw items through the pre-processing: the answer is the post-processing's (if any)
 
 
 def decode_request(body: bytes, header_length: str | None, model: Model, limits: Limits) -> Decoded:
@@ -68,11 +69,21 @@ def decode_request(body: bytes, header_length: str | None, model: Model, limits:
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) for i in inputs):
         raise RequestError(400, "inputs must be a non-empty list of tensors")
-    outputs = _requested_outputs(request.get("outputs"), model, bool(parameters.get("binary_data_output")))
-    if model.text is not None and any(tensor.get("name") == TEXT_INPUT for tensor in inputs):
+    processor = model.preprocessor
+    items_sent = processor is not None and any(tensor.get("name") == processor.input_name for tensor in inputs)
+    binary_default = bool(parameters.get("binary_data_output"))
+    outputs = _requested_outputs(request.get("outputs"), model, binary_default,
+                                 items_sent and model.postprocessor is not None)
+    if items_sent:
+        assert processor is not None
+        items = _items(inputs, binary, limits, processor.input_name)
         start = time.perf_counter()
-        feeds = model.encode_text(_texts(inputs, binary, limits))
-        return Decoded(feeds, len(feeds["input_ids"]), outputs, request_id, time.perf_counter() - start)
+        try:
+            feeds = model.encode(items)
+        except FeedError as exc:
+            raise RequestError(400, f"input {processor.input_name}: {exc}") from None
+        return Decoded(feeds, len(items), outputs, binary_default, request_id, time.perf_counter() - start,
+                       raw=True)
     specs = {spec.name: spec for spec in model.inputs}
     raw: dict[str, tuple[list[int], str, dict[str, Any]]] = {}
     for tensor in inputs:
@@ -115,48 +126,46 @@ def decode_request(body: bytes, header_length: str | None, model: Model, limits:
         feeds = model.check(arrays)
     except FeedError as exc:
         raise RequestError(400, str(exc)) from None
-    return Decoded(feeds, len(next(iter(feeds.values()))), outputs, request_id)
+    return Decoded(feeds, len(next(iter(feeds.values()))), outputs, binary_default, request_id)
 
 
-def _texts(inputs: list[dict[str, Any]], binary: bytes, limits: Limits) -> list[str]:
-    """The strings of a text request: one BYTES tensor named :data:`TEXT_INPUT` of shape [n] (or [n, 1]), its
-    elements UTF-8, as JSON strings or as binary data (each a 4-byte little-endian length, then the bytes)."""
+def _items(inputs: list[dict[str, Any]], binary: bytes, limits: Limits, name: str) -> list[bytes | str]:
+    """The items of a request of raw items: one BYTES tensor named ``name`` of shape [n] (or [n, 1]), its
+    elements JSON strings or binary data (each a 4-byte little-endian length, then the bytes)."""
     if len(inputs) != 1:
-        raise RequestError(400, f"a text request has one input, {TEXT_INPUT}; got {len(inputs)}")
+        raise RequestError(400, f"a request of raw items has one input, {name}; got {len(inputs)}")
     tensor = inputs[0]
     shape, datatype = tensor.get("shape"), tensor.get("datatype")
     if datatype != "BYTES":
-        raise RequestError(400, f"input {TEXT_INPUT}: datatype {datatype!r}; text is BYTES")
+        raise RequestError(400, f"input {name}: datatype {datatype!r}; it takes BYTES")
     if not isinstance(shape, list) or not shape or not all(type(d) is int and d >= 0 for d in shape) \
             or math.prod(shape[1:]) != 1:
-        raise RequestError(400, f"input {TEXT_INPUT}: shape must be [n] or [n, 1] (one text per sample)")
+        raise RequestError(400, f"input {name}: shape must be [n] or [n, 1] (one item per sample)")
     if shape[0] > limits.max_request_samples:
-        raise RequestError(413, f"input {TEXT_INPUT}: {shape[0]} samples; this server takes at most "
+        raise RequestError(413, f"input {name}: {shape[0]} samples; this server takes at most "
                                 f"{limits.max_request_samples} per request")
-    size = _object(tensor.get("parameters"), f"input {TEXT_INPUT} parameters").get("binary_data_size")
+    size = _object(tensor.get("parameters"), f"input {name} parameters").get("binary_data_size")
+    items: list[bytes | str]
     if size is not None:
         if type(size) is not int or size != len(binary):
-            raise RequestError(400, f"input {TEXT_INPUT}: binary_data_size {size!r}, the body has {len(binary)} "
+            raise RequestError(400, f"input {name}: binary_data_size {size!r}, the body has {len(binary)} "
                                     "bytes of binary data")
         items, offset = [], 0
         while offset < len(binary):
             length = int.from_bytes(binary[offset:offset + 4], "little")
             if offset + 4 + length > len(binary):
-                raise RequestError(400, f"input {TEXT_INPUT}: an element's length runs past the binary data")
+                raise RequestError(400, f"input {name}: an element's length runs past the binary data")
             items.append(binary[offset + 4:offset + 4 + length])
             offset += 4 + length
     else:
         data = tensor.get("data")
-        items = data if isinstance(data, list) else []
-        items = [item for row in items for item in (row if isinstance(row, list) else [row])]
+        rows = data if isinstance(data, list) else []
+        items = [item for row in rows for item in (row if isinstance(row, list) else [row])]
         if not all(isinstance(item, str) for item in items):
-            raise RequestError(400, f"input {TEXT_INPUT}: data must be a list of strings")
+            raise RequestError(400, f"input {name}: data must be a list of strings")
     if len(items) != shape[0]:
-        raise RequestError(400, f"input {TEXT_INPUT}: {len(items)} texts, shape {shape} needs {shape[0]}")
-    try:
-        return [item if isinstance(item, str) else item.decode() for item in items]
-    except UnicodeDecodeError:
-        raise RequestError(400, f"input {TEXT_INPUT}: an element is not UTF-8") from None
+        raise RequestError(400, f"input {name}: {len(items)} items, shape {shape} needs {shape[0]}")
+    return items
 
 
 def _object(value: object, what: str) -> dict[str, Any]:
@@ -186,16 +195,19 @@ def _array(data: object, shape: list[int], datatype: str, name: str) -> np.ndarr
     return array.reshape(shape).astype(dtype)
 
 
-def _requested_outputs(outputs: object, model: Model, binary_default: bool) -> list[tuple[str, bool]]:
+def _requested_outputs(outputs: object, model: Model, binary_default: bool, postprocessed: bool
+                       ) -> list[tuple[str, bool]] | None:
+    """The outputs asked for, each with whether it is sent as binary data; None: all (of the post-processing's,
+    whose names are known once it ran)."""
     names = [spec.name for spec in model.outputs]
     if outputs is None:
-        return [(name, binary_default) for name in names]
+        return None
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise RequestError(400, "outputs must be a list of objects")
     chosen = []
     for output in outputs:
         name = output.get("name")
-        if name not in names:
+        if not isinstance(name, str) or not postprocessed and name not in names:
             raise RequestError(400, f"unknown output {name!r}; the model's outputs are {', '.join(names)}")
         parameters = _object(output.get("parameters"), f"output {name} parameters")
         if parameters.get("classification"):
@@ -206,25 +218,45 @@ def _requested_outputs(outputs: object, model: Model, binary_default: bool) -> l
 
 def encode_response(model: Model, model_name: str, decoded: Decoded,
                     outputs: Mapping[str, np.ndarray]) -> tuple[bytes, int | None]:
-    """The response body and, when it carries binary tensors, the length of its JSON header."""
+    """The response body and, when it carries binary tensors, the length of its JSON header. ``outputs`` are the
+    model's, or the post-processing's (strings among them: BYTES); a name asked for that it did not make is a
+    :class:`RequestError`."""
     dtypes = {spec.name: spec.dtype for spec in model.outputs}
+    chosen = decoded.outputs if decoded.outputs is not None else [(name, decoded.binary) for name in outputs]
+    unknown = [name for name, _ in chosen if name not in outputs]
+    if unknown:
+        raise RequestError(400, f"unknown output {unknown[0]!r}; the outputs are {', '.join(outputs)}")
     tensors, blobs = [], []
-    for name, binary in decoded.outputs:
+    for name, binary in chosen:
         array = np.asarray(outputs[name])
-        if dtypes[name] in DATATYPES:  # as the metadata says, whatever the runtime's precision
-            array = array.astype(dtypes[name], copy=False)
-        if array.dtype.name not in DATATYPES:
-            raise ModelFailure(f"output {name} has dtype {array.dtype}, which this server cannot send")
-        tensor: dict[str, Any] = {"name": name, "datatype": DATATYPES[array.dtype.name], "shape": list(array.shape)}
-        if binary:
-            blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+        if array.dtype.kind in "SU":
+            tensor, blob = _bytes_tensor(name, array, binary)
+        else:
+            if name in dtypes and dtypes[name] in DATATYPES:  # as the metadata says, whatever the precision
+                array = array.astype(dtypes[name], copy=False)
+            if array.dtype.name not in DATATYPES:
+                raise ModelFailure(f"output {name} has dtype {array.dtype}, which this server cannot send")
+            tensor = {"name": name, "datatype": DATATYPES[array.dtype.name], "shape": list(array.shape)}
+            blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes() if binary else None
+            if blob is None:
+                tensor["data"] = array.reshape(-1).tolist()
+        if blob is not None:
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
-        else:
-            tensor["data"] = array.reshape(-1).tolist()
         tensors.append(tensor)
     response: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": tensors}
     if decoded.id is not None:
         response["id"] = decoded.id
     header = json.dumps(response, separators=(",", ":")).encode()
     return (header + b"".join(blobs), len(header)) if blobs else (header, None)
+
+
+def _bytes_tensor(name: str, array: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes | None]:
+    """A BYTES output of strings: JSON strings, or binary elements (a 4-byte little-endian length, then UTF-8)."""
+    items = [item.decode() if isinstance(item, bytes) else str(item) for item in array.reshape(-1).tolist()]
+    tensor: dict[str, Any] = {"name": name, "datatype": "BYTES", "shape": list(array.shape)}
+    if not binary:
+        tensor["data"] = items
+        return tensor, None
+    encoded = [item.encode() for item in items]
+    return tensor, b"".join(len(item).to_bytes(4, "little") + item for item in encoded)

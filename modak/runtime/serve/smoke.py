@@ -13,14 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from modak.image.text import TEXT_INPUT
 from modak.runtime import Model
 from modak.runtime.serve.app import bind, build_app
-from modak.runtime.serve.protocol import DATATYPES, DTYPES
+from modak.runtime.serve.protocol import DATATYPES, DTYPES, HEADER_LENGTH
 from modak.runtime.serve.settings import Settings
 
 SELF_CHECK_SAMPLES = 3
-SELF_CHECK_TEXTS = ("The smoke test's first sentence.", "A second, longer one: served through the tokenizer.")
 
 
 def self_check(model: Model, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -63,16 +61,11 @@ def self_check(model: Model, timeout_s: float = 60.0) -> dict[str, Any]:
                                    f"{list(array.shape)}")
         result = {"status": "ok", "url": url, "latency_s": round(latency, 6),
                   "outputs": {name: list(a.shape) for name, a in got.items()}}
-        if model.text is not None:  # and as text, through the job's tokenizer
-            expected = model.run(model.encode_text(SELF_CHECK_TEXTS))
-            request = {"inputs": [{"name": TEXT_INPUT, "shape": [len(SELF_CHECK_TEXTS)], "datatype": "BYTES",
-                                   "data": list(SELF_CHECK_TEXTS)}]}
-            answer = _post(f"{url}/models/model/infer", request, max(1.0, deadline - time.monotonic()))
-            for output in answer["outputs"]:
-                array = np.asarray(output["data"], DTYPES[output["datatype"]]).reshape(output["shape"])
-                if not np.allclose(array, expected[output["name"]], rtol=1e-5, atol=1e-6):
-                    raise RuntimeError(f"output {output['name']} of a text request differs from Model.run's")
-            result["text_outputs"] = {o["name"]: o["shape"] for o in answer["outputs"]}
+        items = model.sample_items()
+        if items:  # and as raw items, through the job's pre- and post-processing
+            assert model.preprocessor is not None
+            result["raw_outputs"] = _check_raw(model, model.preprocessor.input_name, items,
+                                               f"{url}/models/model/infer", max(1.0, deadline - time.monotonic()))
         return result
     except Exception as exc:
         return {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -85,8 +78,34 @@ def self_check(model: Model, timeout_s: float = 60.0) -> dict[str, Any]:
             sock.close()
 
 
-def _post(url: str, document: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    request = urllib.request.Request(url, json.dumps(document).encode(), {"Content-Type": "application/json"})
+def _check_raw(model: Model, name: str, items: list[bytes | str], url: str, timeout_s: float) -> dict[str, list[int]]:
+    """Send ``items`` as the BYTES input ``name`` (binary data); the answer must be what the pre-processing,
+    Model.run and the post-processing make of them. The answer's output shapes."""
+    expected = model.postprocess(model.run(model.encode(items)), len(items))
+    blob = b"".join(len(data).to_bytes(4, "little") + data
+                    for data in (item.encode() if isinstance(item, str) else item for item in items))
+    answer = _post(url, {"inputs": [{"name": name, "shape": [len(items)], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(blob)}}]}, timeout_s, blob)
+    answered = sorted(o["name"] for o in answer["outputs"])
+    if answered != sorted(expected):
+        raise RuntimeError(f"a request of raw items ({name}) was answered {answered}, expected {sorted(expected)}")
+    for output in answer["outputs"]:
+        want = np.asarray(expected[output["name"]])
+        if output["datatype"] == "BYTES":
+            same = output["data"] == [str(v) for v in want.reshape(-1).tolist()]
+        else:
+            array = np.asarray(output["data"], DTYPES[output["datatype"]]).reshape(output["shape"])
+            same = array.shape == want.shape and bool(np.allclose(array, want, rtol=1e-5, atol=1e-6))
+        if not same:
+            raise RuntimeError(f"output {output['name']} of a request of raw items ({name}) differs from Model.run's")
+    return {o["name"]: o["shape"] for o in answer["outputs"]}
+
+
+def _post(url: str, document: dict[str, Any], timeout_s: float, binary: bytes = b"") -> dict[str, Any]:
+    header = json.dumps(document).encode()
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))} if binary else {
+        "Content-Type": "application/json"}
+    request = urllib.request.Request(url, header + binary, headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
