@@ -508,6 +508,47 @@ def test_served_image_answers_text_through_the_jobs_tokenizer(engine: DockerEngi
         container.remove(force=True)
 
 
+@pytest.mark.engine
+def test_served_image_answers_images_through_the_jobs_processor_and_labels(engine: DockerEngine,
+                                                                          tmp_path: Path) -> None:
+    """examples/hf-vision (a ViT classifier as its users write it, its image processor and its labels function)
+    built on ONNX Runtime: the image takes encoded images as a KServe v2 BYTES request from the reference client
+    and answers the label and probability that eager PyTorch gives on transformers' own processing."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from tests.test_processing import IMAGES, _encoded, eager_labels
+
+    folder = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / "hf-vision", folder)
+    write_target(folder, "local-cpu")
+    job_path = folder / "job.yaml"
+    job = yaml.safe_load(job_path.read_text())
+    job.update(target="target.yaml", constraints={"runtimes": ["onnxruntime"]})
+    job_path.write_text(yaml.safe_dump(job, sort_keys=False))
+    data = build(job_path, "-o", tmp_path / "out")
+    assert data["smoke_test"]["status"] == "ok" \
+        and data["smoke_test"]["serve"]["raw_outputs"] == {"label": [2], "probability": [2]}, data["smoke_test"]
+    port = _free_port()
+    container = engine.client.containers.run(data["image"]["ref"], detach=True,
+                                             ports={"8080/tcp": ("127.0.0.1", port)})
+    try:
+        client = _ready_client(container, port)
+        metadata = client.get_model_metadata(data["job"])
+        assert metadata["inputs"][0] == {"name": "image", "datatype": "BYTES", "shape": [-1]}, metadata
+        images = [_encoded(size, mode, seed) for seed, (size, mode) in enumerate(IMAGES)]
+        given = httpclient.InferInput("image", [len(images)], "BYTES")
+        given.set_data_from_numpy(np.array([encoded for encoded, _ in images], dtype=object))
+        result = client.infer(data["job"], [given])
+        labels, probabilities = eager_labels(job_path, [image for _, image in images])
+        assert [label.decode() for label in result.as_numpy("label")] == labels
+        np.testing.assert_allclose(result.as_numpy("probability"), probabilities, rtol=1e-4)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        assert "modak_preprocess_seconds_count 1.0" in metrics and "modak_postprocess_seconds_count 1.0" in metrics
+    finally:
+        container.remove(force=True)
+
+
 # --- failures ------------------------------------------------------------------------------------------------
 
 @pytest.mark.engine

@@ -155,15 +155,35 @@ def test_an_image_processor_modak_does_not_run_is_refused_when_the_job_loads(tmp
         load_job(path)
 
 
+def eager_labels(job: Path, images: list[Any]) -> tuple[list[str], np.ndarray]:
+    """The example's labels and their probabilities in eager PyTorch on transformers' own processing of ``images``
+    (the weights as the plan's child and the image make them: seeded before the factory)."""
+    import torch
+    import transformers
+
+    from modak.image.zoo import SEED
+
+    sys.path.insert(0, str(job.parent))
+    try:
+        from model import LABELS, build_model  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(job.parent))
+        sys.modules.pop("model", None)
+    torch.manual_seed(SEED)
+    eager = build_model().eval()
+    pixels = transformers.ViTImageProcessorPil.from_pretrained(job.parent / "processor")(
+        [image.convert("RGB") for image in images], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        probabilities = torch.softmax(eager(pixel_values=pixels).logits, -1).numpy()
+    return [LABELS[i] for i in probabilities.argmax(-1)], probabilities.max(-1)
+
+
 @pytest.mark.slow
 def test_an_image_request_is_served_through_the_jobs_processor_and_labels(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/hf-vision planned (its processing measured and reported), rendered and opened as the image opens
     it: an encoded image is answered the label and probability that eager PyTorch gives on transformers' own
     processing of the same image; its self-check sends images too."""
-    import torch
-    import transformers
-
     import modak.runtime
     from modak.runtime.serve.smoke import self_check
 
@@ -185,22 +205,9 @@ def test_an_image_request_is_served_through_the_jobs_processor_and_labels(tmp_pa
     model = modak.runtime.load(tmp_path / "out" / "plan.json", model_folder / "model.onnx")
     images = [_encoded(size, mode, seed) for seed, (size, mode) in enumerate(IMAGES[:3])]
     answer = model.postprocess(model.run(model.encode([data for data, _ in images])), len(images))
-    from modak.image.zoo import SEED
-
-    sys.path.insert(0, str(job.parent))
-    try:
-        from model import build_model  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(job.parent))
-        sys.modules.pop("model", None)
-    torch.manual_seed(SEED)  # the weights the plan's child and the image make
-    eager = build_model().eval()
-    pixels = transformers.ViTImageProcessorPil.from_pretrained(job.parent / "processor")(
-        [image.convert("RGB") for _, image in images], return_tensors="pt")["pixel_values"]
-    with torch.no_grad():
-        probabilities = torch.softmax(eager(pixel_values=pixels).logits, -1).numpy()
-    assert list(answer["label"]) == [("cat", "dog", "bird")[i] for i in probabilities.argmax(-1)]
-    np.testing.assert_allclose(answer["probability"], probabilities.max(-1), rtol=1e-4)
+    labels, probabilities = eager_labels(job, [image for _, image in images])
+    assert list(answer["label"]) == labels
+    np.testing.assert_allclose(answer["probability"], probabilities, rtol=1e-4)
     result = self_check(model)
     assert result["status"] == "ok" and result["raw_outputs"] == {"label": [2], "probability": [2]}, result
 
