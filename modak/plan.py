@@ -9,9 +9,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
-from modak.documents import document, duration, rounded
+from modak.documents import SCHEMA_VERSION, duration, encoded, rounded
+from modak.documents import plan as doc
 from modak.errors import InputError
 from modak.hardware.ceilings import TargetCeilings, target_ceilings
 from modak.image.deployment import Deployment
@@ -82,11 +85,14 @@ class BatchOption:
     def samples_per_second(self) -> float | None:
         return self.batch_size / self.objective_seconds if self.objective_seconds else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "candidate": self.candidate,
-                "objective_seconds": None if self.objective_seconds is None else rounded(self.objective_seconds),
-                "samples_per_second": None if self.samples_per_second is None else rounded(self.samples_per_second),
-                "memory_gb": None if self.memory_gb is None else rounded(self.memory_gb), "excluded": self.excluded}
+    def record(self) -> doc.BatchRow:
+        """A row of the plan's ``batches``."""
+        def maybe(value: float | None) -> float | None:
+            return None if value is None else rounded(value)
+        return doc.BatchRow(batch_size=self.batch_size, candidate=self.candidate,
+                            objective_seconds=maybe(self.objective_seconds),
+                            samples_per_second=maybe(self.samples_per_second), memory_gb=maybe(self.memory_gb),
+                            excluded=self.excluded)
 
     def describe(self) -> str:
         """``64: 20.6k/s (3.1 ms)`` or ``256: excluded (memory)``."""
@@ -182,37 +188,32 @@ class Plan:
         return {"input_types": integer} if integer else {}
 
     def to_dict(self) -> dict[str, Any]:
-        """Stable, JSON-ready form (``modak plan --json``, ``plan.json``)."""
-        job, target, workload = self.loaded.job, self.loaded.target, self.workload
-        body = document({
-            "job": job.name,
-            "target": target.name,
-            "task": job.task.value,
-            "objective": {"metric": job.objective.metric.value, "steps": job.objective.steps},
-            "workload": {
-                "model": workload.model_name, "batch_size": workload.batch_size,
-                "parameters": workload.parameters, "flops_per_step": workload.flops,
-                "bytes_per_step": workload.bytes, "arithmetic_intensity": round(workload.arithmetic_intensity, 4),
-                "nodes": len(workload.ops),
-                **({"shapes": shapes} if (shapes := workload.shapes_record()) is not None else {}),
-            },
-            "candidates": [_ranked_dict(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
-            "pruned": [{"runtime": p.runtime, "reason": p.reason} for p in self.pruned],
-            "choice": self.choice.candidate.name,
-            "chosen_by": self.chosen_by,
-            "tuned": None if self.tuned is None else {
-                "candidate": self.tuned.candidate, "step_seconds": self.tuned.step_s,
-                "interval_seconds": [self.tuned.ci_low_s, self.tuned.ci_high_s], "confident": self.tuned.confident,
-                "trials": self.tuned.trials, "measured_at": self.tuned.measured_at},
-            "worth_tuning": [r.candidate.name for r in worth_tuning(self)],
-            "deployment": self.deployment().to_dict(),
-            "batches": [option.to_dict() for option in self.batches],
-            "reasons": list(self.reasons),
-            **({"model_source": self.source.user.describe()} if self.source.user is not None else {}),
-            **({"data_parallel": self.data_parallel.to_dict()} if self.data_parallel is not None else {}),
-            **({"processing": self.processing.to_dict()} if self.processing is not None else {}),
-        })
-        return body
+        """Stable, JSON-ready form (``modak plan --json``, ``plan.json``): a
+        :class:`modak.documents.plan.PlanDocument`."""
+        job, workload, tuned, shapes = self.loaded.job, self.workload, self.tuned, self.workload.shapes_record()
+        return encoded(doc.PlanDocument(
+            schema_version=SCHEMA_VERSION, job=job.name, target=self.loaded.target.name,
+            task=job.task.value,  # type: ignore[arg-type]
+            objective=doc.Objective(metric=job.objective.metric.value,  # type: ignore[arg-type]
+                                    steps=job.objective.steps),
+            workload=doc.Workload(model=workload.model_name, batch_size=workload.batch_size,
+                                  parameters=workload.parameters, flops_per_step=workload.flops,
+                                  bytes_per_step=workload.bytes,
+                                  arithmetic_intensity=round(workload.arithmetic_intensity, 4),
+                                  nodes=len(workload.ops),
+                                  shapes=msgspec.convert(shapes, doc.Shapes) if shapes else None),
+            candidates=[_candidate(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
+            pruned=[doc.Pruned(runtime=p.runtime, reason=p.reason) for p in self.pruned],
+            choice=self.choice.candidate.name, chosen_by=self.chosen_by,  # type: ignore[arg-type]
+            tuned=None if tuned is None else doc.Tuned(
+                candidate=tuned.candidate, step_seconds=tuned.step_s,
+                interval_seconds=[tuned.ci_low_s, tuned.ci_high_s],
+                confident=tuned.confident, trials=tuned.trials, measured_at=tuned.measured_at),
+            worth_tuning=[r.candidate.name for r in worth_tuning(self)], deployment=self.deployment().to_dict(),
+            batches=[option.record() for option in self.batches], reasons=list(self.reasons),
+            model_source=self.source.user.record() if self.source.user is not None else None,
+            data_parallel=self.data_parallel.record() if self.data_parallel is not None else None,
+            processing=self.processing.record() if self.processing is not None else None))
 
     @property
     def chosen_by(self) -> str:
@@ -474,28 +475,18 @@ def _does_not_fit(workload: WorkloadProfile, ceilings: TargetCeilings, candidate
     return None
 
 
-def _ranked_dict(rank: int, ranked: RankedCandidate, batch: int) -> dict[str, Any]:
+def _candidate(rank: int, ranked: RankedCandidate, batch: int) -> doc.Candidate:
     c, p = ranked.candidate, ranked.prediction
-    return {
-        "rank": rank,
-        "name": c.name,
-        "runtime": c.runtime,
-        "device": c.device,
-        "precision": c.precision.value,
-        "parameters": {k: v for k, v in c.params},
-        "threads": c.threads,
-        "predictor": p.predictor,
-        "step_seconds": rounded(p.step_seconds),
-        "interval_seconds": [rounded(p.low_seconds), rounded(p.high_seconds)],
-        "compile_seconds": rounded(p.compile_seconds),
-        "objective_seconds": rounded(ranked.objective_seconds),
-        "throughput_per_second": rounded(batch / ranked.objective_seconds),
-        "bound": p.bound,
-        **({"regime": p.regime} if p.regime is not None else {}),  # GPU candidates only: CPU plans are as they were
-        "roofline": {k: rounded(v) for k, v in (*p.terms, *(p.widening.terms() if p.widening else ()))},
-        "accuracy": ranked.accuracy.to_dict() if ranked.accuracy else None,
-        "failed_check": ranked.failed_check,
-    }
+    return doc.Candidate(
+        rank=rank, name=c.name, runtime=c.runtime, device=c.device,  # type: ignore[arg-type]
+        precision=c.precision.value,  # type: ignore[arg-type]
+        parameters={k: v for k, v in c.params}, threads=c.threads, predictor=p.predictor,
+        step_seconds=rounded(p.step_seconds), interval_seconds=[rounded(p.low_seconds), rounded(p.high_seconds)],
+        compile_seconds=rounded(p.compile_seconds), objective_seconds=rounded(ranked.objective_seconds),
+        throughput_per_second=rounded(batch / ranked.objective_seconds), bound=p.bound,  # type: ignore[arg-type]
+        regime=p.regime,  # type: ignore[arg-type]  # GPU candidates only: left out of CPU plans
+        roofline={k: rounded(v) for k, v in (*p.terms, *(p.widening.terms() if p.widening else ()))},
+        accuracy=ranked.accuracy.record() if ranked.accuracy else None, failed_check=ranked.failed_check)
 
 
 def _reasons(loaded: LoadedJob, ranked: list[RankedCandidate], pruned: list[Pruned],

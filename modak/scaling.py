@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from modak.allreduce import GRADIENT_BYTES, MIB, Link, Point, ScalingModel, default_overlap, network_link
 from modak.documents import document, duration, rounded
+from modak.documents.plan import DataParallel as DataParallelRecord
 from modak.errors import InputError
 from modak.hardware.ceilings import interconnects
 
@@ -403,10 +404,11 @@ class DataParallel:
     min_efficiency: float
     summary: str  # one line: the layout and its predicted efficiency
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"workers": self.workers, "nodes": self.nodes, "workers_per_node": self.per_node,
-                "efficiency": rounded(self.efficiency), "step_seconds": rounded(self.step_s),
-                "min_efficiency": self.min_efficiency, "summary": self.summary}
+    def record(self) -> DataParallelRecord:
+        """The plan's ``data_parallel``."""
+        return DataParallelRecord(workers=self.workers, nodes=self.nodes, workers_per_node=self.per_node,
+                                  efficiency=rounded(self.efficiency), step_seconds=rounded(self.step_s),
+                                  min_efficiency=self.min_efficiency, summary=self.summary)
 
 
 def decide(plan: Planned) -> DataParallel | None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from modak.documents.plan import Accuracy as AccuracyRecord
 from modak.image.runtimes.base import RunRequest, adapter, relative_error
 from modak.paths import cache_dir, write_atomic
 from modak.quantize.calibration import Samples
@@ -89,10 +90,12 @@ class AccuracyCheck:
             bound = f"{'at most' if self.passed else 'above'} {self.max_drop:.4g}"
         return f"{self.figure()}, {bound} (accuracy.max_drop {self.max_drop:g})"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "metric": self.metric.value, "value": round(self.value, 6),
-                "drop": round(self.drop, 6), "max_drop": self.max_drop, "passed": self.passed,
-                "samples": self.samples, "random_samples": self.random_samples, "quantized_model": self.key}
+    def record(self) -> AccuracyRecord:
+        """The plan's ``accuracy`` of a candidate (and the image's ``io.modak.quantized-model`` label)."""
+        return AccuracyRecord(method=self.method, metric=self.metric.value,  # type: ignore[arg-type]
+                              value=round(self.value, 6), drop=round(self.drop, 6), max_drop=self.max_drop,
+                              passed=self.passed, samples=self.samples, random_samples=self.random_samples,
+                              quantized_model=self.key)
 
 
 def resolve_metric(accuracy: Accuracy, classifier: bool) -> tuple[AccuracyMetric, float]:

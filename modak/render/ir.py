@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import modak
 from modak import schedulers
+from modak.documents import encoded
 from modak.image.deployment import IMAGE_LOCATIONS, MODEL_DIR, MODEL_FILE, PLAN_FILE
 from modak.render.package import source_digest, wheel_name
 from modak.render.sharing import Sharing
@@ -316,8 +317,9 @@ def _labels(plan: Plan, image: Image, base: BaseImage, created: str | None) -> t
         ("io.modak.predictor", prediction.predictor),
         ("io.modak.chosen-by", plan.chosen_by),
         ("io.modak.plan-digest", plan.digest()),
-        *((("io.modak.quantized-model", _json(plan.choice.accuracy.to_dict())),) if plan.choice.accuracy else ()),
-        *((("io.modak.model-source", _json(plan.source.user.describe())),) if plan.source.user else ()),
+        *((("io.modak.quantized-model", _json(encoded(plan.choice.accuracy.record()))),)
+          if plan.choice.accuracy else ()),
+        *((("io.modak.model-source", _json(encoded(plan.source.user.record()))),) if plan.source.user else ()),
         *((("io.modak.tuned", _json({"step-seconds": plan.tuned.step_s, "interval-seconds":
                                      [plan.tuned.ci_low_s, plan.tuned.ci_high_s], "confident": plan.tuned.confident,
                                      "trials": plan.tuned.trials, "measured-at": plan.tuned.measured_at})),)

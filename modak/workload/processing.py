@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from modak.documents import duration, rounded
+from modak.documents.plan import Processing
 from modak.paths import cache_dir, file_digest
 from modak.spec.loader import LoadedJob
 from modak.spec.resolve import beside, module_code
@@ -37,10 +38,11 @@ class ProcessingCost:
     preprocess_seconds: float
     postprocess_seconds: float | None  # None: no post-processing
 
-    def to_dict(self) -> dict[str, Any]:
-        """Stable, JSON-ready form (``plan.json``'s ``processing``)."""
-        return {"kind": self.kind, "items": self.items, "preprocess_seconds": self.preprocess_seconds,
-                "postprocess_seconds": self.postprocess_seconds, "measured_on": "this machine"}
+    def record(self) -> Processing:
+        """The plan's ``processing``."""
+        return Processing(kind=self.kind, items=self.items,  # type: ignore[arg-type]
+                          preprocess_seconds=self.preprocess_seconds, postprocess_seconds=self.postprocess_seconds,
+                          measured_on="this machine")
 
     def describe(self) -> str:
         """One line for the plan's reasons."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modak.documents.plan import ModelSource
 from modak.errors import InputError, ModakError
 from modak.paths import cache_dir, file_digest, installed
 from modak.spec.loader import LoadedJob
@@ -78,13 +79,13 @@ class UserModel:
                              round(op.input_bytes * scale), op.weight_bytes, round(op.output_bytes * scale))
                      for op in self.counted or ())
 
-    def describe(self) -> dict[str, Any]:
+    def record(self) -> ModelSource:
         """The plan's ``model_source``: the source, the exporter (or why none) and the digests."""
-        return {"source": self.source, "exporter": self.exporter, "export_failures": list(self.export_failures),
-                "call": "keyword" if self.by_keyword else "positional", "outputs": list(self.outputs),
-                "dropped_outputs": list(self.dropped_outputs), "digests": dict(self.digests),
-                "torch": self.torch_version,
-                "export_seconds": round(self.export_seconds, 2)}
+        return ModelSource(source=self.source, exporter=self.exporter,  # type: ignore[arg-type]
+                           export_failures=list(self.export_failures),
+                           call="keyword" if self.by_keyword else "positional", outputs=list(self.outputs),
+                           dropped_outputs=list(self.dropped_outputs), digests=dict(self.digests),
+                           torch=self.torch_version, export_seconds=round(self.export_seconds, 2))
 
 
 def load_user_model(loaded: LoadedJob) -> UserModel:
