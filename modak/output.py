@@ -12,7 +12,9 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from modak.documents import document
+from modak.documents import SCHEMA_VERSION, document, encoded
+from modak.documents.analysis import AnalysisDocument, OpType
+from modak.documents.render import RenderDocument
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -52,15 +54,14 @@ def print_zoo(entries: list[Any]) -> None:
 
 
 def analysis_document(profile: WorkloadProfile) -> dict[str, Any]:
-    """``modak analyze --json``: the model's totals and its operators by type."""
-    return document({
-        "model": profile.model_name, "task": profile.task.value, "batch_size": profile.batch_size,
-        "parameters": profile.parameters, "flops": profile.flops, "bytes": profile.bytes,
-        "forward_flops": profile.forward_flops, "forward_bytes": profile.forward_bytes,
-        "arithmetic_intensity": profile.arithmetic_intensity,
-        "op_types": {k: {"count": c, "flops": f, "bytes": b} for k, (c, f, b) in profile.by_op_type().items()},
-        **({"shapes": shapes} if (shapes := profile.shapes_record()) is not None else {}),
-    })
+    """``modak analyze --json``: the model's totals and its operators by type (an :class:`AnalysisDocument`)."""
+    return encoded(AnalysisDocument(
+        schema_version=SCHEMA_VERSION, model=profile.model_name, task=profile.task.value,  # type: ignore[arg-type]
+        batch_size=profile.batch_size, parameters=profile.parameters, flops=profile.flops, bytes=profile.bytes,
+        forward_flops=profile.forward_flops, forward_bytes=profile.forward_bytes,
+        arithmetic_intensity=profile.arithmetic_intensity,
+        op_types={k: OpType(count=c, flops=f, bytes=b) for k, (c, f, b) in profile.by_op_type().items()},
+        shapes=profile.shapes_record()))
 
 
 def print_analysis(profile: WorkloadProfile, as_json: bool) -> None:
@@ -240,9 +241,9 @@ def print_check(result: CheckResult, as_json: bool) -> None:
 
 def print_render(plan: Plan, output: Any, rendered: Any, as_json: bool) -> None:
     if as_json:
-        print_json(document({"output": str(output), "choice": plan.choice.candidate.name,
-                             "image": rendered.ir.image.ref, "files": sorted(str(p) for p in rendered.files)}),
-                   sort_keys=False)
+        print_json(encoded(RenderDocument(schema_version=SCHEMA_VERSION, output=str(output),
+                                          choice=plan.choice.candidate.name, image=rendered.ir.image.ref,
+                                          files=sorted(str(p) for p in rendered.files))), sort_keys=False)
     else:
         print(f"chose {plan.choice.candidate.name}")
         print(f"wrote {len(rendered.files)} files to {output}: " + ", ".join(sorted(p.name for p in rendered.files)))

@@ -9,8 +9,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from modak.candidates.catalog import Recipe, load_catalog, value_key
 from modak.candidates.enumerate import Candidate, Pruned, enumerate_candidates
 from modak.documents import SCHEMA_VERSION, duration, encoded, rounded
@@ -190,7 +188,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """Stable, JSON-ready form (``modak plan --json``, ``plan.json``): a
         :class:`modak.documents.plan.PlanDocument`."""
-        job, workload, tuned, shapes = self.loaded.job, self.workload, self.tuned, self.workload.shapes_record()
+        job, workload, tuned = self.loaded.job, self.workload, self.tuned
         return encoded(doc.PlanDocument(
             schema_version=SCHEMA_VERSION, job=job.name, target=self.loaded.target.name,
             task=job.task.value,  # type: ignore[arg-type]
@@ -200,8 +198,7 @@ class Plan:
                                   parameters=workload.parameters, flops_per_step=workload.flops,
                                   bytes_per_step=workload.bytes,
                                   arithmetic_intensity=round(workload.arithmetic_intensity, 4),
-                                  nodes=len(workload.ops),
-                                  shapes=msgspec.convert(shapes, doc.Shapes) if shapes else None),
+                                  nodes=len(workload.ops), shapes=workload.shapes_record()),
             candidates=[_candidate(rank, r, workload.batch_size) for rank, r in enumerate(self.ranked, 1)],
             pruned=[doc.Pruned(runtime=p.runtime, reason=p.reason) for p in self.pruned],
             choice=self.choice.candidate.name, chosen_by=self.chosen_by,  # type: ignore[arg-type]

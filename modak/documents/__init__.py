@@ -3,9 +3,20 @@ one envelope (docs/json-output.md, JSON Schemas in ``modak/schemas/``)."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Annotated, Any, Final
+
+from msgspec import Meta, Struct
 
 SCHEMA_VERSION: Final = 1
+
+
+Seconds = Annotated[float, Meta(ge=0)]
+Count = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class Record(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of the typed documents and their parts: a field with a default is left out where it has it."""
 
 
 def document(body: dict[str, Any]) -> dict[str, Any]:

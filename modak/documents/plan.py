@@ -5,39 +5,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from msgspec import Meta, Struct
+from msgspec import Meta
 
-Seconds = Annotated[float, Meta(ge=0)]
-Count = Annotated[int, Meta(ge=0)]
-Positive = Annotated[int, Meta(ge=1)]
-
-
-class Record(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
-    """Base: a part of a document; a field with a default is left out where it has it."""
+from modak.documents import Count, Positive, Record, Seconds
+from modak.documents.analysis import Shapes
 
 
 class Objective(Record, frozen=True):
     metric: Literal["throughput", "latency", "time_to_solution"]
     steps: Annotated[Positive | None, Meta(description=
         "compile/tune time is amortized over these steps; null: not counted")]
-
-
-class ShapeSources(Record, frozen=True):
-    """Nodes per source: onnx (ONNX shape inference), symbolic (ONNX Runtime's symbolic shape inference), run (one
-    run of the graph in ONNX Runtime at the batch), guessed (no source: priced at guessed shapes)."""
-
-    onnx: Count
-    symbolic: Count
-    run: Count
-    guessed: Count
-
-
-class Shapes(Record, frozen=True):
-    """Where each node's shapes came from (the least sure source of its tensors') and the nodes priced at guessed
-    shapes; present only where ONNX shape inference left some node's shapes unknown."""
-
-    sources: ShapeSources
-    unknown: Annotated[list[str], Meta(description="the nodes priced at guessed shapes (counted as guessed)")]
 
 
 class Workload(Record, frozen=True):

@@ -12,13 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.documents import generated_schema
+from modak.documents import analysis, generated_schema, render
 from modak.documents import plan as plan_document
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 # name (modak/schemas/NAME.schema.json) -> the document's root record, title and description
 GENERATED: dict[str, tuple[type, str, str]] = {
-    plan_document.SCHEMA[0]: (plan_document.PlanDocument, *plan_document.SCHEMA[1:]),
+    module.SCHEMA[0]: (root, *module.SCHEMA[1:]) for module, root in (
+        (analysis, analysis.AnalysisDocument), (plan_document, plan_document.PlanDocument),
+        (render, render.RenderDocument))
 }
 
 

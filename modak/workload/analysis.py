@@ -29,6 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from modak.documents.analysis import Shapes, ShapeSources
 from modak.errors import InputError, ModakError, did_you_mean, short_reason
 from modak.image.kernels import Kernel
 from modak.image.onnx_nodes import constant_tensors, holds_shape
@@ -149,12 +150,13 @@ class WorkloadProfile:
         """Forward count, FLOPs and bytes per op class, most FLOPs first."""
         return _group(self.ops, lambda op: op.op_class)
 
-    def shapes_record(self) -> dict[str, Any] | None:
+    def shapes_record(self) -> Shapes | None:
         """Where the nodes' shapes came from, for the JSON documents: ``sources`` (nodes per source) and ``unknown``
         (the nodes priced at guessed shapes); None where ONNX shape inference gave them all, or without a graph."""
         if not any(count for source, count in self.shape_sources.items() if source != ShapeSource.onnx.value):
             return None
-        return {"sources": dict(self.shape_sources), "unknown": list(self.unknown_shapes)}
+        counts = {source.value: self.shape_sources.get(source.value, 0) for source in ShapeSource}
+        return Shapes(sources=ShapeSources(**counts), unknown=list(self.unknown_shapes))
 
 
 def analyze(model: onnx.ModelProto | Path | str, batch_size: int,
@@ -277,14 +279,15 @@ def check_node_count(model: onnx.ModelProto, path: Path | None = None) -> None:
 
 def format_table(profile: WorkloadProfile) -> Table:
     """A rich table for ``modak analyze``: forward cost per op type, the totals and the parameters."""
+    import msgspec
     from rich.table import Table
 
     caption = (f"parameters: {profile.parameters / 1e6:.2f} M ({profile.parameter_bytes / 1e6:.1f} MB); "
                f"forward MACs: {profile.macs / 1e9:.3f} G")
     shapes = profile.shapes_record()
     if shapes is not None:
-        caption += "; nodes' shapes: " + ", ".join(f"{count} {source}" for source, count in shapes["sources"].items()
-                                                   if count)
+        caption += "; nodes' shapes: " + ", ".join(f"{count} {source}" for source, count in
+                                                   msgspec.structs.asdict(shapes.sources).items() if count)
     table = Table(title=f"{profile.model_name}: {profile.task.value}, batch {profile.batch_size}", caption=caption)
     for header in ("op type", "class", "count", "GFLOP", "FLOP %", "MB", "FLOP/B"):
         table.add_column(header, justify="left" if header in ("op type", "class") else "right")
