@@ -13,7 +13,7 @@ from referencing import Registry, Resource
 
 from modak import errors
 from modak.cli import main
-from modak.integrations.check import BASELINE_KIND
+from modak.documents.check import BASELINE_KIND
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"

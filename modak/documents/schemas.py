@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.documents import analysis, generated_schema, render
+from modak.documents import analysis, check, generated_schema, render
 from modak.documents import plan as plan_document
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 # name (modak/schemas/NAME.schema.json) -> the document's root record, title and description
 GENERATED: dict[str, tuple[type, str, str]] = {
-    module.SCHEMA[0]: (root, *module.SCHEMA[1:]) for module, root in (
-        (analysis, analysis.AnalysisDocument), (plan_document, plan_document.PlanDocument),
-        (render, render.RenderDocument))
+    schema[0]: (root, *schema[1:]) for schema, root in (
+        (analysis.SCHEMA, analysis.AnalysisDocument), (check.SCHEMA, check.CheckDocument),
+        (check.BASELINE_SCHEMA, check.BaselineDocument), (plan_document.SCHEMA, plan_document.PlanDocument),
+        (render.SCHEMA, render.RenderDocument))
 }
 
 

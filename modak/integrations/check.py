@@ -17,41 +17,22 @@ compared, the measured one when both sides have one. Output schema: ``modak/sche
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from modak.documents import SCHEMA_VERSION, document, rounded
+import msgspec
+
+from modak.documents import SCHEMA_VERSION, encoded, rounded
+from modak.documents.check import BASELINE_KIND, BaselineDocument, CheckDocument, ComparisonRow, Snapshot
 from modak.errors import InputError
 from modak.limits import MAX_JSON_BYTES, read_bounded
 from modak.paths import write_atomic
 
-BASELINE_KIND = "modak-check-baseline"
 DEFAULT_THRESHOLD = 0.10
 PREDICTED = "predicted_step_seconds"
 MEASURED = "measured_step_seconds"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a check compares: one job's choice and its predicted (and maybe measured) step time."""
-
-    job: str
-    target: str
-    choice: str
-    runtime: str
-    device: str
-    precision: str
-    parameters: dict[str, Any]
-    predictor: str
-    predicted_step_seconds: float
-    predicted_objective_seconds: float
-    measured_step_seconds: float | None = None
-    measured_candidate: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -88,11 +69,13 @@ class Comparison:
             return "improved"
         return "ok"
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> ComparisonRow:
+        """A row of the check's ``comparisons``."""
         change = self.change
-        return {"metric": self.metric, "baseline": self.baseline, "current": self.current,
-                "change": None if change is None else round(change, 6),
-                "limit": None if self.limit is None else rounded(self.limit), "status": self.status}
+        return ComparisonRow(metric=self.metric, baseline=self.baseline,  # type: ignore[arg-type]
+                             current=self.current, change=None if change is None else round(change, 6),
+                             limit=None if self.limit is None else rounded(self.limit),
+                             status=self.status)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -139,18 +122,12 @@ class CheckResult:
         return f"PASS {job}: " + ", ".join(parts) + f" within {limit}{changed}{tail}"
 
     def to_dict(self) -> dict[str, Any]:
-        return document({
-            "verdict": self.verdict,
-            "message": self.message(),
-            "threshold": self.threshold,
-            "baseline_file": self.baseline_file,
-            "updated": self.updated,
-            "choice_changed": self.choice_changed,
-            "baseline": None if self.baseline is None else self.baseline.to_dict(),
-            "current": self.current.to_dict(),
-            "comparisons": [c.to_dict() for c in self.comparisons],
-            "notes": list(self.notes),
-        })
+        """``modak check --json``: a :class:`~modak.documents.check.CheckDocument`."""
+        return encoded(CheckDocument(
+            schema_version=SCHEMA_VERSION, verdict=self.verdict, message=self.message(),  # type: ignore[arg-type]
+            threshold=self.threshold, baseline_file=self.baseline_file, updated=self.updated,
+            choice_changed=self.choice_changed, baseline=self.baseline, current=self.current,
+            comparisons=[c.record() for c in self.comparisons], notes=list(self.notes)))
 
 
 def snapshot(plan: dict[str, Any], measured: list[dict[str, Any]] | None = None,
@@ -198,7 +175,7 @@ def read_baseline(path: Path) -> Snapshot:
     if data.get("schema_version") != SCHEMA_VERSION:
         raise InputError(f"schema_version {data.get('schema_version')!r} is not supported (expected "
                          f"{SCHEMA_VERSION})", path)
-    names = {f for f in Snapshot.__dataclass_fields__}
+    names = set(Snapshot.__struct_fields__)
     missing = sorted(n for n in names - {"measured_step_seconds", "measured_candidate"} if n not in body)
     if missing:
         raise InputError(f"baseline lacks {', '.join(missing)}", path)
@@ -216,10 +193,10 @@ def read_baseline(path: Path) -> Snapshot:
 
 
 def write_baseline(path: Path, current: Snapshot) -> None:
-    baseline = document({"kind": BASELINE_KIND,
-                         "written_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-                         **current.to_dict()})
-    write_atomic(path, json.dumps(baseline, indent=2, sort_keys=True) + "\n")
+    baseline = BaselineDocument(
+        **msgspec.structs.asdict(current), schema_version=SCHEMA_VERSION, kind=BASELINE_KIND,
+        written_at=datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"))
+    write_atomic(path, json.dumps(encoded(baseline), indent=2, sort_keys=True) + "\n")
 
 
 def check(plan: dict[str, Any], baseline_path: Path, threshold: float = DEFAULT_THRESHOLD,
