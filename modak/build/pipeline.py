@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from modak.bench.harness import BENCH_WORKDIR
 from modak.build.credentials import Credentials, find_credentials
 from modak.build.engines import ApptainerEngine, BuildLog, Engine, ImageInfo, Step, make_engine, parse_self_test
-from modak.documents import document
+from modak.documents import SCHEMA_VERSION, encoded
+from modak.documents import build as doc
 from modak.errors import InputError, Interrupted, PushFailed, SmokeTestFailed
 from modak.image.deployment import MODEL_FILE, WORK_DIR
 from modak.image.runtimes.base import reusable_artifacts
@@ -132,34 +133,24 @@ class BuildResult:
         """``modak build --json`` (schema_version 1); documented in docs/json-output.md."""
         candidate, prediction = self.plan.choice.candidate, self.plan.choice.prediction
         image = self.image
-        return document({
-            "job": self.plan.loaded.job.name,
-            "target": self.plan.loaded.target.name,
-            "output": str(self.out_dir),
-            "engine": {"name": self.engine.name, "endpoint": self.engine.endpoint()},
-            "image": {
-                "ref": self.image_ref,
-                "id": image.id if image else None,
-                "size_bytes": image.size if image else None,
-                "labels": dict(image.labels) if image else {},
-            },
-            "choice": {"candidate": candidate.name, "runtime": candidate.runtime, "device": candidate.device,
-                       "precision": candidate.precision.value, "parameters": dict(candidate.params),
-                       "chosen_by": self.plan.chosen_by},
-            "predicted_step_seconds": prediction.step_seconds,
-            "requirements_lock": None if self.lock_digest is None else {
-                "digest": self.lock_digest, "packages": self.lock_packages, "file": str(self.out_dir / LOCK_NAME)},
-            "tuned_artifacts": dict(self.tuned),
-            "smoke_test": self.smoke,
-            "pushed": None if self.pushed_ref is None else {"ref": self.pushed_ref, "digest": self.pushed_digest},
-            "oci_archive": str(self.oci_archive) if self.oci_archive else None,
-            "sif": str(self.sif) if self.sif else None,
-            "artifacts": sorted(str(p) for p in self.artifacts),
-            "build_log": str(self.out_dir / BUILD_LOG),
-            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-            "job_id": self.job_id,
-            "submission": self.submission,
-        })
+        return encoded(doc.BuildDocument(
+            schema_version=SCHEMA_VERSION, job=self.plan.loaded.job.name, target=self.plan.loaded.target.name,
+            output=str(self.out_dir),
+            engine=doc.Engine(name=self.engine.name, endpoint=self.engine.endpoint()),  # type: ignore[arg-type]
+            image=doc.Image(ref=self.image_ref, id=image.id if image else None,
+                            size_bytes=image.size if image else None, labels=dict(image.labels) if image else {}),
+            choice=doc.Choice(candidate=candidate.name, runtime=candidate.runtime,
+                              device=candidate.device, precision=candidate.precision.value,  # type: ignore[arg-type]
+                              parameters=dict(candidate.params), chosen_by=self.plan.chosen_by),  # type: ignore[arg-type]
+            predicted_step_seconds=prediction.step_seconds,
+            requirements_lock=None if self.lock_digest is None else doc.Lock(
+                digest=self.lock_digest, packages=self.lock_packages, file=str(self.out_dir / LOCK_NAME)),
+            tuned_artifacts=dict(self.tuned), smoke_test=dict(self.smoke) if self.smoke is not None else None,
+            pushed=None if self.pushed_ref is None else doc.Pushed(ref=self.pushed_ref, digest=self.pushed_digest),
+            oci_archive=str(self.oci_archive) if self.oci_archive else None, sif=str(self.sif) if self.sif else None,
+            artifacts=sorted(str(p) for p in self.artifacts), build_log=str(self.out_dir / BUILD_LOG),
+            seconds={k: round(v, 3) for k, v in self.seconds.items()}, job_id=self.job_id,
+            submission=dict(self.submission) if self.submission is not None else None))
 
 
 def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
