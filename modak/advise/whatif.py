@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from modak.advise.contention import co_runner_slowdown
-from modak.documents import document, rounded
+from modak.documents import SCHEMA_VERSION, encoded, rounded
+from modak.documents import whatif as doc
 from modak.errors import InputError
 from modak.plan import Plan
 from modak.spec.models import Metric
@@ -79,24 +80,23 @@ class Outcome:
     def samples_per_second(self) -> float:
         return self.plan.workload.batch_size / self.objective_seconds
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> doc.TargetOutcome:
+        """A row of the document's ``targets``."""
         target, choice = self.plan.loaded.target, self.plan.choice
         low, high = self.step_interval
-        return {
-            "rank": self.rank, "target": self.target, "file": str(self.file), "candidate": choice.candidate.name,
-            "device": choice.candidate.device, "threads": choice.candidate.threads,
-            "cores": self.plan.ceilings.cores, "co_runners": target.scheduler.co_runners,
-            "sharing_slowdown": rounded(self.sharing), "batch_size": self.plan.workload.batch_size,
-            "predictor": choice.prediction.predictor, "step_seconds": rounded(self.step_seconds),
-            "step_interval_seconds": [rounded(low), rounded(high)],
-            "compile_seconds": rounded(choice.prediction.compile_seconds),
-            "samples_per_second": rounded(self.samples_per_second),
-            "time_seconds": rounded(self.time_seconds), "time_interval_seconds": [rounded(self.time_low),
-                                                                                 rounded(self.time_high)],
-            "cost": None if self.cost is None else rounded(self.cost),
-            "cost_interval": None if self.cost_low is None else [rounded(self.cost_low), rounded(self.cost_high or 0)],
-            "currency": self.currency, "priced": self.cost is not None, "pareto": self.pareto,
-        }
+        return doc.TargetOutcome(
+            rank=self.rank, target=self.target, file=str(self.file), candidate=choice.candidate.name,
+            device=choice.candidate.device, threads=choice.candidate.threads,  # type: ignore[arg-type]
+            cores=self.plan.ceilings.cores, co_runners=target.scheduler.co_runners,
+            sharing_slowdown=rounded(self.sharing), batch_size=self.plan.workload.batch_size,
+            predictor=choice.prediction.predictor, step_seconds=rounded(self.step_seconds),
+            step_interval_seconds=[rounded(low), rounded(high)],
+            compile_seconds=rounded(choice.prediction.compile_seconds),
+            samples_per_second=rounded(self.samples_per_second), time_seconds=rounded(self.time_seconds),
+            time_interval_seconds=[rounded(self.time_low), rounded(self.time_high)],
+            cost=None if self.cost is None else rounded(self.cost),
+            cost_interval=None if self.cost_low is None else [rounded(self.cost_low), rounded(self.cost_high or 0)],
+            currency=self.currency, priced=self.cost is not None, pareto=self.pareto)
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,13 @@ class WhatIf:
         return tuple(sorted((o for o in self.outcomes if o.pareto), key=lambda o: (o.time_seconds, o.cost or 0.0)))
 
     def to_dict(self) -> dict[str, Any]:
-        return document({"job": self.job, "objective": {"metric": self.metric.value},
-                         "basis": {"kind": self.basis.kind, "count": self.basis.count},
-                         "targets": [o.to_dict() for o in self.outcomes],
-                         "pareto_front": [o.target for o in self.front], "notes": list(self.notes)})
+        """``modak whatif --json``: a :class:`~modak.documents.whatif.WhatIfDocument`."""
+        return encoded(doc.WhatIfDocument(
+            schema_version=SCHEMA_VERSION, job=self.job,
+            objective=doc.WhatIfObjective(metric=self.metric.value),  # type: ignore[arg-type]
+            basis=doc.Basis(kind=self.basis.kind, count=self.basis.count),  # type: ignore[arg-type]
+            targets=[o.record() for o in self.outcomes], pareto_front=[o.target for o in self.front],
+            notes=list(self.notes)))
 
 
 def pareto_front(points: Sequence[tuple[float, float] | None]) -> list[bool | None]:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.documents import analysis, build, check, generated_schema, render
+from modak.documents import analysis, build, check, generated_schema, render, whatif
 from modak.documents import plan as plan_document
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
@@ -22,7 +22,7 @@ GENERATED: dict[str, tuple[type, str, str]] = {
         (analysis.SCHEMA, analysis.AnalysisDocument), (build.SCHEMA, build.BuildDocument),
         (check.SCHEMA, check.CheckDocument),
         (check.BASELINE_SCHEMA, check.BaselineDocument), (plan_document.SCHEMA, plan_document.PlanDocument),
-        (render.SCHEMA, render.RenderDocument))
+        (render.SCHEMA, render.RenderDocument), (whatif.SCHEMA, whatif.WhatIfDocument))
 }
 
 
