@@ -19,7 +19,7 @@ def test_the_shipped_schemas_are_the_generated_ones() -> None:
         assert (SCHEMAS / f"{name}.schema.json").read_text() == text, \
             f"{name}.schema.json is not generated from its records: python -m modak.documents.schemas"
         Draft202012Validator.check_schema(json.loads(text))
-    assert {"analyze", "build", "check", "check-baseline", "plan", "render", "whatif"} <= set(GENERATED)
+    assert {"analyze", "build", "check", "check-baseline", "pack", "plan", "render", "whatif"} <= set(GENERATED)
 
 
 def test_a_plan_document_is_what_its_schema_says() -> None:

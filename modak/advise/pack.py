@@ -49,7 +49,8 @@ from modak.advise.contention import (
     mps_slowdowns,
     time_sliced_slowdowns,
 )
-from modak.documents import document, duration, rounded
+from modak.documents import SCHEMA_VERSION, duration, encoded, rounded
+from modak.documents import pack as doc
 from modak.errors import InputError
 from modak.plan import MEMORY_SHARE, Plan
 from modak.render.sharing import SHARING_MODES, Sharing, cpuset
@@ -133,13 +134,15 @@ class PackJob:
     def alone_step(self) -> float:
         return self.alone.choice.prediction.step_seconds
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> doc.JobAlone:
+        """A row of the document's ``jobs``."""
         choice = self.alone.choice
-        return {"name": self.label, "file": str(self.file), "device": self.device,
-                "candidate": choice.candidate.name, "threads": choice.candidate.threads,
-                "batch_size": self.alone.workload.batch_size, "step_seconds": rounded(choice.prediction.step_seconds),
-                "memory_gb": rounded(memory_need_gb(self.alone)), "max_slowdown": self.max_slowdown,
-                "max_latency_ms": self.max_latency_ms}
+        return doc.JobAlone(name=self.label, file=str(self.file), device=self.device,  # type: ignore[arg-type]
+                            candidate=choice.candidate.name, threads=choice.candidate.threads,
+                            batch_size=self.alone.workload.batch_size,
+                            step_seconds=rounded(choice.prediction.step_seconds),
+                            memory_gb=rounded(memory_need_gb(self.alone)), max_slowdown=self.max_slowdown,
+                            max_latency_ms=self.max_latency_ms)
 
 
 @dataclass(frozen=True)
@@ -157,17 +160,19 @@ class Placement:
     def slowdown(self) -> float | None:
         return None if self.step_seconds is None else self.step_seconds / self.job.alone_step
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> doc.Placement:
+        """A row of an arrangement's ``placements``."""
         sharing = self.sharing
-        return {"job": self.job.label, "share": self.share,
-                "candidate": self.plan.choice.candidate.name if self.plan else None,
-                "threads": self.plan.choice.candidate.threads if self.plan else None,
-                "step_seconds": None if self.step_seconds is None else rounded(self.step_seconds),
-                "alone_step_seconds": rounded(self.job.alone_step),
-                "slowdown": None if self.slowdown is None else rounded(self.slowdown),
-                "max_slowdown": self.job.max_slowdown, "within_limits": not self.over, "over": list(self.over),
-                "cpuset": sharing.cpuset, "mps_percentage": sharing.mps_percentage,
-                "mig_profile": sharing.mig_profile, "mig_index": sharing.mig_profile and sharing.mig_index}
+        return doc.Placement(job=self.job.label, share=self.share,
+                             candidate=self.plan.choice.candidate.name if self.plan else None,
+                             threads=self.plan.choice.candidate.threads if self.plan else None,
+                             step_seconds=None if self.step_seconds is None else rounded(self.step_seconds),
+                             alone_step_seconds=rounded(self.job.alone_step),
+                             slowdown=None if self.slowdown is None else rounded(self.slowdown),
+                             max_slowdown=self.job.max_slowdown, within_limits=not self.over, over=list(self.over),
+                             cpuset=sharing.cpuset, mps_percentage=sharing.mps_percentage,
+                             mig_profile=sharing.mig_profile,
+                             mig_index=sharing.mig_index if sharing.mig_profile else None)
 
 
 @dataclass(frozen=True)
@@ -193,10 +198,12 @@ class Arrangement:
     def describe(self) -> str:
         return f"{self.mode}: " + ", ".join(f"{p.job.label} on {p.share}" for p in self.placements)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "device": self.device, "gain": rounded(self.gain), "feasible": self.feasible,
-                "refused": list(self.refused), "memory_gb": rounded(self.memory_gb),
-                "memory_capacity_gb": rounded(self.capacity_gb), "placements": [p.to_dict() for p in self.placements]}
+    def record(self) -> doc.Arrangement:
+        """One of a group's arrangements."""
+        return doc.Arrangement(mode=self.mode, device=self.device,  # type: ignore[arg-type]
+                               gain=rounded(self.gain), feasible=self.feasible, refused=list(self.refused),
+                               memory_gb=rounded(self.memory_gb), memory_capacity_gb=rounded(self.capacity_gb),
+                               placements=[p.record() for p in self.placements])
 
 
 @dataclass(frozen=True)
@@ -212,10 +219,11 @@ class Group:
     def shared(self) -> bool:
         return self.chosen is not None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"jobs": [job.label for job in self.jobs], "shared": self.shared, "reason": self.reason,
-                "arrangement": self.chosen.to_dict() if self.chosen else None,
-                "options": [option.to_dict() for option in self.options]}
+    def record(self) -> doc.Group:
+        """A row of the document's ``groups``."""
+        return doc.Group(jobs=[job.label for job in self.jobs], shared=self.shared, reason=self.reason,
+                         arrangement=self.chosen.record() if self.chosen else None,
+                         options=[option.record() for option in self.options])
 
 
 @dataclass(frozen=True)
@@ -227,11 +235,13 @@ class PackResult:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return document({"target": self.target, "target_file": str(self.target_file),
-                         "model": {"oversubscription_cost": OVERSUBSCRIPTION_COST, "spin_penalty": SPIN_PENALTY,
-                                   "min_gain": MIN_GAIN, "memory_share": MEMORY_SHARE},
-                         "jobs": [job.to_dict() for job in self.jobs],
-                         "groups": [group.to_dict() for group in self.groups], "notes": list(self.notes)})
+        """``modak pack --json``: a :class:`~modak.documents.pack.PackDocument`."""
+        return encoded(doc.PackDocument(
+            schema_version=SCHEMA_VERSION, target=self.target, target_file=str(self.target_file),
+            model=doc.SharingModel(oversubscription_cost=OVERSUBSCRIPTION_COST, spin_penalty=SPIN_PENALTY,
+                                   min_gain=MIN_GAIN, memory_share=MEMORY_SHARE),
+            jobs=[job.record() for job in self.jobs], groups=[group.record() for group in self.groups],
+            notes=list(self.notes)))
 
 
 # ----------------------------------------------------------------------------------------------------------------

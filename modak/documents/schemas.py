@@ -12,17 +12,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.documents import analysis, build, check, generated_schema, render, whatif
+from modak.documents import analysis, build, check, generated_schema, pack, render, whatif
 from modak.documents import plan as plan_document
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 # name (modak/schemas/NAME.schema.json) -> the document's root record, title and description
 GENERATED: dict[str, tuple[type, str, str]] = {
     schema[0]: (root, *schema[1:]) for schema, root in (
-        (analysis.SCHEMA, analysis.AnalysisDocument), (build.SCHEMA, build.BuildDocument),
+        (analysis.SCHEMA, analysis.AnalysisDocument),
+        (build.SCHEMA, build.BuildDocument),
         (check.SCHEMA, check.CheckDocument),
-        (check.BASELINE_SCHEMA, check.BaselineDocument), (plan_document.SCHEMA, plan_document.PlanDocument),
-        (render.SCHEMA, render.RenderDocument), (whatif.SCHEMA, whatif.WhatIfDocument))
+        (check.BASELINE_SCHEMA, check.BaselineDocument),
+        (pack.SCHEMA, pack.PackDocument),
+        (plan_document.SCHEMA, plan_document.PlanDocument),
+        (render.SCHEMA, render.RenderDocument),
+        (whatif.SCHEMA, whatif.WhatIfDocument),
+    )
 }
 
 
