@@ -114,8 +114,8 @@ def print_bench(rows: list[Any], launches: int, path: Any, as_json: bool) -> Non
 
 
 def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
-    """``modak model eval --json``: one entry per (split, predictor); a metric over several seeds is their mean,
-    with its [min, max] in ``spread``; a metric with nothing to score is null."""
+    """``modak model eval --json``: an :class:`~modak.documents.evaluation.EvaluationDocument`."""
+    from modak.documents import evaluation as doc
     from modak.documents import rounded
     from modak.predict.evaluate import FAMILIES, METRICS, SUBSET_METRICS, grouped, seed_spread
 
@@ -126,22 +126,22 @@ def model_evaluation_document(evaluation: ModelEvaluation) -> dict[str, Any]:
     for (split, predictor), runs in grouped(evaluation.scores).items():
         spreads = {field: seed_spread([float(getattr(s, field)) for s in runs]) for field, _, _ in METRICS}
         first = runs[0]
-        entries.append({"split": split, "predictor": predictor,
-                        "seeds": [s.seed for s in runs if s.seed is not None],
-                        "rows": first.rows, "runs": first.runs, "uncovered": first.uncovered,
-                        "answered": dict(first.answered),
-                        "workloads": first.workloads,
-                        "no_stock": first.no_stock,
-                        **{field: value(mean) for field, (mean, _, _) in spreads.items()},
-                        "by_answerer": {part.answerer: {"rows": part.rows, **{
-                            field: value(seed_spread([float(getattr(parts[i], field)) for parts in
-                                                      (run.by_answerer for run in runs)])[0])
-                            for field in SUBSET_METRICS}} for i, part in enumerate(first.by_answerer)},
-                        "spread": {field: [value(low), value(high)] for field, (_, low, high) in spreads.items()
-                                   if len(runs) > 1 and not math.isnan(low)}})
-    return document({"rows": evaluation.rows, "models": evaluation.models, "machines": list(evaluation.machines),
-                     "machine": evaluation.machine, "scored": evaluation.scored,
-                     "families": {name: list(models) for name, models in FAMILIES.items()}, "entries": entries})
+        by_answerer = {part.answerer: doc.AnswererAccuracy(rows=part.rows, **{
+            field: value(seed_spread([float(getattr(parts[i], field)) for parts in
+                                      (run.by_answerer for run in runs)])[0]) for field in SUBSET_METRICS})
+            for i, part in enumerate(first.by_answerer)}
+        entries.append(doc.Entry(
+            split=split, predictor=predictor,  # type: ignore[arg-type]
+            seeds=[s.seed for s in runs if s.seed is not None], rows=first.rows, runs=first.runs,
+            uncovered=first.uncovered, answered=dict(first.answered), workloads=first.workloads,
+            no_stock=first.no_stock, by_answerer=by_answerer,
+            spread={field: [rounded(low), rounded(high)] for field, (_, low, high) in spreads.items()
+                    if len(runs) > 1 and not math.isnan(low)},
+            **{field: value(mean) for field, (mean, _, _) in spreads.items()}))
+    return encoded(doc.EvaluationDocument(
+        schema_version=SCHEMA_VERSION, rows=evaluation.rows, models=evaluation.models,
+        machines=list(evaluation.machines), machine=evaluation.machine, scored=evaluation.scored,
+        families={name: list(models) for name, models in FAMILIES.items()}, entries=entries))
 
 
 def print_model_evaluation(evaluation: ModelEvaluation, as_json: bool = False) -> None:

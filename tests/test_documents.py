@@ -12,6 +12,8 @@ from modak import api
 from modak.documents.schemas import GENERATED, SCHEMAS, generated
 
 ROOT = Path(__file__).resolve().parent.parent
+# The schemas still written by hand: modak bench's rows (the store's Measurement columns) and modak scale's document.
+HAND_WRITTEN = {"bench", "scale"}
 
 
 def test_the_shipped_schemas_are_the_generated_ones() -> None:
@@ -19,7 +21,8 @@ def test_the_shipped_schemas_are_the_generated_ones() -> None:
         assert (SCHEMAS / f"{name}.schema.json").read_text() == text, \
             f"{name}.schema.json is not generated from its records: python -m modak.documents.schemas"
         Draft202012Validator.check_schema(json.loads(text))
-    assert {"analyze", "build", "check", "check-baseline", "pack", "plan", "render", "whatif"} <= set(GENERATED)
+    shipped = {path.name.removesuffix(".schema.json") for path in SCHEMAS.glob("*.schema.json")}
+    assert shipped - set(GENERATED) == HAND_WRITTEN, "a schema is neither generated nor among the hand-written ones"
 
 
 def test_a_plan_document_is_what_its_schema_says() -> None:

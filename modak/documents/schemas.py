@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.documents import analysis, build, check, generated_schema, pack, render, whatif
+from modak.documents import analysis, build, check, evaluation, generated_schema, pack, render, whatif
 from modak.documents import plan as plan_document
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
@@ -23,6 +23,7 @@ GENERATED: dict[str, tuple[type, str, str]] = {
         (build.SCHEMA, build.BuildDocument),
         (check.SCHEMA, check.CheckDocument),
         (check.BASELINE_SCHEMA, check.BaselineDocument),
+        (evaluation.SCHEMA, evaluation.EvaluationDocument),
         (pack.SCHEMA, pack.PackDocument),
         (plan_document.SCHEMA, plan_document.PlanDocument),
         (render.SCHEMA, render.RenderDocument),
