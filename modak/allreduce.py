@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from modak.documents import rounded
+from modak.documents import scale as doc
 from modak.hardware.ceilings import interconnects
 
 ALGORITHMS = ("ring", "tree")
@@ -25,9 +25,10 @@ class Link:
     latency_us: float  # alpha: one step of a collective
     source: str  # where the two numbers come from, in words
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "bandwidth_gbs": rounded(self.bandwidth_gbs),
-                "latency_us": rounded(self.latency_us), "source": self.source}
+    def record(self) -> doc.Link:
+        """``modak scale``'s ``intra_node`` or ``network``."""
+        return doc.Link(kind=self.kind, bandwidth_gbs=rounded(self.bandwidth_gbs),
+                        latency_us=rounded(self.latency_us), source=self.source)
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,14 @@ class Point:
     def samples_per_second(self, batch: int) -> float:
         return self.workers * batch / self.step_s
 
-    def to_dict(self, batch: int) -> dict[str, Any]:
-        return {"workers": self.workers, "nodes": self.nodes, "workers_per_node": self.per_node,
-                "step_seconds": rounded(self.step_s), "compute_seconds": rounded(self.compute_s),
-                "allreduce_seconds": rounded(self.comm_s), "exposed_comm_seconds": rounded(self.exposed_s),
-                "comm_share": rounded(self.comm_share), "algorithm": self.algorithm,
-                "samples_per_second": rounded(self.samples_per_second(batch)),
-                "efficiency": rounded(self.efficiency)}
+    def record(self, batch: int) -> doc.Point:
+        """A row of ``modak scale``'s ``points``."""
+        return doc.Point(workers=self.workers, nodes=self.nodes, workers_per_node=self.per_node,
+                         step_seconds=rounded(self.step_s), compute_seconds=rounded(self.compute_s),
+                         allreduce_seconds=rounded(self.comm_s), exposed_comm_seconds=rounded(self.exposed_s),
+                         comm_share=rounded(self.comm_share), algorithm=self.algorithm,  # type: ignore[arg-type]
+                         samples_per_second=rounded(self.samples_per_second(batch)),
+                         efficiency=rounded(self.efficiency))
 
 
 @dataclass(frozen=True)
@@ -163,14 +165,16 @@ class ScalingModel:
             nodes *= 2
         return tuple(sorted(counts))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"compute_seconds": rounded(self.compute_s), "backward_seconds": rounded(self.backward_s),
-                "gradient_bytes": int(self.gradient_bytes), "bucket_bytes": int(self.bucket_bytes),
-                "allreduce_calls": self.calls, "overlap": rounded(self.overlap),
-                "workers_per_node": self.workers_per_node, "max_nodes": self.max_nodes,
-                "base_latency_us": rounded(self.base_latency_us), "algorithms": list(self.algorithms),
-                "intra_node": self.intra.to_dict() if self.intra else None,
-                "network": self.network.to_dict() if self.network else None}
+    def record(self) -> doc.Model:
+        """``modak scale``'s ``model``."""
+        return doc.Model(compute_seconds=rounded(self.compute_s), backward_seconds=rounded(self.backward_s),
+                         gradient_bytes=int(self.gradient_bytes), bucket_bytes=int(self.bucket_bytes),
+                         allreduce_calls=self.calls, overlap=rounded(self.overlap),
+                         workers_per_node=self.workers_per_node, max_nodes=self.max_nodes,
+                         base_latency_us=rounded(self.base_latency_us),
+                         algorithms=list(self.algorithms),  # type: ignore[arg-type]
+                         intra_node=self.intra.record() if self.intra else None,
+                         network=self.network.record() if self.network else None)
 
 
 def network_link(kind: str, bandwidth_gbps: float | None = None, latency_us: float | None = None,

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from modak.allreduce import GRADIENT_BYTES, MIB, Link, Point, ScalingModel, default_overlap, network_link
-from modak.documents import document, duration, rounded
+from modak.documents import SCHEMA_VERSION, duration, encoded, rounded
+from modak.documents import scale as scale_doc
 from modak.documents.plan import DataParallel as DataParallelRecord
 from modak.errors import InputError
 from modak.hardware.ceilings import interconnects
@@ -98,11 +99,12 @@ class Fit:
         """(workers, measured, predicted) per measured point."""
         return [(n, seconds, self.model.predict(n).step_s) for n, seconds in self.measured]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"fitted": list(self.fitted), "defaults": list(self.kept),
-                "points": [{"workers": n, "measured_seconds": rounded(m), "predicted_seconds": rounded(p),
-                            "error": round(p / m - 1, 6)} for n, m, p in self.residuals()],
-                "notes": list(self.notes)}
+    def record(self) -> scale_doc.Fit:
+        """``modak scale``'s ``fit``."""
+        return scale_doc.Fit(fitted=list(self.fitted), defaults=list(self.kept), notes=list(self.notes),
+                             points=[scale_doc.FitPoint(workers=n, measured_seconds=rounded(m),
+                                                        predicted_seconds=rounded(p), error=round(p / m - 1, 6))
+                                     for n, m, p in self.residuals()])
 
 
 PARAMETERS = {
@@ -297,15 +299,16 @@ class ScaleAdvice:
     reasons: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return document({
-            "job": self.job, "target": self.target, "candidate": self.candidate, "batch_size": self.batch_size,
-            "scaling": "weak", "min_efficiency": self.min_efficiency, "max_workers": self.limit,
-            "gradient_dtype": self.gradient_dtype, "model": self.model.to_dict(),
-            "points": [p.to_dict(self.batch_size) for p in self.points],
-            "chosen": {"workers": self.chosen.workers, "nodes": self.chosen.nodes,
-                       "workers_per_node": self.chosen.per_node, "efficiency": rounded(self.chosen.efficiency)},
-            "fit": self.fit.to_dict() if self.fit else None,
-            "reasons": list(self.reasons)})
+        """``modak scale --json``: a :class:`~modak.documents.scale.ScaleDocument`."""
+        chosen = self.chosen
+        return encoded(scale_doc.ScaleDocument(
+            schema_version=SCHEMA_VERSION, job=self.job, target=self.target, candidate=self.candidate,
+            batch_size=self.batch_size, scaling="weak", min_efficiency=self.min_efficiency, max_workers=self.limit,
+            gradient_dtype=self.gradient_dtype, model=self.model.record(),  # type: ignore[arg-type]
+            points=[p.record(self.batch_size) for p in self.points],
+            chosen=scale_doc.Chosen(workers=chosen.workers, nodes=chosen.nodes, workers_per_node=chosen.per_node,
+                                    efficiency=rounded(chosen.efficiency)),
+            fit=self.fit.record() if self.fit else None, reasons=list(self.reasons)))
 
 
 def advise(plan: Planned, scaling: Scaling | None = None, max_workers: int | None = None,

@@ -12,8 +12,8 @@ from modak import api
 from modak.documents.schemas import GENERATED, SCHEMAS, generated
 
 ROOT = Path(__file__).resolve().parent.parent
-# The schemas still written by hand: modak bench's rows (the store's Measurement columns) and modak scale's document.
-HAND_WRITTEN = {"bench", "scale"}
+# The schema still written by hand: modak bench's rows (the store's Measurement columns).
+HAND_WRITTEN = {"bench"}
 
 
 def test_the_shipped_schemas_are_the_generated_ones() -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modak.documents import analysis, build, check, evaluation, generated_schema, pack, render, whatif
+from modak.documents import analysis, build, check, evaluation, generated_schema, pack, render, scale, whatif
 from modak.documents import plan as plan_document
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
@@ -27,6 +27,7 @@ GENERATED: dict[str, tuple[type, str, str]] = {
         (pack.SCHEMA, pack.PackDocument),
         (plan_document.SCHEMA, plan_document.PlanDocument),
         (render.SCHEMA, render.RenderDocument),
+        (scale.SCHEMA, scale.ScaleDocument),
         (whatif.SCHEMA, whatif.WhatIfDocument),
     )
 }
