@@ -289,6 +289,23 @@ def schemas() -> dict[str, dict]:
     return {"job": schema(Job), "target": schema(Target)}
 
 
+def document_schemas() -> dict[str, dict]:
+    """The JSON Schemas of the documents modak prints (``--json``) and writes, generated from their typed records,
+    by name (``modak/schemas/NAME.schema.json`` ships them; ``modak schema NAME`` prints one)."""
+    from modak.documents import analysis, build, check, evaluation, generated_schema, pack, render, scale, whatif
+    from modak.documents import plan as plan_document
+    from modak.measurements.store import BENCH_SCHEMA, Measurement
+
+    roots: list[tuple[Any, tuple[str, str, str]]] = [
+        (analysis.AnalysisDocument, analysis.SCHEMA), (list[Measurement], BENCH_SCHEMA),
+        (build.BuildDocument, build.SCHEMA), (check.CheckDocument, check.SCHEMA),
+        (check.BaselineDocument, check.BASELINE_SCHEMA), (evaluation.EvaluationDocument, evaluation.SCHEMA),
+        (pack.PackDocument, pack.SCHEMA), (plan_document.PlanDocument, plan_document.SCHEMA),
+        (render.RenderDocument, render.SCHEMA), (scale.ScaleDocument, scale.SCHEMA),
+        (whatif.WhatIfDocument, whatif.SCHEMA)]
+    return {schema[0]: generated_schema(root, *schema) for root, schema in roots}
+
+
 def tune(plan: Plan, settings: TuneSettings, dispatch: str = "local", store: Path | None = None,
          on_launch: Callable[[Candidate, dict], None] | None = None,
          on_round: Callable[[int, list[str], list[str]], None] | None = None) -> TuneResult:

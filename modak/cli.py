@@ -93,8 +93,10 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--store", type=Path, help="local perf store: its measurements are learned from (and "
                          "`bench` adds to it); default $MODAK_STORE or ~/.local/share/modak/perf.sqlite")
 
-    sub = command("schema", _cmd_schema, "print the JSON Schema of the Job and Target specs")
-    sub.add_argument("kind", nargs="?", choices=["job", "target"], help="only this spec")
+    sub = command("schema", _cmd_schema, "print the JSON Schema of the Job and Target specs, or of a document modak "
+                                         "prints")
+    sub.add_argument("kind", nargs="?", help="only this spec (job, target), or the document NAME "
+                     "(modak/schemas/NAME.schema.json: plan, build, bench, ...)")
 
     sub = command("zoo", _cmd_zoo, "list the reference architectures of the model zoo")
 
@@ -272,7 +274,13 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     from modak.output import print_json
 
     schemas = api.schemas()
-    print_json(schemas[args.kind] if args.kind else schemas, sort_keys=False)
+    if args.kind is None:
+        print_json(schemas, sort_keys=False)
+        return 0
+    schemas.update(api.document_schemas())
+    if args.kind not in schemas:
+        raise InputError(f"no schema named {args.kind!r}: {', '.join(schemas)}")
+    print_json(schemas[args.kind], sort_keys=False)
     return 0
 
 

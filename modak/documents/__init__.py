@@ -41,13 +41,13 @@ def encoded(record: Any) -> Any:
     return msgspec.to_builtins(record)
 
 
-def generated_schema(root: type, name: str, title: str, description: str) -> dict[str, Any]:
-    """The JSON Schema of the typed document ``root`` as ``modak/schemas/NAME.schema.json`` ships it: its
-    properties at the top, the structs it holds under ``$defs``."""
+def generated_schema(root: Any, name: str, title: str, description: str) -> dict[str, Any]:
+    """The JSON Schema of the typed document ``root`` (a record, or a list of them) as
+    ``modak/schemas/NAME.schema.json`` ships it: its properties at the top, the records it holds under ``$defs``."""
     import msgspec
 
     (reference,), definitions = msgspec.json.schema_components([root], ref_template="#/$defs/{name}")
-    body = definitions.pop(reference["$ref"].rsplit("/", 1)[1])
+    body = definitions.pop(reference["$ref"].rsplit("/", 1)[1]) if "$ref" in reference else reference
     body.pop("title", None)
     body.pop("description", None)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -23,7 +23,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from modak.errors import InputError
 from modak.limits import MAX_CSV_BYTES, check_size
@@ -46,38 +48,44 @@ SCHEMA_VERSION = 4  # 2: the measurement protocol's columns (launches, interval,
 # 4: the kernel rows' and reconciliations' machine ceilings
 
 
+_JSON_TEXT = "a JSON document encoded as a string"
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One measured configuration (a row of the store and of the shipped CSV files)."""
 
     # where (peaks and bandwidth of the device the candidate ran on: the CPU node or one GPU)
-    machine: str
+    machine: Annotated[str, Meta(description="the target's name")]
     microarchitecture: str
     cores: int
     peak_fp32_gflops: float
     peak_bf16_gflops: float | None
     bandwidth_gbs: float
-    gpu: str | None
+    gpu: Annotated[str | None, Meta(description="GPU model when the candidate ran on a GPU")]
     # what
     model: str
-    task: str
+    task: Annotated[str, Meta(description="training or inference")]
     batch_size: int
-    input_shapes: str  # JSON
+    input_shapes: Annotated[str, Meta(description=_JSON_TEXT)]
     flops: float
     bytes: float
     forward_flops: float
     parameters: int
     nodes: int
-    op_class_flops: str  # JSON: op class -> FLOPs per step
-    op_class_bytes: str  # JSON: op class -> bytes per step
+    op_class_flops: Annotated[str, Meta(description=f"op class -> FLOPs per step; {_JSON_TEXT}")]
+    op_class_bytes: Annotated[str, Meta(description=f"op class -> bytes per step; {_JSON_TEXT}")]
     # how
     runtime: str
-    device: str
-    precision: str
-    params: str  # JSON of the candidate's parameters
+    device: Annotated[str, Meta(description="cpu or gpu")]
+    precision: Annotated[str, Meta(description="fp32, tf32, bf16, fp16 or int8")]
+    params: Annotated[str, Meta(description=
+        f"the candidate's parameters (the plan's candidates[].parameters); {_JSON_TEXT}")]
     threads: int | None
     # measured
-    status: str  # "ok", "incorrect" (failed the reference check), "error" or "contended" (see ``contention``)
+    status: Annotated[str, Meta(description=
+        "ok, incorrect (failed the reference check), error, or contended (a launch ran beside other work even "
+        "when launched again: stored, never learned from; see contention)")]
     step_median_s: float | None
     step_p10_s: float | None
     step_p90_s: float | None
@@ -87,17 +95,21 @@ class Measurement:
     peak_rss_mb: float | None
     max_abs_error: float | None
     error: str | None
-    versions: str  # JSON: package versions
-    measured_at: str  # ISO 8601 UTC
+    versions: Annotated[str, Meta(description=f"package versions; {_JSON_TEXT}")]
+    measured_at: Annotated[str, Meta(description="ISO 8601 UTC")]
     # how the median was obtained (protocol 2: modak/bench/protocol.py; rows of protocol 1 have one launch)
-    protocol: int = 1
-    launches: int = 1
-    launch_medians: str | None = None  # JSON list: each launch's median step, in the order of its session's rounds
-    session: str | None = None  # the bench/tune run whose interleaved rounds the launches belong to (pairs rows)
-    ci_low_s: float | None = None  # 90% confidence interval of the step time over launches
+    protocol: Annotated[int, Meta(description=
+        "1: one launch, count-based (older rows); 2: interleaved launches timed by duration")] = 1
+    launches: Annotated[int, Meta(description="launches the median is taken over")] = 1
+    launch_medians: Annotated[str | None, Meta(description=
+        "JSON list: each launch's median step seconds, in its session's round order")] = None
+    session: Annotated[str | None, Meta(description=
+        "the bench/tune run whose interleaved rounds the launches belong to (pairs rows)")] = None
+    ci_low_s: Annotated[float | None, Meta(description="90% interval of the step time over launches")] = None
     ci_high_s: float | None = None
-    spread: float | None = None  # launch-to-launch coefficient of variation
-    contention: str | None = None  # JSON: what else ran during each launch and the verdict
+    spread: Annotated[float | None, Meta(description="launch-to-launch coefficient of variation")] = None
+    contention: Annotated[str | None, Meta(description=
+        "JSON list, per launch: other processes' CPU use, steal, load, canary, and why it counts as busy")] = None
 
     @property
     def step_s(self) -> float:
@@ -444,3 +456,9 @@ def _parse(column: str, text: str) -> object:
 def as_json(value: object) -> str:
     """Canonical JSON for the store's JSON columns (sorted keys, so equal values compare equal)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+BENCH_SCHEMA = ("bench", "modak bench --json",
+                "The measured rows, one per candidate, in the order measured: a JSON array (no schema_version key; the "
+                "columns are the perf store's, also its CSV header in perfmodels/*.csv). Progress and the summary go "
+                "to stderr.")
