@@ -13,8 +13,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from modak.documents import SCHEMA_VERSION, document, encoded
-from modak.documents.analysis import AnalysisDocument, OpType
-from modak.documents.render import RenderDocument
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -55,6 +53,8 @@ def print_zoo(entries: list[Any]) -> None:
 
 def analysis_document(profile: WorkloadProfile) -> dict[str, Any]:
     """``modak analyze --json``: the model's totals and its operators by type (an :class:`AnalysisDocument`)."""
+    from modak.documents.analysis import AnalysisDocument, OpType
+
     return encoded(AnalysisDocument(
         schema_version=SCHEMA_VERSION, model=profile.model_name, task=profile.task.value,  # type: ignore[arg-type]
         batch_size=profile.batch_size, parameters=profile.parameters, flops=profile.flops, bytes=profile.bytes,
@@ -241,6 +241,8 @@ def print_check(result: CheckResult, as_json: bool) -> None:
 
 def print_render(plan: Plan, output: Any, rendered: Any, as_json: bool) -> None:
     if as_json:
+        from modak.documents.render import RenderDocument
+
         print_json(encoded(RenderDocument(schema_version=SCHEMA_VERSION, output=str(output),
                                           choice=plan.choice.candidate.name, image=rendered.ir.image.ref,
                                           files=sorted(str(p) for p in rendered.files))), sort_keys=False)
