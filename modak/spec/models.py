@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from msgspec import Meta, field
 
 from modak.image.text import TOKEN_FIELDS
-from modak.image.vision import PIXEL_VALUES
 from modak.schedulers import SCHEDULERS
 from modak.spec.fields import (
     ImageRef,
@@ -194,6 +193,8 @@ class ModelSpec(Strict, frozen=True, kw_only=True):
                              "image_processor or preprocess)")
         if self.tokenizer is not None:
             self._check_tokenizer(self.tokenizer)
+        from modak.image.vision import PIXEL_VALUES
+
         if self.image_processor is not None and (not isinstance(self.input_shape, dict)
                                                  or set(self.input_shape) != {PIXEL_VALUES}):
             raise ValueError(f"an image processor fills {PIXEL_VALUES} only: input_shape must name it alone (e.g. "
