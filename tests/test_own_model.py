@@ -431,7 +431,7 @@ def test_the_users_module_file_is_imported_once_per_process(tmp_path: Path) -> N
     """A session opens the model, the measurement opens it again and its check a third time: the module's body (a
     custom op registered with torch.library) must run once, as an import does; another file of the same name is
     another module."""
-    from modak.image.runtimes.pytorch import _import_beside
+    from modak.image.functions import import_beside
 
     log = tmp_path / "imports.log"
     for folder in ("a", "b"):
@@ -439,9 +439,9 @@ def test_the_users_module_file_is_imported_once_per_process(tmp_path: Path) -> N
         (tmp_path / folder / "counted_model.py").write_text(
             f"with open({str(log)!r}, 'a') as log:\n    log.write({folder!r} + '\\n')\n")
     try:
-        first = _import_beside(tmp_path / "a", "counted_model.py")
-        assert _import_beside(tmp_path / "a", "counted_model.py") is first
-        assert _import_beside(tmp_path / "b", "counted_model.py") is not first
+        first = import_beside(tmp_path / "a", "counted_model.py")
+        assert import_beside(tmp_path / "a", "counted_model.py") is first
+        assert import_beside(tmp_path / "b", "counted_model.py") is not first
         assert log.read_text().split() == ["a", "b"]
     finally:
         sys.modules.pop("counted_model", None)

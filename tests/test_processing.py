@@ -5,6 +5,7 @@ the plan; requests of raw items through them; and their mistakes located in the 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import shutil
@@ -163,19 +164,17 @@ def eager_labels(job: Path, images: list[Any]) -> tuple[list[str], np.ndarray]:
 
     from modak.image.zoo import SEED
 
-    sys.path.insert(0, str(job.parent))
-    try:
-        from model import LABELS, build_model  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(job.parent))
-        sys.modules.pop("model", None)
+    found = importlib.util.spec_from_file_location("hf_vision_model", job.parent / "model.py")
+    assert found is not None and found.loader is not None
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)  # the example's own file, whatever other tests imported as "model"
     torch.manual_seed(SEED)
-    eager = build_model().eval()
+    eager = module.build_model().eval()
     pixels = transformers.ViTImageProcessorPil.from_pretrained(job.parent / "processor")(
         [image.convert("RGB") for image in images], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         probabilities = torch.softmax(eager(pixel_values=pixels).logits, -1).numpy()
-    return [LABELS[i] for i in probabilities.argmax(-1)], probabilities.max(-1)
+    return [module.LABELS[i] for i in probabilities.argmax(-1)], probabilities.max(-1)
 
 
 @pytest.mark.slow
