@@ -15,6 +15,7 @@ and shared. Later sessions reuse the engine's layer cache.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -450,12 +452,7 @@ def test_served_image_of_the_users_module_equals_eager_pytorch(engine: DockerEng
     assert data["choice"]["runtime"] == "pytorch" and data["smoke_test"]["status"] == "ok", data["smoke_test"]
     source = json.loads(image_labels(engine, data["image"]["ref"])["io.modak.model-source"])
     assert source["source"] == "nets.py:build_model" and set(source["digests"]) >= {"module", "weights"}
-    port = _free_port()
-    container = engine.client.containers.run(data["image"]["ref"], detach=True,
-                                             ports={"8080/tcp": ("127.0.0.1", port)})
-    try:
-        client = _ready_client(container, port)
-        metadata = client.get_model_metadata(data["job"])
+    with _serving(engine, data) as (client, _, metadata):
         (tensor,) = metadata["inputs"]
         assert tensor["datatype"] == "FP32" and tensor["shape"] == [-1, 3, 16, 16]
         x = np.random.default_rng(0).standard_normal((5, 3, 16, 16)).astype(np.float32)
@@ -466,8 +463,32 @@ def test_served_image_of_the_users_module_equals_eager_pytorch(engine: DockerEng
             expected = model.eval()(torch.from_numpy(x)).numpy()
         (output,) = metadata["outputs"]
         np.testing.assert_allclose(result.as_numpy(output["name"]), expected, rtol=1e-4, atol=1e-5)
+
+
+@contextlib.contextmanager
+def _serving(engine: DockerEngine, data: dict[str, Any]) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+    """The built image (``build --json``'s ``data``) serving on a free port: Triton's client of it, the port and
+    the model's metadata, once the server says it is ready; the container is removed after."""
+    port = _free_port()
+    container = engine.client.containers.run(data["image"]["ref"], detach=True,
+                                             ports={"8080/tcp": ("127.0.0.1", port)})
+    try:
+        client = _ready_client(container, port)
+        yield client, port, client.get_model_metadata(data["job"])
     finally:
         container.remove(force=True)
+
+
+def _build_on_onnxruntime(example: str, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """examples/EXAMPLE on this machine's target, built on ONNX Runtime: its job file and ``build --json``."""
+    folder = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / example, folder)
+    write_target(folder, "local-cpu")
+    job_path = folder / "job.yaml"
+    job = yaml.safe_load(job_path.read_text())
+    job.update(target="target.yaml", constraints={"runtimes": ["onnxruntime"]})
+    job_path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return job_path, build(job_path, "-o", tmp_path / "out")
 
 
 @pytest.mark.engine
@@ -480,22 +501,10 @@ def test_served_image_answers_text_through_the_jobs_tokenizer(engine: DockerEngi
 
     from tests.test_hf_models import eager_logits
 
-    folder = tmp_path / "spec"
-    shutil.copytree(ROOT / "examples" / "hf-text", folder)
-    write_target(folder, "local-cpu")
-    job_path = folder / "job.yaml"
-    job = yaml.safe_load(job_path.read_text())
-    job.update(target="target.yaml", constraints={"runtimes": ["onnxruntime"]})
-    job_path.write_text(yaml.safe_dump(job, sort_keys=False))
-    data = build(job_path, "-o", tmp_path / "out")
+    job_path, data = _build_on_onnxruntime("hf-text", tmp_path)
     assert data["smoke_test"]["status"] == "ok" and data["smoke_test"]["serve"]["raw_outputs"] == {"logits": [2, 3]}, \
         data["smoke_test"]
-    port = _free_port()
-    container = engine.client.containers.run(data["image"]["ref"], detach=True,
-                                             ports={"8080/tcp": ("127.0.0.1", port)})
-    try:
-        client = _ready_client(container, port)
-        metadata = client.get_model_metadata(data["job"])
+    with _serving(engine, data) as (client, port, metadata):
         assert metadata["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [-1]}, metadata
         texts = ["modak builds the image and serves it.", "A second text, " * 20, "short"]
         given = httpclient.InferInput("text", [len(texts)], "BYTES")
@@ -504,8 +513,6 @@ def test_served_image_answers_text_through_the_jobs_tokenizer(engine: DockerEngi
         np.testing.assert_allclose(result.as_numpy("logits"), eager_logits(job_path, texts), rtol=1e-4, atol=1e-5)
         assert "modak_preprocess_seconds_count 1.0" in urllib.request.urlopen(
             f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    finally:
-        container.remove(force=True)
 
 
 @pytest.mark.engine
@@ -519,22 +526,10 @@ def test_served_image_answers_images_through_the_jobs_processor_and_labels(engin
 
     from tests.test_processing import IMAGES, _encoded, eager_labels
 
-    folder = tmp_path / "spec"
-    shutil.copytree(ROOT / "examples" / "hf-vision", folder)
-    write_target(folder, "local-cpu")
-    job_path = folder / "job.yaml"
-    job = yaml.safe_load(job_path.read_text())
-    job.update(target="target.yaml", constraints={"runtimes": ["onnxruntime"]})
-    job_path.write_text(yaml.safe_dump(job, sort_keys=False))
-    data = build(job_path, "-o", tmp_path / "out")
+    job_path, data = _build_on_onnxruntime("hf-vision", tmp_path)
     assert data["smoke_test"]["status"] == "ok" \
         and data["smoke_test"]["serve"]["raw_outputs"] == {"label": [2], "probability": [2]}, data["smoke_test"]
-    port = _free_port()
-    container = engine.client.containers.run(data["image"]["ref"], detach=True,
-                                             ports={"8080/tcp": ("127.0.0.1", port)})
-    try:
-        client = _ready_client(container, port)
-        metadata = client.get_model_metadata(data["job"])
+    with _serving(engine, data) as (client, port, metadata):
         assert metadata["inputs"][0] == {"name": "image", "datatype": "BYTES", "shape": [-1]}, metadata
         images = [_encoded(size, mode, seed) for seed, (size, mode) in enumerate(IMAGES)]
         given = httpclient.InferInput("image", [len(images)], "BYTES")
@@ -545,8 +540,6 @@ def test_served_image_answers_images_through_the_jobs_processor_and_labels(engin
         np.testing.assert_allclose(result.as_numpy("probability"), probabilities, rtol=1e-4)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
         assert "modak_preprocess_seconds_count 1.0" in metrics and "modak_postprocess_seconds_count 1.0" in metrics
-    finally:
-        container.remove(force=True)
 
 
 # --- failures ------------------------------------------------------------------------------------------------

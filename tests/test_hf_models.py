@@ -5,7 +5,6 @@ tokenizer (examples/hf-text)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,8 @@ import pytest
 import yaml
 
 from modak import api
-from modak.errors import InputError
-from modak.spec.loader import load_job
-from tests.support.specs import CPU_TARGET
+from tests.support.located import assert_located
+from tests.support.specs import CPU_TARGET, copied_example
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_EXAMPLE = ROOT / "examples" / "hf-text"
@@ -56,13 +54,7 @@ def test_a_decoder_returning_its_cache_plans_on_the_onnx_runtimes_too(tmp_path: 
 
 
 def _text_job(tmp_path: Path) -> Path:
-    folder = tmp_path / "hf-text"
-    shutil.copytree(TEXT_EXAMPLE, folder)
-    (folder / "target.yaml").write_text(CPU_TARGET)
-    job = yaml.safe_load((folder / "job.yaml").read_text())
-    job["target"] = "target.yaml"
-    (folder / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    return folder / "job.yaml"
+    return copied_example(tmp_path, "hf-text")
 
 
 def eager_logits(job: Path, texts: list[str]) -> np.ndarray:
@@ -116,13 +108,7 @@ def test_a_text_request_is_served_through_the_jobs_tokenizer(tmp_path: Path, mon
      "a tokenizer fills only input_ids, attention_mask, token_type_ids"),
 ])
 def test_a_bad_tokenizer_section_is_located(tmp_path: Path, change: Any, field: str, message: str) -> None:
-    path = _text_job(tmp_path)
-    job = yaml.safe_load(path.read_text())
-    change(job)
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    with pytest.raises(InputError) as info:
-        load_job(path)
-    assert f": {field}: " in str(info.value) and message in str(info.value), str(info.value)
+    assert_located(_text_job(tmp_path), change, field, message)
 
 
 def test_text_requests_are_checked(tmp_path: Path) -> None:

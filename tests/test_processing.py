@@ -8,7 +8,6 @@ import base64
 import importlib.util
 import io
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,8 @@ import yaml
 from modak import api
 from modak.errors import InputError
 from modak.spec.loader import load_job
-from tests.support.specs import CPU_TARGET, MIXER_MODULE
+from tests.support.located import assert_located
+from tests.support.specs import CPU_TARGET, MIXER_MODULE, copied_example
 
 ROOT = Path(__file__).resolve().parent.parent
 VISION_EXAMPLE = ROOT / "examples" / "hf-vision"
@@ -109,13 +109,7 @@ def test_an_image_item_is_raw_bytes_or_base64_and_a_bad_one_is_named(tmp_path: P
 
 
 def _vision_job(tmp_path: Path) -> Path:
-    folder = tmp_path / "hf-vision"
-    shutil.copytree(VISION_EXAMPLE, folder)
-    (folder / "target.yaml").write_text(CPU_TARGET)
-    job = yaml.safe_load((folder / "job.yaml").read_text())
-    job["target"] = "target.yaml"
-    (folder / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    return folder / "job.yaml"
+    return copied_example(tmp_path, "hf-vision")
 
 
 @pytest.mark.parametrize(("change", "field", "message"), [
@@ -135,13 +129,7 @@ def _vision_job(tmp_path: Path) -> Path:
     (lambda job: job["model"].update(postprocess="missing.py:top_label"), "model.postprocess", "file not found"),
 ])
 def test_a_bad_processing_section_is_located(tmp_path: Path, change: Any, field: str, message: str) -> None:
-    path = _vision_job(tmp_path)
-    job = yaml.safe_load(path.read_text())
-    change(job)
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    with pytest.raises(InputError) as info:
-        load_job(path)
-    assert f": {field}: " in str(info.value) and message in str(info.value), str(info.value)
+    assert_located(_vision_job(tmp_path), change, field, message)
 
 
 def test_an_image_processor_modak_does_not_run_is_refused_when_the_job_loads(tmp_path: Path) -> None:

@@ -1,4 +1,13 @@
-"""Spec texts several test files write."""
+"""Spec texts several test files write, and the bundled examples as the tests copy them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # A 4-core Ice Lake box with no scheduler: the smallest target the spec accepts with a named CPU.
 CPU_TARGET = """\
@@ -33,3 +42,14 @@ class Mixer(nn.Module):
 def build_model(width=8):
     return Mixer(width)
 """
+
+
+def copied_example(tmp_path: Path, name: str) -> Path:
+    """examples/NAME copied into ``tmp_path`` with :data:`CPU_TARGET` as its target: the copy's job file."""
+    folder = tmp_path / name
+    shutil.copytree(EXAMPLES / name, folder)
+    (folder / "target.yaml").write_text(CPU_TARGET)
+    job = yaml.safe_load((folder / "job.yaml").read_text())
+    job["target"] = "target.yaml"
+    (folder / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return folder / "job.yaml"
