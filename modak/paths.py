@@ -65,6 +65,15 @@ def file_digest(path: Path) -> str:
     return digest
 
 
+def folder_digest(root: Path, pattern: str = "*") -> str:
+    """sha256 of the files below ``root`` that match ``pattern`` (``__pycache__`` left out): their relative names
+    and :func:`file_digest`, sorted."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in root.rglob(pattern) if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(file.relative_to(root)).encode() + b"\0" + file_digest(file).encode())
+    return digest.hexdigest()
+
+
 def content_entry(path: Path, folder: str) -> Path:
     """The file in modak's cache folder ``folder`` that stands for the present content of the file at ``path``: named
     by its resolved path, size, modification time and inode, as Python's bytecode cache tells a changed source.

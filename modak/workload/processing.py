@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 from modak.documents import duration, rounded
 from modak.documents.plan import Processing
-from modak.paths import cache_dir, file_digest
+from modak.paths import cache_dir, file_digest, folder_digest, write_atomic
 from modak.spec.loader import LoadedJob
 from modak.spec.resolve import beside, module_code
 
@@ -93,7 +92,7 @@ def measure_processing(loaded: LoadedJob, batch: int) -> ProcessingCost | None:
     files = processing_files(loaded)
     key = hashlib.sha256(json.dumps({
         "fields": fields, "batch": batch, "model": model_digests(loaded),
-        "files": {path.name: _digest(path) for path in files},
+        "files": {path.name: file_digest(path) if path.is_file() else folder_digest(path) for path in files},
         "child": file_digest(Path(processing_child.__file__)),
         "shapes": loaded.job.model.input_shape}, sort_keys=True).encode()).hexdigest()[:32]
     cached = cache_dir() / "processing" / f"{key}.json"
@@ -107,20 +106,8 @@ def measure_processing(loaded: LoadedJob, batch: int) -> ProcessingCost | None:
     cost = ProcessingCost(kind=result["kind"], items=batch, preprocess_seconds=rounded(result["preprocess_seconds"]),
                           postprocess_seconds=(rounded(result["postprocess_seconds"])
                                                if result["postprocess_seconds"] is not None else None))
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=cached.parent, prefix=f".{key}.")
-    with os.fdopen(fd, "w") as out:
-        json.dump({"kind": cost.kind, "items": cost.items, "preprocess_seconds": cost.preprocess_seconds,
-                   "postprocess_seconds": cost.postprocess_seconds}, out)
-    os.replace(temporary, cached)  # whole or not at all
+    write_atomic(cached, json.dumps({"kind": cost.kind, "items": cost.items,
+                                     "preprocess_seconds": cost.preprocess_seconds,
+                                     "postprocess_seconds": cost.postprocess_seconds}))
     return cost
 
-
-def _digest(path: Path) -> str:
-    """sha256 of a file, or of a folder's files (their names and digests)."""
-    if path.is_file():
-        return file_digest(path)
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(str(file.relative_to(path)).encode() + b"\0" + file_digest(file).encode())
-    return digest.hexdigest()

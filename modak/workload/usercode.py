@@ -27,7 +27,7 @@ from typing import Any
 
 from modak.documents.plan import ModelSource
 from modak.errors import InputError, ModakError
-from modak.paths import cache_dir, file_digest, installed
+from modak.paths import cache_dir, file_digest, folder_digest, installed
 from modak.spec.loader import LoadedJob
 from modak.spec.resolve import module_code
 from modak.workload import usercode_child
@@ -143,7 +143,8 @@ def _request(loaded: LoadedJob) -> tuple[dict[str, Any], dict[str, str]]:
         request.update(module=spec.pytorch.module, module_file=str(files.model_module), factory=spec.pytorch.factory,
                        kwargs=spec.pytorch.kwargs, weights=str(files.weights) if files.weights else None,
                        root=str(root))
-        digests["module"] = file_digest(code) if code.is_file() else _digest_package(code)
+        # a package: every .py file of it (a model module imports its siblings)
+        digests["module"] = file_digest(code) if code.is_file() else folder_digest(code, "*.py")
         digests["kwargs"] = hashlib.sha256(json.dumps(spec.pytorch.kwargs, sort_keys=True).encode()).hexdigest()
         if files.weights is not None:
             digests["weights"] = file_digest(files.weights)
@@ -152,14 +153,6 @@ def _request(loaded: LoadedJob) -> tuple[dict[str, Any], dict[str, str]]:
         request["exported"] = str(files.exported)
         digests["program"] = file_digest(files.exported)
     return request, digests
-
-
-def _digest_package(root: Path) -> str:
-    """sha256 of every .py file of a package (a model module imports its siblings): their names and digests."""
-    digest = hashlib.sha256()
-    for file in sorted(root.rglob("*.py")):
-        digest.update(str(file.relative_to(root)).encode() + b"\0" + file_digest(file).encode())
-    return digest.hexdigest()
 
 
 def _torch_version() -> str:

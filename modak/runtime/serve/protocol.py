@@ -197,11 +197,10 @@ def _array(data: object, shape: list[int], datatype: str, name: str) -> np.ndarr
 
 def _requested_outputs(outputs: object, model: Model, binary_default: bool, postprocessed: bool
                        ) -> list[tuple[str, bool]] | None:
-    """The outputs asked for, each with whether it is sent as binary data; None: all (of the post-processing's,
-    whose names are known once it ran)."""
+    """The outputs asked for, each with whether it is sent as binary data; None: all of the post-processing's."""
     names = [spec.name for spec in model.outputs]
-    if outputs is None:
-        return None
+    if outputs is None:  # all, in the model's order (the post-processing's are known once it ran)
+        return None if postprocessed else [(name, binary_default) for name in names]
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise RequestError(400, "outputs must be a list of objects")
     chosen = []
