@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from modak.measurements.store import Measurement, TunedChoice
     from modak.plan import Plan
     from modak.predict.base import Predictor
+    from modak.predict.data import TrainingData
     from modak.predict.evaluate import Scores
-    from modak.predict.learned import TrainingData
     from modak.render.ir import BuildDescription
     from modak.render.sharing import Sharing
     from modak.scaling import ScaleAdvice

@@ -19,7 +19,7 @@ from modak.image.deployment import Deployment
 from modak.measurements.store import Measurement, TunedChoice
 from modak.predict.base import Prediction, Predictor, for_model, paired_ratio_p90, predict_many
 from modak.predict.default import default_predictor
-from modak.predict.kernel_model import NOTES as KERNEL_NOTES
+from modak.predict.kernel_names import NOTES as KERNEL_NOTES
 from modak.predict.measured import CORRECTED, CORRECTION_TERM, corrected, corrections, measures
 from modak.predict.measured import describe as describe_corrections
 from modak.spec.loader import LoadedJob

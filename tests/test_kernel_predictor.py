@@ -31,6 +31,7 @@ from modak.measurements.kernels import (
 from modak.measurements.store import PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor, for_model
+from modak.predict.data import KernelData
 from modak.predict.default import default_predictor
 from modak.predict.gpu import PREDICTOR as GPU_TERMS
 from modak.predict.kernel_fit import (
@@ -43,7 +44,8 @@ from modak.predict.kernel_fit import (
     fit_kinds,
     kernel_seconds,
 )
-from modak.predict.kernel_model import PREDICTOR, TRANSFER_PREDICTOR, KernelData, KernelModel
+from modak.predict.kernel_model import KernelModel
+from modak.predict.kernel_names import PREDICTOR, TRANSFER_PREDICTOR
 from modak.predict.kernel_terms import MachineCeilings, Recurrence, features, recurrence, roofline_seconds, sized
 from modak.predict.kernels import KernelPredictor
 from modak.predict.learned import NEW_MACHINE_SPREAD, Z80

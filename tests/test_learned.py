@@ -20,6 +20,7 @@ from modak.candidates.catalog import Parameter, load_catalog
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import make_plan
 from modak.predict.base import FallbackPredictor
+from modak.predict.data import TrainingData
 from modak.predict.evaluate import evaluate, score
 from modak.predict.learned import (
     NEW_MACHINE_SPREAD,
@@ -29,7 +30,6 @@ from modak.predict.learned import (
     Features,
     LearnedPredictor,
     ParameterFeature,
-    TrainingData,
     example_from,
     example_from_row,
     fit_key,

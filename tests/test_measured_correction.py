@@ -17,7 +17,7 @@ from modak.bench.harness import EACH_RUNTIME, measurement_row, select_candidates
 from modak.candidates.enumerate import Candidate
 from modak.measurements.store import PerfStore
 from modak.predict.base import Prediction
-from modak.predict.kernel_model import PREDICTOR
+from modak.predict.kernel_names import PREDICTOR
 from modak.predict.measured import CORRECTION_TERM, corrected, corrections
 from modak.spec.models import Precision
 

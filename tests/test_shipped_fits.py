@@ -16,8 +16,8 @@ from modak.paths import data_dir
 from modak.predict import fits
 from modak.predict.forest import load_arrays
 from modak.predict.kernel_model import FIT_FORMAT as KERNEL_FORMAT
-from modak.predict.kernel_model import PREDICTOR as KERNELS
 from modak.predict.kernel_model import KernelModel
+from modak.predict.kernel_names import PREDICTOR as KERNELS
 from modak.predict.learned import PREDICTOR as LEARNED
 from modak.predict.learned import LearnedPredictor, fit_key
 from modak.predict.training import kernel_set, training_set

@@ -65,7 +65,8 @@ from modak.measurements.store import Measurement, read_csv
 from modak.predict.base import Prediction
 from modak.predict.evaluate import HIT, UNDECIDED, decision, family, launch_times, planned_for_row
 from modak.predict.kernel_fit import KernelEstimate
-from modak.predict.kernel_model import PREDICTOR, Composition, KernelModel
+from modak.predict.kernel_model import Composition, KernelModel
+from modak.predict.kernel_names import PREDICTOR
 from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.learned import candidate_from_row
 from modak.predict.measured import corrected, corrections

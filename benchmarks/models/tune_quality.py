@@ -55,9 +55,10 @@ from modak.measurements.stats import Ratio, ratio
 from modak.measurements.store import Measurement, PerfStore
 from modak.plan import Plan
 from modak.predict.base import FallbackPredictor, Predictor
+from modak.predict.data import TrainingData
 from modak.predict.default import default_predictor
 from modak.predict.evaluate import HIT, UNDECIDED, verdict
-from modak.predict.learned import LearnedPredictor, TrainingData
+from modak.predict.learned import LearnedPredictor
 from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_data
 from modak.spec.loader import load_spec

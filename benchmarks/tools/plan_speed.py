@@ -6,10 +6,12 @@ Side by side, interleaved, in one run:
   runtime reports, no file digests), as on a new CI runner: the shipped fits are unpacked, the graph analyzed and
   every runtime asked which kernels it would run. The target is a file, so no probe runs: this is the time beyond
   the probe;
-- **a new model**: only the runtimes' cached reports of the graph's kernels removed (what ONNX Runtime and
-  OpenVINO need to say which kernels they would run: the first plan of a model the planner has not seen);
-- **warm**: everything cached (the steady state: the caches are keyed by the training data and the model file, so
-  they stay valid until a `modak bench` adds rows or the model file changes), with `--json` and with the table.
+- **a new model**: only the runtimes' cached reports of the graph's kernels and the remembered predictions removed
+  (what ONNX Runtime and OpenVINO need to say which kernels they would run, and the predictions made of them: the
+  first plan of a model the planner has not seen);
+- **warm**: everything cached (the steady state: the caches are keyed by the training data, the model file and
+  modak's code, so they stay valid until a `modak bench` adds rows, the model file changes or modak is updated),
+  with `--json` and with the table.
 
 ``--phases N`` then times the warm plan's steps inside one process, N fresh processes, and prints each step's
 median: the imports of the parsers and of the spec models, loading the job, the planner's imports, the predictor,
@@ -77,10 +79,10 @@ import modak.cli, modak.api as api, modak.spec.loader
 mark("import the CLI, API and loader")
 loaded = api.load(sys.argv[1], sys.argv[2])
 mark("load and validate the job and target")
-import modak.plan, modak.predict.default, modak.predict.kernels, modak.workload.source, modak.workload.kernels
+import modak.plan, modak.predict.default, modak.workload.source
 mark("import the planner")
 predictor = api.predictor("default")
-mark("the predictor (recipes, cached fits)")
+mark("the predictor (recipes, the fits' data keys)")
 plan = api.plan_loaded(loaded, predictor)
 mark("the plan")
 from modak.output import print_json
@@ -130,7 +132,7 @@ def main() -> int:
                 if clears == "fresh":
                     shutil.rmtree(cache)
                 elif clears == "reports":
-                    for report in (cache / "kernels").glob("*.json"):
+                    for report in [*(cache / "kernels").glob("*.json"), *(cache / "predictions").glob("*.json")]:
                         report.unlink()
                 times[name].append(wall(command, env))
                 if clears:

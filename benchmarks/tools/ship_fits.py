@@ -20,7 +20,7 @@ from pathlib import Path
 
 from modak.paths import data_dir, write_atomic
 from modak.predict import fits
-from modak.predict.kernel_model import PREDICTOR as KERNELS
+from modak.predict.kernel_names import PREDICTOR as KERNELS
 from modak.predict.kernel_model import KernelModel
 from modak.predict.learned import PREDICTOR as LEARNED
 from modak.predict.learned import LearnedPredictor

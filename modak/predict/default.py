@@ -1,7 +1,8 @@
 """The predictor `modak plan` uses: the kernel model where the runtime's planned kernels are all covered, the GPU
 model (:mod:`modak.predict.gpu`: launch, host-transfer and device terms) for every GPU candidate, the learned model
 where measured data covers the candidate's runtime and device class, the roofline predictor (wide interval)
-elsewhere. Each prediction's ``predictor`` names the one that answered."""
+elsewhere. Each prediction's ``predictor`` names the one that answered. Its predictions are remembered
+(:mod:`modak.predict.memo`)."""
 
 from __future__ import annotations
 
@@ -15,20 +16,27 @@ def default_predictor(store: Path | None = None, kernels: bool = True) -> Predic
     """The kernel model fit on the shipped ``perfmodels/kernels-*.csv`` and ``reconcile-*.csv`` and the local
     store's kernel rows, where there are any and ``kernels`` (bound to a job's graph by
     :func:`modak.predict.base.for_model`), then the learned model fit on ``perfmodels/*.csv`` and the local store,
-    then the roofline; each fit cached by its data."""
+    then the roofline; each fit cached by its data, and loaded only when a prediction is not remembered."""
     from modak.candidates.catalog import load_catalog
-    from modak.predict.gpu import GpuPredictor
-    from modak.predict.kernel_model import KernelModel
-    from modak.predict.kernels import KernelPredictor
-    from modak.predict.learned import LearnedPredictor, NoTrainingRows
+    from modak.predict.memo import MemoPredictor, identity
     from modak.predict.training import kernel_set, training_set
 
     data = kernel_set(store) if kernels else None
-    first: tuple[Predictor, ...] = () if data is None else (KernelPredictor(KernelModel.cached(data)),)
     rows = training_set(store)
-    gpu = GpuPredictor(lambda: [row for row in rows.load()[0] if row.device == "gpu"], load_catalog())
-    try:
-        learned = LearnedPredictor.cached(rows)
-    except NoTrainingRows:
-        return FallbackPredictor((*first, gpu, RooflinePredictor()))
-    return FallbackPredictor((*first, gpu, learned, RooflinePredictor()))
+    catalog = load_catalog()
+
+    def make() -> Predictor:
+        from modak.predict.gpu import GpuPredictor
+        from modak.predict.kernel_model import KernelModel
+        from modak.predict.kernels import KernelPredictor
+        from modak.predict.learned import LearnedPredictor, NoTrainingRows
+
+        first: tuple[Predictor, ...] = () if data is None else (KernelPredictor(KernelModel.cached(data)),)
+        gpu = GpuPredictor(lambda: [row for row in rows.load()[0] if row.device == "gpu"], catalog)
+        try:
+            learned = LearnedPredictor.cached(rows, catalog)
+        except NoTrainingRows:
+            return FallbackPredictor((*first, gpu, RooflinePredictor()))
+        return FallbackPredictor((*first, gpu, learned, RooflinePredictor()))
+
+    return MemoPredictor(identity(data.key if data else None, rows.key, catalog=catalog), make)

@@ -45,8 +45,8 @@ from modak.measurements.store import Measurement
 from modak.predict.base import Prediction as PlanPrediction
 from modak.predict.base import paired_ratio_p90
 from modak.predict.kernel_fit import KindFits
-from modak.predict.kernel_model import PREDICTOR as KERNELS
 from modak.predict.kernel_model import KernelModel
+from modak.predict.kernel_names import PREDICTOR as KERNELS
 from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.learned import LearnedPredictor, candidate_from_row, example_from_row
 from modak.predict.measured import corrected, corrections

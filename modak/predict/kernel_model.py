@@ -3,11 +3,10 @@ per machine kind, and its fit cached and shipped as arrays (:mod:`modak.predict.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from modak.image.runtimes.base import adapters
 from modak.measurements.kernels import KernelRow, Reconciliation, whole_step
 from modak.paths import write_atomic
 from modak.predict import fits
+from modak.predict.data import KernelData
 from modak.predict.forest import TreeEnsemble, Values, encode_arrays, load_arrays
 from modak.predict.kernel_fit import (
     ALL_PARAMETERS,
@@ -40,37 +40,13 @@ from modak.predict.kernel_fit import (
     out_of_fold_steps,
     profiling_seconds,
 )
+from modak.predict.kernel_names import PREDICTOR, TRANSFER_PREDICTOR
 from modak.predict.kernel_terms import ROOFLINE_FLOOR_S, KindModel, MachineCeilings
 from modak.predict.learned import NEW_MACHINE_SPREAD, Z80
 from modak.spec.models import Precision
 
-PREDICTOR = "kernels"  # its name in plans, and its fits' (modak.predict.fits)
 FIT_FORMAT = 1  # raise when a fit of the same rows would give other arrays (the key of shipped and cached fits)
-TRANSFER_PREDICTOR = "kernels-transfer"  # on a machine without kernel rows, by its ceilings
-# What each name means, for the plan's reasons.
-NOTES = {PREDICTOR: f"{PREDICTOR}: the sum over the kernels the runtime plans for the step, each of a kind profiled "
-                    "on this machine",
-         TRANSFER_PREDICTOR: f"{TRANSFER_PREDICTOR}: the same from the nearest profiled machine's kernel rows, by "
-                             "the ceilings, with a wider interval"}
 Walked = dict[tuple, Corrections]  # per machine model (its key)
-
-
-@dataclass(frozen=True)
-class KernelData:
-    """Kernel rows and reconciliations (each with its machine's ceilings) to fit on, named by a ``key`` that
-    changes whenever they do (as :class:`modak.predict.learned.TrainingData`): a cached fit is found by the key
-    alone."""
-
-    key: str
-    load: Callable[[], tuple[Sequence[KernelRow], Sequence[Reconciliation]]]
-
-    @classmethod
-    def of(cls, rows: Sequence[KernelRow], reconciliations: Sequence[Reconciliation]) -> KernelData:
-        """Data in memory, keyed by their values."""
-        digest = hashlib.sha256()
-        for item in (*rows, *reconciliations):
-            digest.update(repr(item).encode())
-        return cls(digest.hexdigest(), lambda: (rows, reconciliations))
 
 
 @dataclass(frozen=True, eq=False)

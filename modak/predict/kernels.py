@@ -53,7 +53,8 @@ from modak.candidates.enumerate import Candidate
 from modak.hardware.ceilings import TargetCeilings
 from modak.image.kernels import Kernel
 from modak.predict.base import Prediction, PredictionRequest, Widening
-from modak.predict.kernel_model import PREDICTOR, KernelModel, Walked
+from modak.predict.kernel_model import KernelModel, Walked
+from modak.predict.kernel_names import PREDICTOR
 from modak.predict.kernel_terms import MachineCeilings
 from modak.predict.learned import NEW_MACHINE_SPREAD
 from modak.predict.roofline import RooflinePredictor

@@ -15,11 +15,10 @@ runtime catalog: one per runtime and precision, and each recipe parameter as its
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -33,6 +32,7 @@ from modak.measurements.store import Measurement
 from modak.paths import write_atomic
 from modak.predict import fits
 from modak.predict.base import Prediction, PredictionRequest, Widening
+from modak.predict.data import TrainingData
 from modak.predict.forest import TreeEnsemble, encode_arrays, load_arrays
 from modak.predict.roofline import RooflinePredictor, op_seconds, overhead_seconds, thread_shares, tuning_seconds
 from modak.spec.models import Precision
@@ -274,23 +274,6 @@ def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weig
 
 class NoTrainingRows(ValueError):
     """The training data hold no successful measurement."""
-
-
-@dataclass(frozen=True)
-class TrainingData:
-    """Rows to fit on, named by a ``key`` that changes whenever they do and is cheaper to compute than the rows
-    (e.g. a hash of the files they are read from): a cached fit is found by the key without reading them."""
-
-    key: str
-    load: Callable[[], tuple[Sequence[Measurement], Sequence[float]]]  # the rows and their weights
-
-    @classmethod
-    def of(cls, rows: Sequence[Measurement], weights: Sequence[float]) -> TrainingData:
-        """Rows in memory, keyed by their values."""
-        digest = hashlib.sha256()
-        for row, weight in zip(rows, weights, strict=True):
-            digest.update(f"{row!r}{weight!r}".encode())
-        return cls(digest.hexdigest(), lambda: (rows, weights))
 
 
 def fit_key(data_key: str, catalog: Mapping[str, Recipe]) -> str:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from modak.candidates.enumerate import Candidate
 from modak.measurements.store import Measurement, as_json
 from modak.predict.base import Prediction
-from modak.predict.kernel_model import PREDICTOR, TRANSFER_PREDICTOR
+from modak.predict.kernel_names import PREDICTOR, TRANSFER_PREDICTOR
 
 CORRECTION_TERM = "measured_correction"  # the factor a prediction was multiplied by
 CORRECTED = (PREDICTOR, TRANSFER_PREDICTOR)  # the predictors whose predictions are corrected

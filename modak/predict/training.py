@@ -20,8 +20,7 @@ from modak.measurements.kernels import (
 )
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
 from modak.paths import data_dir, file_digest
-from modak.predict.kernel_model import KernelData
-from modak.predict.learned import TrainingData
+from modak.predict.data import KernelData, TrainingData
 
 LOCAL_WEIGHT = 3.0  # rows measured on the user's machines count more than shipped ones
 

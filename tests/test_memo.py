@@ -1,0 +1,115 @@
+"""The predictions a plan remembers (:mod:`modak.predict.memo`): a warm plan reads them without loading a fitted model,
+and an entry is found again only for the same predictor, model, workload, target and candidates."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from modak.api import load as load_job
+from modak.candidates.catalog import load_catalog
+from modak.hardware.local import store_probe
+from modak.plan import Plan, make_plan
+from modak.predict import memo
+from modak.predict.base import Prediction
+from modak.predict.kernel_model import KernelModel
+from modak.predict.learned import LearnedPredictor
+from modak.predict.memo import MemoPredictor, identity
+from modak.workload.source import load_analysis
+from tests.support.host import TEST_HOST_PROBE
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "examples" / "mnist-cnn-cpu" / "job.yaml"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache of its own (with the test host's probe)."""
+    monkeypatch.setenv("MODAK_CACHE", str(tmp_path / "cache"))
+    store_probe(TEST_HOST_PROBE)
+    return tmp_path / "cache"
+
+
+def plan_cnn() -> Plan:
+    loaded = load_job(CNN)
+    return make_plan(loaded, *load_analysis(loaded))
+
+
+def test_a_warm_plan_reads_its_predictions_without_loading_a_fit(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = plan_cnn()
+    assert list((cache / memo.FOLDER).glob("*.json"))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a fitted model was loaded")
+
+    monkeypatch.setattr(KernelModel, "cached", refuse)
+    monkeypatch.setattr(LearnedPredictor, "cached", refuse)
+    assert plan_cnn().digest() == first.digest()
+
+
+class Counting:
+    """A predictor that answers every request with the same prediction and counts the calls."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict(self, workload, ceilings, candidate, recipe) -> Prediction:
+        self.calls += 1
+        return Prediction(0.1 / 3, 0.02, 0.2, 1.5, (("compute_s", 0.01),), "compute", self.name, members=(0.1, 0.2))
+
+
+def test_an_entry_is_found_only_for_the_same_requests_and_predictor(cache: Path) -> None:
+    plan = plan_cnn()
+    workload, ceilings = plan.workload, plan.ceilings
+    requests = [(r.candidate, plan.recipes[r.candidate.runtime]) for r in plan.ranked[:3]]
+    made = Counting()
+    key = identity("data", catalog=load_catalog())
+
+    def ask(key: str = key, **changed: object) -> list[Prediction | None]:
+        asked = {"workload": workload, "ceilings": ceilings, "requests": requests} | changed
+        return MemoPredictor(key, lambda: made).predict_many(asked["workload"], asked["ceilings"],
+                                                             asked["requests"])
+
+    first = ask()
+    assert made.calls == 3 and first[0] == Counting().predict(None, None, None, None)  # read back, the same values
+    assert ask() == first and made.calls == 3  # a new process's predictor: read, not made
+    ask(requests=requests[:2])
+    assert made.calls == 5
+    ask(ceilings=replace(ceilings, cores=ceilings.cores + 1))
+    ask(workload=replace(workload, batch_size=workload.batch_size + 1))
+    assert made.calls == 11
+    ask(identity("other data", catalog=load_catalog()))
+    assert made.calls == 14
+    for entry in (cache / memo.FOLDER).glob("*.json"):
+        entry.write_text("{not json")
+    assert ask() == first and made.calls == 17  # a damaged entry is made again
+
+
+def test_the_identity_changes_with_the_data_the_catalog_and_modaks_source(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog = load_catalog()
+    source = tmp_path / "modak"
+    (source / "predict").mkdir(parents=True)
+    (source / "predict" / "rule.py").write_text("STEP = 1\n")
+    monkeypatch.setattr(memo, "_PACKAGE", source)
+    first = identity("a", None, catalog=catalog)
+    assert identity("a", None, catalog=catalog) == first
+    assert identity("b", None, catalog=catalog) != first
+    assert identity("a", "b", catalog=catalog) != first
+    assert identity("a", None, catalog=dict(list(catalog.items())[1:])) != first
+    (source / "predict" / "rule.py").write_text("STEP = 22\n")
+    assert identity("a", None, catalog=catalog) != first
+
+
+def test_predictions_are_made_where_the_cache_cannot_be_written(cache: Path) -> None:
+    plan = plan_cnn()
+    requests = [(r.candidate, plan.recipes[r.candidate.runtime]) for r in plan.ranked[:2]]
+    (cache / memo.FOLDER).rename(cache / "kept")
+    (cache / memo.FOLDER).write_text("a file where the folder would be")
+    made = Counting()
+    answers = MemoPredictor("key", lambda: made).predict_many(plan.workload, plan.ceilings, requests)
+    assert [a is not None for a in answers] == [True, True] and made.calls == 2
