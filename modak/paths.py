@@ -74,6 +74,20 @@ def folder_digest(root: Path, pattern: str = "*") -> str:
     return digest.hexdigest()
 
 
+@functools.cache
+def source_identity() -> str:
+    """The digest of modak's own source files' names, sizes and modification times (as a changed source is told from
+    its bytecode), read once per process: what a cache of something cheap to make again is keyed by, so that any
+    change to modak's code makes it again."""
+    digest = hashlib.sha256()
+    for root, folders, files in os.walk(_PACKAGE):
+        folders[:] = sorted(f for f in folders if f != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            status = os.stat(os.path.join(root, name))
+            digest.update(f"\0{root}/{name}\0{status.st_size}\0{status.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
 def content_entry(path: Path, folder: str) -> Path:
     """The file in modak's cache folder ``folder`` that stands for the present content of the file at ``path``: named
     by its resolved path, size, modification time and inode, as Python's bytecode cache tells a changed source.

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import Meta, Struct, field
 
 from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_key
 from modak.errors import InputError
 from modak.image.runtimes.base import plugin_recipes
-from modak.paths import data_dir
+from modak.paths import cache_dir, data_dir, source_identity, write_atomic
 from modak.spec.fields import Name, Requirement
 from modak.spec.loader import load_spec
 from modak.spec.models import Allocation, Precision, Task
@@ -160,13 +164,21 @@ class Recipe(_Recipe, frozen=True, kw_only=True):
         return tuple(d for d in ("cpu", "gpu") if d in self.container and d in self.performance)
 
 
+_DECODE = msgspec.json.Decoder(dict[str, Recipe])
+
+
 @lru_cache(maxsize=4)
 def load_catalog(folder: Path | None = None) -> dict[str, Recipe]:
     """All recipes in ``folder`` (default: the shipped ``recipes/runtimes`` and the recipe of every runtime outside
-    modak, :func:`modak.image.runtimes.base.plugin_recipes`), keyed by name."""
+    modak, :func:`modak.image.runtimes.base.plugin_recipes`), keyed by name. Parsed and checked once per content:
+    the catalog is kept in modak's cache under its files' paths, sizes, modification times and inodes and modak's
+    own source (:func:`modak.paths.source_identity`)."""
     paths = sorted((folder or data_dir("recipes") / "runtimes").glob("*.yaml"))
     if folder is None:
         paths += plugin_recipes()  # the runtimes outside modak (modak.image.runtimes.base.ENTRY_POINTS)
+    kept = _kept(paths)
+    with contextlib.suppress(OSError, msgspec.DecodeError):
+        return _DECODE.decode(kept.read_bytes())
     recipes: dict[str, Recipe] = {}
     for path in paths:
         recipe, doc = load_spec(path, Recipe)
@@ -184,4 +196,15 @@ def load_catalog(folder: Path | None = None) -> dict[str, Recipe]:
         recipes[recipe.name] = recipe
     if not recipes:
         raise InputError("no runtime recipes found", folder or data_dir("recipes") / "runtimes")
+    with contextlib.suppress(OSError):  # a cache that cannot be written (an image's read-only home) is not kept
+        write_atomic(kept, msgspec.json.encode(recipes))
     return recipes
+
+
+def _kept(paths: Sequence[Path]) -> Path:
+    """Where the catalog of the recipe files ``paths`` is kept in modak's cache."""
+    digest = hashlib.sha256(f"catalog\0{source_identity()}".encode())
+    for path in paths:
+        status = path.stat()
+        digest.update(f"\0{path.resolve()}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ino}".encode())
+    return cache_dir() / "catalogs" / f"{digest.hexdigest()[:32]}.json"

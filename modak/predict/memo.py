@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -24,29 +23,24 @@ import msgspec
 from modak.candidates.catalog import Recipe
 from modak.candidates.enumerate import Candidate
 from modak.hardware.ceilings import TargetCeilings
-from modak.paths import cache_dir, file_digest, installed, write_atomic
+from modak.paths import cache_dir, file_digest, installed, source_identity, write_atomic
 from modak.predict.base import Prediction, PredictionRequest, Predictor, for_model, predict_many
 from modak.workload.analysis import WorkloadProfile
 
 FOLDER = "predictions"  # under modak's cache
 KEEP = 256  # entries kept (the newest), each a few kilobytes
-_PACKAGE = Path(__file__).resolve().parents[1]
 _DECODE = msgspec.json.Decoder(list[Prediction | None])
 
 
 def identity(*parts: str | None, catalog: Mapping[str, Recipe]) -> str:
     """A predictor's identity: ``parts`` (the keys of what its fits were fit on), the ``catalog``, the installed
-    distributions' versions (the runtimes that report kernels) and modak's source files (names, sizes and
-    modification times, as a changed source is told from its bytecode)."""
+    distributions' versions (the runtimes that report kernels) and modak's source files
+    (:func:`modak.paths.source_identity`)."""
     digest = hashlib.sha256(b"predictions 1")
     for part in parts:
         digest.update(b"\0" + (part or "-").encode())
     digest.update(_canonical([catalog, installed().versions]))
-    for root, folders, files in os.walk(_PACKAGE):
-        folders[:] = sorted(f for f in folders if f != "__pycache__")
-        for name in sorted(f for f in files if f.endswith(".py")):
-            status = os.stat(os.path.join(root, name))
-            digest.update(f"\0{root}/{name}\0{status.st_size}\0{status.st_mtime_ns}".encode())
+    digest.update(source_identity().encode())
     return digest.hexdigest()
 
 

@@ -1,15 +1,21 @@
-"""The predictions a plan remembers (:mod:`modak.predict.memo`): a warm plan reads them without loading a fitted model,
-and an entry is found again only for the same predictor, model, workload, target and candidates."""
+"""What a warm plan reads instead of making again: the predictions it remembers (:mod:`modak.predict.memo`), read
+without loading a fitted model and found again only for the same predictor, model, workload, target and
+candidates; and the runtime catalog, parsed once per content."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from modak import paths
 from modak.api import load as load_job
+from modak.candidates import catalog as catalog_module
 from modak.candidates.catalog import load_catalog
+from modak.errors import InputError
 from modak.hardware.local import store_probe
 from modak.plan import Plan, make_plan
 from modak.predict import memo
@@ -89,19 +95,29 @@ def test_an_entry_is_found_only_for_the_same_requests_and_predictor(cache: Path)
     assert ask() == first and made.calls == 17  # a damaged entry is made again
 
 
-def test_the_identity_changes_with_the_data_the_catalog_and_modaks_source(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A package of one source file standing for modak's own (:func:`modak.paths.source_identity`)."""
+    package = tmp_path / "modak"
+    (package / "predict").mkdir(parents=True)
+    (package / "predict" / "rule.py").write_text("STEP = 1\n")
+    monkeypatch.setattr(paths, "_PACKAGE", package)
+    paths.source_identity.cache_clear()
+    yield package
+    monkeypatch.undo()
+    paths.source_identity.cache_clear()
+
+
+def test_the_identity_changes_with_the_data_the_catalog_and_modaks_source(source: Path) -> None:
     catalog = load_catalog()
-    source = tmp_path / "modak"
-    (source / "predict").mkdir(parents=True)
-    (source / "predict" / "rule.py").write_text("STEP = 1\n")
-    monkeypatch.setattr(memo, "_PACKAGE", source)
     first = identity("a", None, catalog=catalog)
     assert identity("a", None, catalog=catalog) == first
     assert identity("b", None, catalog=catalog) != first
     assert identity("a", "b", catalog=catalog) != first
     assert identity("a", None, catalog=dict(list(catalog.items())[1:])) != first
     (source / "predict" / "rule.py").write_text("STEP = 22\n")
+    assert identity("a", None, catalog=catalog) == first  # read once per process
+    paths.source_identity.cache_clear()
     assert identity("a", None, catalog=catalog) != first
 
 
@@ -113,3 +129,25 @@ def test_predictions_are_made_where_the_cache_cannot_be_written(cache: Path) -> 
     made = Counting()
     answers = MemoPredictor("key", lambda: made).predict_many(plan.workload, plan.ceilings, requests)
     assert [a is not None for a in answers] == [True, True] and made.calls == 2
+
+
+def test_the_catalog_is_parsed_once_per_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODAK_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "runtimes"
+    shutil.copytree(ROOT / "recipes" / "runtimes", folder)
+    parsed = catalog_module.load_catalog.__wrapped__(folder)
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a recipe was parsed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(catalog_module, "load_spec", refuse)
+        assert catalog_module.load_catalog.__wrapped__(folder) == parsed  # read back, the same recipes
+        recipe = folder / "onnxruntime.yaml"
+        recipe.write_text(recipe.read_text().replace("title: ONNX Runtime", "title: ONNX Runtime, edited"))
+        with pytest.raises(AssertionError, match="a recipe was parsed"):
+            catalog_module.load_catalog.__wrapped__(folder)
+    assert catalog_module.load_catalog.__wrapped__(folder)["onnxruntime"].title == "ONNX Runtime, edited"
+    recipe.write_text(recipe.read_text().replace("title: ONNX Runtime, edited", "title: [not, a, string]"))
+    with pytest.raises(InputError, match="title"):  # a changed recipe is checked again
+        catalog_module.load_catalog.__wrapped__(folder)
