@@ -661,7 +661,7 @@ def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_
     store = tmp_path / "perf.sqlite"
     with PerfStore(store) as perf:  # the local store's kernel rows: the default predictor asks the kernel model first
         perf.add_kernels(rows, recs)
-    default = default_predictor(store)
+    default = default_predictor(store).make()  # what the plan asks where it remembers no prediction
     assert isinstance(default, FallbackPredictor) and isinstance(default.predictors[0], KernelPredictor)
     assert default.name == f"{PREDICTOR}+{GPU_TERMS}+learned+roofline"
     # The runtime's report of the graph is the seam: the CNN's ONNX nodes, one kernel each.
@@ -723,8 +723,8 @@ def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kerne
     assert set(fixed_table()[0]) <= set(rows) and set(fixed_table()[1]) <= set(recs)  # the local rows, merged
     again = kernel_set(store)
     assert again is not None and data.key == again.key != KernelData.of(*fixed_table()).key  # shipped files too
-    given = default_predictor(store)
-    assert given.name == chain
+    assert default_predictor(store).name == chain
+    given = default_predictor(store).make()
     assert isinstance(given, FallbackPredictor) and isinstance(given.predictors[0], KernelPredictor)
     box = next(m for m in given.predictors[0].model.machines if m.key == BOX.key)  # the local rows' machine
     assert box.kinds.keys() >= {("onnxruntime", "cpu", "Conv"), ("onnxruntime", "cpu", "Relu")}
@@ -732,7 +732,7 @@ def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kerne
     with PerfStore(store) as perf:  # a damaged row in the store: the plan's predictor refuses it, located
         perf.add_kernels([replace(rows[0], seconds=-1.0)], [])
     with pytest.raises(InputError, match=r"^kernel_rows\[\d+\]\.seconds: -1\.0 is not a time"):
-        default_predictor(store)
+        make_plan(*cnn(), predictor=default_predictor(store))
 
 
 def test_a_local_configuration_replaces_its_shipped_kernel_rows(tmp_path: Path, monkeypatch) -> None:
