@@ -640,7 +640,11 @@ def test_the_fit_is_cached_as_arrays_and_loads_back_equal(tmp_path: Path, fixed:
     assert saved.read_bytes() == data_bytes and only(refit).calibration == pytest.approx(only(fixed).calibration)
 
 
-def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_which(tmp_path: Path) -> None:
+def test_the_forest_answers_for_a_runtime_without_kernel_rows_and_the_plan_says_which(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    from modak.predict import training
+
+    monkeypatch.setattr(training, "shipped_kernel_files", lambda: [])  # the local rows below are the only ones
     loaded, source, workload = cnn()
     ceilings = target_ceilings(loaded.target, loaded.target_doc)
     here = MachineCeilings.of_target(ceilings, "cpu")
@@ -710,7 +714,10 @@ def test_a_changed_shipped_file_is_another_data_key(tmp_path: Path, monkeypatch)
     assert shipped.stat().st_size == status.st_size and kernel_set(tmp_path / "none.sqlite").key != first.key
 
 
-def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kernel_rows(tmp_path: Path) -> None:
+def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kernel_rows(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    from modak.predict import training
+
     shipped = kernel_set(tmp_path / "none.sqlite")  # the shipped kernel files alone
     chain = f"{PREDICTOR}+{GPU_TERMS}+learned+roofline"  # the GPU model answers GPU candidates only
     assert shipped is not None and default_predictor(tmp_path / "none.sqlite").name == chain
@@ -723,6 +730,7 @@ def test_the_default_predictor_asks_the_kernel_model_first_where_there_are_kerne
     assert set(fixed_table()[0]) <= set(rows) and set(fixed_table()[1]) <= set(recs)  # the local rows, merged
     again = kernel_set(store)
     assert again is not None and data.key == again.key != KernelData.of(*fixed_table()).key  # shipped files too
+    monkeypatch.setattr(training, "shipped_kernel_files", lambda: [])  # the fits below: of the local rows alone
     assert default_predictor(store).name == chain
     given = default_predictor(store).make()
     assert isinstance(given, FallbackPredictor) and isinstance(given.predictors[0], KernelPredictor)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -301,7 +302,8 @@ def kernels_and_forest(seed: int, catalog: Mapping[str, Recipe], kernel_rows: Se
         model = None
         if any(row.machine in profiled for row in rows):
             model = KernelModel.fit([r for r in kernel_rows if in_fold(r)],
-                                    [r for r in reconciliations if in_fold(r)], seed, fitted=kinds)
+                                    [r for r in reconciliations if in_fold(r)], seed,
+                                    jobs=len(os.sched_getaffinity(0)), fitted=kinds)
         return tuple(None if fallback is None
                      else (model is not None and row.machine in profiled and composed(model, row))
                      or replace(fallback, by=whole.name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -331,7 +332,9 @@ class LearnedPredictor:
         examples = [example_from_row(r, catalog) for r in rows_ok]
         X = np.array([features.row(e) for e in examples])
         log_utilization = np.log([e.anchor_seconds / r.step_s for e, r in zip(examples, rows_ok)])
-        settings = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed)
+        # Trees grown in this process's usable cores (threads): the trees are the same whatever their number.
+        settings = dict(n_estimators=TREES, min_samples_leaf=2, max_features=0.5, random_state=seed,
+                        n_jobs=len(os.sched_getaffinity(0)))
         machine_offsets = _machine_offsets(examples, X, log_utilization, sample_weight, settings)
         # The forest learns utilization on the reference machine's scale: each machine's offset is taken out.
         adjusted = log_utilization - np.array([machine_offsets.get(e.machine, 0.0) for e in examples])
