@@ -376,7 +376,7 @@ def fit_model(store: Path | None = None) -> ModelFit:
                     sum(r.status == "contended" for r in rows), seconds, coverage)
 
 
-def evaluate_model(store: Path | None = None, seeds: int = 3, machine: str | None = None,
+def evaluate_model(store: Path | None = None, seeds: int = 1, machine: str | None = None,
                    split: str | None = None) -> ModelEvaluation:
     """Cross-validate the forest fit with seeds ``0 .. seeds - 1``, the kernel model with the forest as its fallback
     at the same seeds (where there are kernel rows, shipped or in ``store``), the same corrected by each workload's

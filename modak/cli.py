@@ -153,8 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("action", choices=["fit", "eval"], help="fit: refit and summarize; eval: cross-validate")
     sub.add_argument("--store", type=Path,
                      help="local perf store to include (default: $MODAK_STORE or ~/.local/share/modak)")
-    sub.add_argument("--seeds", type=int, default=3,
-                     help="eval: fit the learned model with seeds 0..N-1 and report the spread (default 3)")
+    sub.add_argument("--seeds", type=int, default=1,
+                     help="eval: fit the models with seeds 0..N-1 and report the spread between them (default 1; "
+                          "each seed fits every fold again)")
     sub.add_argument("--machine", metavar="TARGET",
                      help="eval: hold out and score only this target's rows (the others still train)")
     sub.add_argument("--split", metavar="SPLIT",
