@@ -57,6 +57,7 @@ def main() -> int:
     print(f"done: {steps} steps, loss {first:.4f} -> {last:.4f}, median step {step.median_seconds() * 1e3:.1f} ms"
           + where, flush=True)
     if workers > 1:
+        dist.barrier()  # every worker is done before any tears the group down (a gloo worker can hang otherwise)
         dist.destroy_process_group()
     return 0
 
