@@ -98,6 +98,17 @@ def content_entry(path: Path, folder: str) -> Path:
     return cache_dir() / folder / hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
+def keep_newest(folder: Path, pattern: str, keep: int) -> None:
+    """Remove all but the ``keep`` most recently written files of ``folder`` that match ``pattern`` (a cache's
+    bound); a file another process removes meanwhile is passed over."""
+    dated = []
+    for file in folder.glob(pattern):
+        with contextlib.suppress(FileNotFoundError):
+            dated.append((file.stat().st_mtime_ns, str(file)))
+    for _, old in sorted(dated)[:-keep]:
+        Path(old).unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

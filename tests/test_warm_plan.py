@@ -151,3 +151,14 @@ def test_the_catalog_is_parsed_once_per_content(tmp_path: Path, monkeypatch: pyt
     recipe.write_text(recipe.read_text().replace("title: ONNX Runtime, edited", "title: [not, a, string]"))
     with pytest.raises(InputError, match="title"):  # a changed recipe is checked again
         catalog_module.load_catalog.__wrapped__(folder)
+
+
+def test_a_cache_keeps_its_newest_files(tmp_path: Path) -> None:
+    import os
+
+    for age, name in enumerate(["e.json", "d.json", "c.json", "b.json", "a.json"]):
+        (tmp_path / name).write_text(name)
+        os.utime(tmp_path / name, ns=(0, (10 - age) * 10**9))  # e is the newest
+    (tmp_path / "other.txt").write_text("not matched")
+    paths.keep_newest(tmp_path, "*.json", 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json", "e.json", "other.txt"]

@@ -16,7 +16,7 @@ from msgspec import Meta, Struct, field
 from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_key
 from modak.errors import InputError
 from modak.image.runtimes.base import plugin_recipes
-from modak.paths import cache_dir, data_dir, source_identity, write_atomic
+from modak.paths import cache_dir, data_dir, keep_newest, source_identity, write_atomic
 from modak.spec.fields import Name, Requirement
 from modak.spec.loader import load_spec
 from modak.spec.models import Allocation, Precision, Task
@@ -26,6 +26,7 @@ from modak.spec.models import Allocation, Precision, Task
 FeatureKind = Literal["categorical", "numeric", "threads", "none"]
 Fraction = Annotated[float, Meta(gt=0, le=1)]
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+KEPT_CATALOGS = 8  # parsed catalogs kept in the cache (one per recipe files and modak source seen)
 AptPackage = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]
 
 
@@ -198,6 +199,7 @@ def load_catalog(folder: Path | None = None) -> dict[str, Recipe]:
         raise InputError("no runtime recipes found", folder or data_dir("recipes") / "runtimes")
     with contextlib.suppress(OSError):  # a cache that cannot be written (an image's read-only home) is not kept
         write_atomic(kept, msgspec.json.encode(recipes))
+        keep_newest(kept.parent, "*.json", KEPT_CATALOGS)
     return recipes
 
 

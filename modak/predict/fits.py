@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from modak.paths import cache_dir, data_dir, write_atomic
+from modak.paths import cache_dir, data_dir, keep_newest, write_atomic
 
 KEEP_FITS = 4  # fitted models kept in the cache per model (one per distinct training data)
 SHIPPED_FOLDER = "fits"  # under perfmodels/
@@ -64,9 +64,7 @@ def cached_fit(model: str, key: str, load: Callable[[Path], Fitted], fit: Callab
         except _DAMAGED:
             pass
     save(fit(), path)
-    for old in sorted(folder.glob(f"*{SUFFIX}"), key=lambda f: f.stat().st_mtime)[:-KEEP_FITS]:
-        if old != path:
-            old.unlink(missing_ok=True)
+    keep_newest(folder, f"*{SUFFIX}", KEEP_FITS)  # the fit just saved is the newest
     return load(path)
 
 

@@ -23,7 +23,7 @@ import msgspec
 from modak.candidates.catalog import Recipe
 from modak.candidates.enumerate import Candidate
 from modak.hardware.ceilings import TargetCeilings
-from modak.paths import cache_dir, file_digest, installed, source_identity, write_atomic
+from modak.paths import cache_dir, file_digest, installed, keep_newest, source_identity, write_atomic
 from modak.predict.base import Prediction, PredictionRequest, Predictor, for_model, predict_many
 from modak.workload.analysis import WorkloadProfile
 
@@ -83,8 +83,7 @@ class MemoPredictor:
         made = msgspec.json.encode(predict_many(self.made, workload, ceilings, list(requests)))
         with contextlib.suppress(OSError):  # a cache that cannot be written (an image's read-only home)
             write_atomic(entry, made)
-            for old in sorted(entry.parent.glob("*.json"), key=lambda f: f.stat().st_mtime)[:-KEEP]:
-                old.unlink(missing_ok=True)
+            keep_newest(entry.parent, "*.json", KEEP)
         return _DECODE.decode(made)
 
     def _entry(self, workload: WorkloadProfile, ceilings: TargetCeilings,
