@@ -162,3 +162,16 @@ def test_a_cache_keeps_its_newest_files(tmp_path: Path) -> None:
     (tmp_path / "other.txt").write_text("not matched")
     paths.keep_newest(tmp_path, "*.json", 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json", "e.json", "other.txt"]
+
+
+def test_the_fits_load_once_for_every_model_the_predictor_is_bound_to(cache: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from modak.predict.default import default_predictor
+
+    loads = []
+    real = LearnedPredictor.cached
+    monkeypatch.setattr(LearnedPredictor, "cached", lambda *args, **kwargs: loads.append(1) or real(*args, **kwargs))
+    predictor = default_predictor()
+    assert isinstance(predictor, MemoPredictor) and not loads  # nothing loaded until a prediction is not remembered
+    first, second = predictor.for_model(Path("a.onnx")).made, predictor.for_model(Path("b.onnx")).made
+    assert loads == [1] and first is not second  # each bound to its model, one load between them

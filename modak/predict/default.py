@@ -6,6 +6,7 @@ elsewhere. Each prediction's ``predictor`` names the one that answered. Its pred
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from modak.predict.base import FallbackPredictor, Predictor
@@ -25,6 +26,7 @@ def default_predictor(store: Path | None = None, kernels: bool = True) -> Predic
     rows = training_set(store)
     catalog = load_catalog()
 
+    @functools.cache  # one load of the fits for every model this predictor is bound to (an auto batch's plans)
     def make() -> Predictor:
         from modak.predict.gpu import GpuPredictor
         from modak.predict.kernel_model import KernelModel
