@@ -88,14 +88,18 @@ def source_identity() -> str:
     return digest.hexdigest()
 
 
-def content_entry(path: Path, folder: str) -> Path:
-    """The file in modak's cache folder ``folder`` that stands for the present content of the file at ``path``: named
-    by its resolved path, size, modification time and inode, as Python's bytecode cache tells a changed source.
-    Raises OSError where the file cannot be read."""
+def file_identity(path: Path) -> str:
+    """What stands for the present content of the file at ``path``: its resolved path, size, modification time and
+    inode, as Python's bytecode cache tells a changed source. Raises OSError where the file cannot be read."""
     resolved = Path(path).resolve()
     status = resolved.stat()
-    identity = f"{resolved}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ino}"
-    return cache_dir() / folder / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    return f"{resolved}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ino}"
+
+
+def content_entry(path: Path, folder: str) -> Path:
+    """The file in modak's cache folder ``folder`` that stands for the present content of the file at ``path``
+    (:func:`file_identity`). Raises OSError where the file cannot be read."""
+    return cache_dir() / folder / hashlib.sha256(file_identity(path).encode()).hexdigest()[:32]
 
 
 def keep_newest(folder: Path, pattern: str, keep: int) -> None:

@@ -16,7 +16,7 @@ from msgspec import Meta, Struct, field
 from modak.candidates.candidate import Candidate, DeviceKind, ParamValue, value_key
 from modak.errors import InputError
 from modak.image.runtimes.base import plugin_recipes
-from modak.paths import cache_dir, data_dir, keep_newest, source_identity, write_atomic
+from modak.paths import cache_dir, data_dir, file_identity, keep_newest, source_identity, write_atomic
 from modak.spec.fields import Name, Requirement
 from modak.spec.loader import load_spec
 from modak.spec.models import Allocation, Precision, Task
@@ -207,6 +207,5 @@ def _kept(paths: Sequence[Path]) -> Path:
     """Where the catalog of the recipe files ``paths`` is kept in modak's cache."""
     digest = hashlib.sha256(f"catalog\0{source_identity()}".encode())
     for path in paths:
-        status = path.stat()
-        digest.update(f"\0{path.resolve()}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ino}".encode())
+        digest.update(f"\0{file_identity(path)}".encode())
     return cache_dir() / "catalogs" / f"{digest.hexdigest()[:32]}.json"
