@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--budget", type=float, dest="race_budget", action=_Deprecated, metavar="SECONDS",
                      help="deprecated alias of --race-budget (in `bench`, --budget is seconds per launch)")
     sub.add_argument("--trials", type=int, default=8, help="candidates raced, at most (default 8)")
+    sub.add_argument("--max-rounds", type=int, metavar="N",  # default None: TuneSettings' (importing it is slow)
+                     help="rounds of launches, at most (default 8; at least 3, the rounds before a candidate can "
+                          "be dropped)")
     sub.add_argument("--dispatch", choices=_DispatchNames(), default="local", metavar="NAME",  # no list: lazy
                      help="%(choices)s: run launches here (local, the default) or as job arrays of that scheduler "
                           "on the target's partition")
@@ -452,7 +455,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from modak.measurements.store import default_store_path
     from modak.output import console, launch_line, print_tune
 
-    settings = TuneSettings(budget_s=args.race_budget, trials=args.trials,
+    rounds = {} if args.max_rounds is None else {"max_rounds": args.max_rounds}
+    settings = TuneSettings(budget_s=args.race_budget, trials=args.trials, **rounds,
                             protocol=BenchSettings(min_seconds=args.min_seconds, seed=args.seed))
     plan = _plan(args)
     out = console(stderr=True)

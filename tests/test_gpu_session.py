@@ -60,7 +60,7 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     assert planned.returncode == 0, planned.stderr
     blocker = tmp_path_factory.mktemp("gpu-machine")
     (blocker / "sitecustomize.py").write_text(BLOCKER)
-    ran = _call("run", "--dry-run", "--session", str(session), "--out", str(out), "--budget", "55",
+    ran = _call("run", "--dry-run", "--session", str(session), "--out", str(out), "--budget", "35",
                 python_path=(blocker,))
     assert ran.returncode == 0, ran.stdout + ran.stderr
     return session, out

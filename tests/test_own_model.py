@@ -632,8 +632,8 @@ def test_bench_and_tune_measure_the_users_module(tmp_path: Path) -> None:
     assert len(rows) == 3 and all(r.status == "ok" and r.step_median_s for r in rows), [
         (r.runtime, r.status, r.error) for r in rows]
     assert all(r.max_abs_error is not None and r.max_abs_error < 1e-2 for r in rows if r.precision == "fp32")
-    tune = modak("tune", str(job), "--trials", "2", "--min-seconds", "0.2", "--race-budget", "120", "--seed", "0",
-                 "--store", str(store), "--json")
+    tune = modak("tune", str(job), "--trials", "2", "--min-seconds", "0.2", "--race-budget", "120", "--max-rounds", "3",
+                 "--seed", "0", "--store", str(store), "--json")
     assert tune.returncode == 0, tune.stderr[-3000:]
     result = json.loads(tune.stdout)
     assert result["winner"] in result["shortlist"] and result["recorded"]

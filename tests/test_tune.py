@@ -194,10 +194,25 @@ def tune_for_real(store: Path, *options: str) -> tuple[dict, list]:
 @pytest.mark.slow
 def test_tune_command_races_for_real(tmp_path):
     """A short real race of two candidates through the command line: rows stored, winner recorded."""
-    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--race-budget", "120", "--seed", "0")
-    assert result["winner"] in result["shortlist"] and len(result["shortlist"]) == 2 and result["rounds"] >= 1
+    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--race-budget", "120", "--max-rounds", "3", "--seed", "0")
+    assert result["winner"] in result["shortlist"] and len(result["shortlist"]) == 2 and 1 <= result["rounds"] <= 3
     assert len(rows) == 2 and all(r.session == rows[0].session for r in rows)
     assert all(1 <= r.launches <= result["rounds"] for r in rows if r.status in ("ok", "contended"))
+
+
+def test_max_rounds_below_the_rounds_before_a_drop_is_exit_2(tmp_path):
+    """`--max-rounds` fewer than the rounds a candidate must run before it can be dropped is refused before any
+    launch; the parser's documented default is the race's."""
+    from modak.cli import _parser
+
+    done = subprocess.run([sys.executable, "-m", "modak", "tune", str(CNN), "--max-rounds", "2", "--store",
+                           str(tmp_path / "perf.sqlite")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--max-rounds must be at least 3" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "perf.sqlite").exists()
+    settings = TuneSettings()
+    help_text = next(a.help for a in _parser()._subparsers._group_actions[0].choices["tune"]._actions
+                     if "--max-rounds" in a.option_strings)
+    assert f"default {settings.max_rounds}; at least {settings.min_rounds}," in help_text
 
 
 def test_tune_budget_is_a_deprecated_alias_of_race_budget(capsys):
@@ -210,6 +225,7 @@ def test_tune_budget_is_a_deprecated_alias_of_race_budget(capsys):
     assert "--budget is deprecated" in warning and "use --race-budget" in warning
     assert _parser().parse_args(["tune", str(CNN), "--race-budget", "42"]).race_budget == 42.0
     assert _parser().parse_args(["tune", str(CNN)]).race_budget == 600.0
+    assert _parser().parse_args(["tune", str(CNN), "--max-rounds", "3"]).max_rounds == 3
     assert _parser().parse_args(["bench", str(CNN), "--budget", "3"]).budget == 3.0
     assert capsys.readouterr().err == ""
 
@@ -218,8 +234,9 @@ def test_tune_budget_is_a_deprecated_alias_of_race_budget(capsys):
 @pytest.mark.skipif(not __import__("shutil").which("sbatch"), reason="Slurm's sbatch is not installed")
 def test_tune_dispatches_rounds_as_slurm_job_arrays(tmp_path):
     """`--dispatch slurm`: every round runs as a job array on the real Slurm; rows and winner as locally."""
-    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--race-budget", "90", "--dispatch", "slurm")
-    assert result["winner"] in result["shortlist"] and result["rounds"] >= 1
+    result, rows = tune_for_real(tmp_path / "perf.sqlite", "--race-budget", "90", "--max-rounds", "3", "--dispatch",
+                                 "slurm")
+    assert result["winner"] in result["shortlist"] and 1 <= result["rounds"] <= 3
     assert len(rows) == 2 and all(r.launches >= 1 and r.step_median_s > 0 for r in rows)
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from modak.paths import data_dir, write_atomic
 from modak.predict import fits
-from modak.predict.kernel_names import PREDICTOR as KERNELS
 from modak.predict.kernel_model import KernelModel
+from modak.predict.kernel_names import PREDICTOR as KERNELS
 from modak.predict.learned import PREDICTOR as LEARNED
 from modak.predict.learned import LearnedPredictor
 from modak.predict.training import kernel_set, training_set

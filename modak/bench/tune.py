@@ -63,12 +63,15 @@ class TuneSettings:
     budget_s: float = 600.0  # wall-clock seconds for the whole race
     trials: int = 8  # candidates raced, at most
     min_rounds: int = 3  # launches of every candidate before any is dropped
-    max_rounds: int = 8
+    max_rounds: int = 8  # `modak tune --max-rounds`
     protocol: BenchSettings = BenchSettings()
 
     def __post_init__(self) -> None:
-        if self.budget_s <= 0 or self.trials < 1 or not 1 <= self.min_rounds <= self.max_rounds:
-            raise InputError("--budget must be positive, --trials at least 1, and 1 <= min rounds <= max rounds")
+        if self.budget_s <= 0 or self.trials < 1 or self.min_rounds < 1:
+            raise InputError("--race-budget must be positive, --trials at least 1, and min rounds at least 1")
+        if self.max_rounds < self.min_rounds:
+            raise InputError(f"--max-rounds must be at least {self.min_rounds}, the rounds before a candidate can be "
+                             "dropped")
 
 
 @dataclass(frozen=True)
