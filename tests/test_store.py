@@ -161,3 +161,25 @@ def test_a_file_that_is_not_a_store_is_an_input_error_and_stays_unchanged(tmp_pa
         assert result.stderr.strip() == f"modak: error: {raised.value}"
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no -wal or -shm file beside it either
+
+
+def test_opening_a_current_store_to_read_it_writes_nothing(tmp_path: Path) -> None:
+    """Reading a store of this modak's schema leaves its file as it was (bytes and modification time), so that
+    what is kept under the file's identity (the warm plan's keys of its rows) holds; a store of an older schema is
+    still brought up to date on opening."""
+    path = tmp_path / "perf.sqlite"
+    with PerfStore(path) as store:
+        store.add([_row(0, 0)])
+    before = path.read_bytes(), path.stat().st_mtime_ns
+    with PerfStore(path) as store:
+        assert len(store.rows()) == 1 and store.kernel_rows() == [] and store.reconciliations() == []
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+    assert not path.with_name("perf.sqlite-wal").exists()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    db.close()
+    with PerfStore(path):
+        pass
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+    db.close()

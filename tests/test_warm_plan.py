@@ -175,3 +175,59 @@ def test_the_fits_load_once_for_every_model_the_predictor_is_bound_to(cache: Pat
     assert isinstance(predictor, MemoPredictor) and not loads  # nothing loaded until a prediction is not remembered
     first, second = predictor.for_model(Path("a.onnx")).made, predictor.for_model(Path("b.onnx")).made
     assert loads == [1] and first is not second  # each bound to its model, one load between them
+
+
+def local_store(path: Path, rows: int) -> Path:
+    """A perf store with the first ``rows`` of a shipped machine's measurements, kernel rows and reconciliations,
+    as `modak bench --kernels` leaves one."""
+    from modak.measurements.kernels import read_kernel_csv, read_reconcile_csv
+    from modak.measurements.store import PerfStore, read_csv
+
+    perfmodels = ROOT / "perfmodels"
+    with PerfStore(path) as store:
+        store.add(list(read_csv(perfmodels / "cpu-ci-zen4-2c.csv"))[:rows])
+        store.add_kernels(read_kernel_csv(perfmodels / "kernels-ci-zen4-2c.csv")[:rows],
+                          read_reconcile_csv(perfmodels / "reconcile-ci-zen4-2c.csv")[:rows])
+    return path
+
+
+def test_a_warm_plan_takes_the_local_stores_keys_without_reading_its_rows(
+        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The models' data keys of an unchanged local store come from the cache, not from its rows; a write to the
+    store (another `modak bench`) makes them be read again, and changes the keys."""
+    from modak.measurements.store import PerfStore
+    from modak.predict.training import kernel_set, training_set
+
+    store = local_store(tmp_path / "perf.sqlite", 20)
+    keys = kernel_set(store).key, training_set(store).key  # type: ignore[union-attr]
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the local store's rows were read")
+
+    with monkeypatch.context() as patched:
+        for method in ("rows", "kernel_rows", "reconciliations"):
+            patched.setattr(PerfStore, method, refuse)
+        assert (kernel_set(store).key, training_set(store).key) == keys  # type: ignore[union-attr]
+    local_store(tmp_path / "more.sqlite", 30)
+    shutil.copy(tmp_path / "more.sqlite", store)
+    changed = kernel_set(store).key, training_set(store).key  # type: ignore[union-attr]
+    assert changed[0] != keys[0] and changed[1] != keys[1]
+    shutil.copy(tmp_path / "more.sqlite", tmp_path / "same.sqlite")  # the same rows in another file: the same keys
+    assert (kernel_set(tmp_path / "same.sqlite").key, training_set(tmp_path / "same.sqlite").key) == changed
+
+
+def test_rows_written_after_their_key_was_taken_are_refused(cache: Path, tmp_path: Path) -> None:
+    """A fit needs the rows whose key it is kept under: where the store was written to between the plan's key
+    and the fit's read, the plan stops (exit 2) instead of keeping a fit under the wrong key."""
+    from modak.measurements.kernels import read_kernel_csv
+    from modak.measurements.store import PerfStore
+    from modak.predict.training import kernel_set
+
+    store = local_store(tmp_path / "perf.sqlite", 20)
+    kernel_set(store)  # the key kept
+    data = kernel_set(store)  # the key from the cache, the rows not read
+    assert data is not None
+    with PerfStore(store) as perf:
+        perf.add_kernels(read_kernel_csv(ROOT / "perfmodels" / "kernels-ci-zen4-2c.csv")[20:25])
+    with pytest.raises(InputError, match="written to while this plan read it"):
+        data.load()

@@ -222,9 +222,27 @@ class PerfStore:
                     raise
                 time.sleep(0.05)
 
+    def _current(self) -> bool:
+        """Whether the store already has this modak's schema: every table, index and column :meth:`_migrate`
+        makes, and its schema version. Read only, so that opening a current store to read it writes nothing (its
+        file stays as it was, and the warm plan's key of the local rows, kept under the file's identity, holds)."""
+        tables = {name: {row[1] for row in self._db.execute(f"PRAGMA table_info({name})")}
+                  for name in ("measurements", "meta", "tuned", *_LABEL_TABLES)}
+        indexes = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        if not set(COLUMNS) <= tables["measurements"] or not tables["meta"] or not tables["tuned"]:
+            return False
+        if any(not set(columns) <= tables[table] or f"{table}_configuration" not in indexes
+               for table, columns in _LABEL_TABLES.items()):
+            return False
+        version = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return version is not None and version[0] == str(SCHEMA_VERSION)
+
     def _migrate(self) -> None:
         """Create the tables, or add the columns a store of an older modak lacks, in one write transaction
-        (two processes opening one store at once: the second sees the first's schema and adds nothing)."""
+        (two processes opening one store at once: the second sees the first's schema and adds nothing); a store
+        that is :meth:`_current` is left untouched."""
+        if self._current():
+            return
         columns = ", ".join(f"{c} {_sql_type(c)}" for c in COLUMNS)
         key = ", ".join(("machine", "model", "task", "batch_size", "input_shapes", "runtime", "device",
                          "precision", "params", "threads"))

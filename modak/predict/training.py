@@ -4,10 +4,13 @@ store's, and the kernel model's kernel rows and reconciliations shipped in ``per
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Generic, TypeVar
 
+from modak.errors import InputError
 from modak.limits import MAX_CSV_BYTES, check_size
 from modak.measurements.kernels import (
     CONFIGURATION,
@@ -19,10 +22,13 @@ from modak.measurements.kernels import (
     read_labels_csv,
 )
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
-from modak.paths import data_dir, file_digest
+from modak.paths import cache_dir, data_dir, file_digest, file_identity, keep_newest, write_atomic
 from modak.predict.data import KernelData, TrainingData
 
 LOCAL_WEIGHT = 3.0  # rows measured on the user's machines count more than shipped ones
+LOCAL_KEYS = "local-keys"  # modak's cache folder: the local store's rows' keys, by the store file's identity
+KEPT_LOCAL_KEYS = 32
+Rows = TypeVar("Rows")
 
 
 def shipped_files() -> list[Path]:
@@ -51,10 +57,12 @@ def training_data(store: Path | None = None) -> tuple[list[Measurement], list[fl
 
 def training_set(store: Path | None = None) -> TrainingData:
     """:func:`training_data` as the learned model's :class:`TrainingData`, keyed by the shipped files (:func:`_key`)
-    and the local rows, so a cached fit is found without parsing the shipped CSV files."""
-    local = local_rows(store)
-    key = _key(f"{LOCAL_WEIGHT!r}", shipped_files(), TrainingData.of(local, [LOCAL_WEIGHT] * len(local)).key)
-    return TrainingData(key, lambda: _merged(shipped_rows(), local))
+    and the local rows (:class:`LocalRows`), so a cached fit is found without parsing the shipped CSV files or
+    reading the local store."""
+    local = LocalRows(store or default_store_path(), "rows", local_rows,
+                      lambda rows: TrainingData.of(rows, [LOCAL_WEIGHT] * len(rows)).key)
+    key = _key(f"{LOCAL_WEIGHT!r}", shipped_files(), local.key())
+    return TrainingData(key, lambda: _merged(shipped_rows(), local.rows()))
 
 
 def shipped_kernel_files() -> list[Path]:
@@ -77,10 +85,61 @@ def kernel_set(store: Path | None = None) -> KernelData | None:
     profiled locally replaces its shipped rows), keyed by the shipped files (:func:`_key`) and the local rows, so
     that a cached fit is found without parsing the shipped files; None where there are none."""
     files = shipped_kernel_files()
-    local = local_kernel_rows(store)
-    if not files and not any(local):
+    local = LocalRows(store or default_store_path(), "kernels", local_kernel_rows,
+                      lambda rows: KernelData.of(*rows).key)
+    if not files and not any(local.rows()):
         return None
-    return KernelData(_key("kernels", files, KernelData.of(*local).key), lambda: _merged_kernels(files, *local))
+    return KernelData(_key("kernels", files, local.key()), lambda: _merged_kernels(files, *local.rows()))
+
+
+class LocalRows(Generic[Rows]):
+    """One kind of the local perf store's rows and their key (the key of :class:`TrainingData` or
+    :class:`KernelData`), which a warm plan needs without the rows: the key is kept in modak's cache under the
+    store file's identity (:func:`modak.paths.file_identity` of it and of its write-ahead log; any write changes
+    one of them, and reading writes nothing), so the rows are read only when the key is not known or a fit needs
+    them."""
+
+    def __init__(self, path: Path, kind: str, read: Callable[[Path], Rows], key_of: Callable[[Rows], str]) -> None:
+        self.path, self.kind, self._read, self._key_of = path, kind, read, key_of
+        self._rows: Rows | None = None
+        self._known: str | None = None  # the key found in the cache, which the rows read later must have
+
+    def rows(self) -> Rows:
+        """The rows, read once; rows read after their key was taken from the cache must still have it."""
+        if self._rows is None:
+            rows = self._read(self.path)
+            if self._known is not None and self._key_of(rows) != self._known:
+                raise InputError("the perf store was written to while this plan read it: plan again",
+                                 file=self.path)
+            self._rows = rows
+        return self._rows
+
+    def key(self) -> str:
+        """The rows' key: from the cache where the store is unchanged since it was last read, else from the rows."""
+        entry = self._entry()  # before the rows are read: a write after it only leaves an entry never found again
+        if entry is not None and self._rows is None:
+            with contextlib.suppress(OSError):
+                known = entry.read_text()
+                if len(known) == 64:
+                    self._known = known
+                    return known
+        key = self._key_of(self.rows())
+        if entry is not None:
+            with contextlib.suppress(OSError):
+                write_atomic(entry, key)
+                keep_newest(entry.parent, "*", KEPT_LOCAL_KEYS)
+        return key
+
+    def _entry(self) -> Path | None:
+        """The cache file of the store's present content, None where there is no store."""
+        try:
+            identity = file_identity(self.path)
+        except OSError:
+            return None
+        with contextlib.suppress(OSError):
+            identity += "\0" + file_identity(self.path.with_name(self.path.name + "-wal"))
+        digest = hashlib.sha256(f"{self.kind}\0{identity}".encode()).hexdigest()[:32]
+        return cache_dir() / LOCAL_KEYS / digest
 
 
 def _key(salt: str, files: Iterable[Path], local: str) -> str:
