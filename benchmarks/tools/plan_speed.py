@@ -11,7 +11,10 @@ Side by side, interleaved, in one run:
   first plan of a model the planner has not seen);
 - **warm**: everything cached (the steady state: the caches are keyed by the training data, the model file and
   modak's code, so they stay valid until a `modak bench` adds rows, the model file changes or modak is updated),
-  with `--json` and with the table.
+  with `--json` and with the table;
+- **warm, with a local perf store**: as a user's after `modak bench --kernels` (one shipped machine's measured
+  rows, kernel rows and reconciliations, 18,000 rows in all, as local rows: `--store`); its rows' keys are cached
+  under the store file's identity, so this should cost what the warm plan does.
 
 ``--phases N`` then times the warm plan's steps inside one process, N fresh processes, and prints each step's
 median: the imports of the parsers and of the spec models, loading the job, the planner's imports, the predictor,
@@ -93,6 +96,20 @@ print(json.dumps({b[0]: 1000 * (b[1] - a[1]) for a, b in zip(marks, marks[1:])})
 """
 
 
+def local_store(path: Path) -> str:
+    """A perf store holding one shipped machine's rows, as `modak bench --kernels` leaves one; what it holds."""
+    from modak.measurements.kernels import read_kernel_csv, read_reconcile_csv
+    from modak.measurements.store import PerfStore, read_csv
+
+    perfmodels = ROOT / "perfmodels"
+    with PerfStore(path) as store:
+        rows = store.add(read_csv(perfmodels / "cpu-ci-zen4-2c.csv"))
+        kernels = read_kernel_csv(perfmodels / "kernels-ci-zen4-2c.csv")
+        reconciled = read_reconcile_csv(perfmodels / "reconcile-ci-zen4-2c.csv")
+        store.add_kernels(kernels, reconciled)
+    return f"{rows} measured rows, {len(kernels)} kernel rows, {len(reconciled)} reconciliations"
+
+
 def wall(command: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
@@ -117,6 +134,8 @@ def main() -> int:
         onnx.save_model(onnx.load(exported), folder / "resnet50.onnx", save_as_external_data=False)  # one file
         (folder / "job.yaml").write_text(ONNX_JOB)
         job = str(folder / "job.yaml")
+        store = folder / "local.sqlite"
+        holds = local_store(store)
         variants: dict[str, tuple[list[str], str | None]] = {  # command, and which caches it clears first
             "python -c pass": ([sys.executable, "-c", "pass"], None),
             "python: import msgspec, yaml (the parsers)": ([sys.executable, "-c", "import msgspec, yaml"], None),
@@ -124,24 +143,32 @@ def main() -> int:
             "modak plan --json, a new model (reports)": (modak + [job, "--json"], "reports"),
             "modak plan --json, warm caches": (modak + [job, "--json"], None),
             "modak plan (table), warm caches": (modak + [job], None),
+            "modak plan --json, warm, a local store": (modak + [job, "--json", "--store", str(store)], None),
         }
         wall(modak + [job, "--json"], env)  # warm up the file system cache
+        fit = wall(modak + [job, "--json", "--store", str(store)], env)  # the store's rows change the fits' data
+        fresh_cache = folder / "fresh-cache"  # the fresh machine's, so that the warm variants' caches stay
+        fresh_env = {**env, "MODAK_CACHE": str(fresh_cache)}
         times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.runs):
             for name, (command, clears) in variants.items():
                 if clears == "fresh":
-                    shutil.rmtree(cache)
-                elif clears == "reports":
+                    shutil.rmtree(fresh_cache, ignore_errors=True)
+                    times[name].append(wall(command, fresh_env))
+                    continue
+                if clears == "reports":
                     for report in [*(cache / "kernels").glob("*.json"), *(cache / "predictions").glob("*.json")]:
                         report.unlink()
                 times[name].append(wall(command, env))
-                if clears:
-                    wall(command, env)  # leave the caches warm for the next variant
+                if clears:  # leave the caches warm for the next variants
+                    wall(command, env)
+                    wall(variants["modak plan --json, warm, a local store"][0], env)
         phases = [json.loads(subprocess.run([sys.executable, "-c", PHASES, job, str(TARGET)], check=True,
                                             capture_output=True, text=True, env=env).stdout)
                   for _ in range(args.phases)]
     floor = statistics.median(times["python -c pass"])
     print(f"zoo export of ResNet-50 (first plan of the zoo job, once): {export:.1f} s")
+    print(f"the local store: {holds}; its first plan (the fits refit on its rows, once): {fit:.1f} s")
     print(f"{'what (median of ' + str(args.runs) + ', interleaved)':<46} {'seconds':>8} {'min':>7} {'max':>7} "
           f"{'x python':>9}")
     for name, values in times.items():
@@ -154,6 +181,8 @@ def main() -> int:
     print(f"target warm <= 5x python -c pass: {'met' if warm <= 5 * floor else 'NOT met'} ({warm / floor:.1f}x, "
           f"{warm:.3f} s)")
     print(f"target first plan on a fresh machine <= 15 s: {'met' if fresh <= 15 else 'NOT met'} ({fresh:.1f} s)")
+    stored = statistics.median(times["modak plan --json, warm, a local store"])
+    print(f"warm with a local store: {stored / warm:.2f}x the warm plan ({stored / floor:.1f}x python -c pass)")
     if phases:
         print(f"the warm plan's steps in one process (ms, median of {len(phases)}):")
         for name in phases[0]:
