@@ -53,16 +53,22 @@ def file_digest(path: Path) -> str:
     a plan does not hash a 100 MB model again. Raises OSError where the file cannot be read."""
     resolved = Path(path).resolve()
     entry = content_entry(resolved, "digests")
-    try:
-        known = entry.read_text()
-    except OSError:
-        known = ""
-    if len(known) == 64:
+    known = kept_digest(entry)
+    if known is not None:
         return known
     with resolved.open("rb") as handle:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
     write_atomic(entry, digest)
     return digest
+
+
+def kept_digest(entry: Path) -> str | None:
+    """The sha256 (hex) kept in the cache file ``entry``, None where there is none or it is damaged."""
+    try:
+        known = entry.read_text()
+    except OSError:
+        return None
+    return known if len(known) == 64 else None
 
 
 def folder_digest(root: Path, pattern: str = "*") -> str:

@@ -22,7 +22,7 @@ from modak.measurements.kernels import (
     read_labels_csv,
 )
 from modak.measurements.store import Measurement, PerfStore, default_store_path, read_csv
-from modak.paths import cache_dir, data_dir, file_digest, file_identity, keep_newest, write_atomic
+from modak.paths import cache_dir, data_dir, file_digest, file_identity, keep_newest, kept_digest, write_atomic
 from modak.predict.data import KernelData, TrainingData
 
 LOCAL_WEIGHT = 3.0  # rows measured on the user's machines count more than shipped ones
@@ -117,12 +117,10 @@ class LocalRows(Generic[Rows]):
     def key(self) -> str:
         """The rows' key: from the cache where the store is unchanged since it was last read, else from the rows."""
         entry = self._entry()  # before the rows are read: a write after it only leaves an entry never found again
-        if entry is not None and self._rows is None:
-            with contextlib.suppress(OSError):
-                known = entry.read_text()
-                if len(known) == 64:
-                    self._known = known
-                    return known
+        known = kept_digest(entry) if entry is not None and self._rows is None else None
+        if known is not None:
+            self._known = known
+            return known
         key = self._key_of(self.rows())
         if entry is not None:
             with contextlib.suppress(OSError):
