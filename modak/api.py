@@ -280,7 +280,8 @@ def schemas() -> dict[str, dict]:
     """The JSON Schemas of the Job and Target specs, by kind (``job``, ``target``)."""
     import msgspec
 
-    from modak.spec.models import Job, Target
+    from modak.spec.models import Job
+    from modak.spec.target import Target
 
     def schema(model: type) -> dict:
         (root,), definitions = msgspec.json.schema_components([model])
@@ -444,7 +445,7 @@ def probe(quick: bool = False, name: str | None = None, output: Path | None = No
     from modak.hardware.probe import probe_comment, to_target
     from modak.paths import write_atomic
     from modak.spec.loader import validate
-    from modak.spec.models import Target
+    from modak.spec.target import Target
 
     result = measure(quick=quick)
     name = name or "".join(c if c.isalnum() or c in "._-" else "-" for c in platform.node()) or "this-machine"

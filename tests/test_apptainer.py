@@ -284,12 +284,16 @@ def test_the_sif_is_pushed_to_a_registry_as_an_oci_artifact_and_pulled_back(sif:
 
 def test_a_podman_build_converted_to_a_sif_keeps_the_images_labels(tmp_path: Path) -> None:
     """``modak build --sif`` on a Podman target: the smoke-tested image, converted by Apptainer from its
-    docker-archive into OUT/<job name>.sif, carries the image's labels (the lock's included) and runs the plan's
-    runtime; asked of an Apptainer build, it is exit 2."""
+    docker-archive into OUT/<job name>.sif (compressed as the target's ``container.sif_compression`` says, here
+    gzip-fast), carries the image's labels (the lock's included) and runs the plan's runtime; asked of an Apptainer
+    build, it is exit 2."""
+    folder = tmp_path / "spec"
+    write_target(folder, "local-cpu", container={"sif_compression": "gzip-fast"})
     out = tmp_path / "out"
-    data = build(EXAMPLE / "job.yaml", "-o", out, "--sif")
+    data = build(write_job(folder), "-o", out, "--sif")
     sif_file = Path(data["sif"])
     assert sif_file == out / "mnist-cnn.sif" and sif_file.is_file() and str(sif_file) in data["artifacts"]
+    assert "build --mksquashfs-args '-comp gzip -Xcompression-level 1' --notest" in (out / "sif.log").read_text()
     assert not list(out.glob("*.tar")) and not list(out.glob(".*.tar")) and not list(out.glob(".build.*"))
     labels = ApptainerEngine().inspect(str(sif_file)).labels
     assert data["image"]["labels"].items() <= labels.items() and LOCK_LABEL in labels

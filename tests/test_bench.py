@@ -14,7 +14,7 @@ import yaml
 
 from modak.measurements.store import PerfStore, read_csv
 from modak.spec.loader import load_spec
-from modak.spec.models import Target
+from modak.spec.target import Target
 from tests.support.signals import sigint_default
 
 ROOT = Path(__file__).resolve().parents[1]

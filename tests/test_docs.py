@@ -23,7 +23,8 @@ import yaml
 import modak.errors
 import modak.limits
 from modak.spec.loader import load_spec, validate
-from modak.spec.models import Job, Target
+from modak.spec.models import Job
+from modak.spec.target import Target
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -137,7 +137,7 @@ def test_import_writes_the_rows_the_probed_target_and_the_zero_shot_table(rehear
                                                                           tmp_path: Path) -> None:
     from modak.hardware.ceilings import target_ceilings
     from modak.spec.loader import load_spec
-    from modak.spec.models import Target
+    from modak.spec.target import Target
 
     session, out = rehearsal
     done = _call("import", str(out), "--session", str(session), "--perfmodels", str(tmp_path))

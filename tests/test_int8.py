@@ -21,7 +21,8 @@ from modak.measurements.store import PerfStore
 from modak.quantize import gate
 from modak.spec.document import SpecDocument
 from modak.spec.loader import validate
-from modak.spec.models import CpuPeaks, Precision, Target
+from modak.spec.models import Precision
+from modak.spec.target import CpuPeaks, Target
 from tests.test_ci_step import assert_valid
 
 ROOT = Path(__file__).resolve().parents[1]

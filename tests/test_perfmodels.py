@@ -53,7 +53,8 @@ def test_a_gpu_target_plans_its_rows_device() -> None:
     """The probed GPU target is a valid target whose ceilings are the probe's (not the catalog's)."""
     from modak.hardware.ceilings import target_ceilings
     from modak.spec.loader import load_spec
-    from modak.spec.models import Precision, Target
+    from modak.spec.models import Precision
+    from modak.spec.target import Target
 
     for target_file in sorted((PERFMODELS / "targets").glob("gpu-*.yaml")):
         target, doc = load_spec(target_file, Target)

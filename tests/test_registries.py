@@ -29,8 +29,8 @@ from modak.plan import Plan, make_plan
 from modak.render.ir import build_description
 from modak.render.render import render
 from modak.schedulers import SCHEDULERS, Scheduler, Submission, scheduler
-from modak.spec.models import Scheduler as SchedulerSpec
 from modak.spec.names import ENGINE_NAMES
+from modak.spec.target import Scheduler as SchedulerSpec
 from modak.workload.source import load_analysis
 from tests.support.onnx_graphs import write_onnx
 

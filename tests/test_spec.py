@@ -11,7 +11,7 @@ import pytest
 
 from modak.errors import InputError
 from modak.spec.loader import load_job, load_spec
-from modak.spec.models import Target
+from modak.spec.target import Target
 from tests.support.specs import CPU_TARGET
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from modak.candidates.catalog import Recipe, load_catalog
 from modak.measurements.kernels import KERNEL_CSV, RECONCILE_CSV, write_kernel_csv, write_reconcile_csv
 from modak.measurements.store import PerfStore
 from modak.spec.loader import load_spec
-from modak.spec.models import Target
+from modak.spec.target import Target
 
 CONFIG = Path(__file__).with_name("campaign.yaml")  # the campaign's workloads and parameter grid
 

@@ -35,7 +35,7 @@ from benchmarks.tools.zoo_jobs import zoo_plan
 from modak.bench.dispatch import LaunchTask, run_task
 from modak.bench.harness import launch_command, launch_environment
 from modak.spec.loader import load_spec
-from modak.spec.models import Target
+from modak.spec.target import Target
 
 WORKLOADS = [("mlp", 1), ("mlp", 64), ("mnist_cnn", 1), ("mnist_cnn", 64), ("mobilenet_v2", 1), ("resnet18", 1)]
 RUNTIMES = ("onnxruntime", "pytorch")

@@ -19,7 +19,7 @@ from modak.bench.harness import workload_columns
 from modak.measurements.kernels import KERNEL_CSV, KernelRow, read_kernel_csv, write_kernel_csv
 from modak.measurements.store import read_csv, write_csv
 from modak.spec.loader import load_spec
-from modak.spec.models import Target
+from modak.spec.target import Target
 from modak.workload.analysis import OpStats, WorkloadProfile, covering
 
 TARGETS = Path(__file__).resolve().parents[2] / "perfmodels" / "targets"

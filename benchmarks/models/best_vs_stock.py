@@ -45,7 +45,8 @@ from modak.predict.base import Predictor
 from modak.predict.default import default_predictor
 from modak.spec.document import SpecDocument
 from modak.spec.loader import load_spec
-from modak.spec.models import AUTO_BATCH, Precision, Target
+from modak.spec.models import AUTO_BATCH, Precision
+from modak.spec.target import Target
 
 
 def main() -> int:

@@ -35,7 +35,7 @@ from modak.predict.learned import LearnedPredictor, example_from_row
 from modak.predict.training import LOCAL_WEIGHT, ok_rows, shipped_rows
 from modak.spec.document import SpecDocument
 from modak.spec.loader import validate
-from modak.spec.models import Target
+from modak.spec.target import Target
 
 WORKLOADS = ("mobilenet_v2:inference:8", "resnet18:inference:8", "mlp:inference:64", "mnist_cnn:training:64")
 

@@ -30,7 +30,7 @@ from modak.predict.evaluate import HIT, MISS, UNDECIDED, captured_speedup, verdi
 from modak.predict.learned import LearnedPredictor, candidate_from_row
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.loader import load_spec
-from modak.spec.models import Target
+from modak.spec.target import Target
 
 
 def main() -> int:

@@ -62,7 +62,7 @@ from modak.predict.learned import LearnedPredictor
 from modak.predict.roofline import RooflinePredictor
 from modak.predict.training import training_data
 from modak.spec.loader import load_spec
-from modak.spec.models import Target
+from modak.spec.target import Target
 
 
 def held_out_predictor(model: str, store: Path) -> Predictor:

@@ -84,7 +84,8 @@ def sif_builds(plan, engine: Engine, image_ref: str, folder: Path) -> dict:
     definition_s = time.perf_counter() - start
     converted = folder / "converted.sif"
     start = time.perf_counter()
-    convert_to_sif(engine, image_ref, converted, folder / "convert.log")  # what `modak build --sif` does
+    convert_to_sif(engine, image_ref, converted, folder / "convert.log",  # what `modak build --sif` does
+                   plan.loaded.target.container)
     converted_s = time.perf_counter() - start
     return {"definition_seconds": round(definition_s, 2), "definition_bytes": Path(built.image_ref).stat().st_size,
             "converted_seconds": round(converted_s, 2), "converted_bytes": converted.stat().st_size}

@@ -17,8 +17,9 @@ from modak.predict.base import Predictor
 from modak.predict.roofline import RooflinePredictor
 from modak.spec.document import SpecDocument
 from modak.spec.loader import LoadedJob, validate
-from modak.spec.models import AUTO_BATCH, Job, Target
+from modak.spec.models import AUTO_BATCH, Job
 from modak.spec.resolve import resolve_files
+from modak.spec.target import Target
 from modak.workload.source import load_analysis
 
 

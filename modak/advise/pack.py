@@ -55,7 +55,7 @@ from modak.errors import InputError
 from modak.plan import MEMORY_SHARE, Plan
 from modak.render.sharing import SHARING_MODES, Sharing, cpuset
 from modak.spec.loader import LoadedJob, read_catalog
-from modak.spec.models import GpuPeaks, Target
+from modak.spec.target import GpuPeaks, Target
 
 MIN_GAIN = 1.05  # the least aggregate throughput gain (x) worth sharing for: less is within the model's error
 _GRID = 16  # the core splits searched: every split up to this many cores, else multiples of cores / _GRID

@@ -58,6 +58,7 @@ from modak.render.render import DOCKERIGNORE, render
 
 if TYPE_CHECKING:
     from modak.plan import Plan
+    from modak.spec.target import Container
 
 ARTIFACTS_LABEL = "io.modak.tuned-artifacts"
 BUILD_LOG = "build.log"
@@ -159,13 +160,13 @@ def build_job(plan: Plan, out_dir: Path, options: BuildOptions = BuildOptions(),
     progress = progress or SilentProgress()
     out_dir = Path(out_dir).absolute()
     target = plan.loaded.target
-    engine = engine or make_engine(options.engine or target.container.engine)
+    engine = (engine or make_engine(options.engine or target.container.engine)).for_target(target.container)
     if options.push and not target.container.registry:
         raise plan.loaded.target_doc.error(("container",), "--push needs container.registry (where to push)")
     if options.sif:
         if isinstance(engine, ApptainerEngine):
             raise InputError("the image is a SIF already: --sif converts the image of a Docker or Podman build")
-        ApptainerEngine().check()
+        ApptainerEngine().for_target(target.container).check()
     engine.check()  # before rendering: an unreachable engine changes nothing on disk
     with out_dir_lock(out_dir):
         return _build(plan, out_dir, options, progress, engine)
@@ -273,7 +274,7 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
             progress.phase(f"converting {image_ref} to a SIF with Apptainer")
             start = time.perf_counter()
             sif = out_dir / ir.job.sif
-            convert_to_sif(engine, image_ref, sif, out_dir / SIF_LOG)
+            convert_to_sif(engine, image_ref, sif, out_dir / SIF_LOG, plan.loaded.target.container)
             artifacts += [sif, out_dir / SIF_LOG]
             seconds["sif"] = time.perf_counter() - start
     except KeyboardInterrupt:
@@ -286,14 +287,15 @@ def _build(plan: Plan, out_dir: Path, options: BuildOptions, progress: Progress,
         oci_archive=archive, sif=sif, artifacts=tuple(artifacts), seconds=seconds)
 
 
-def convert_to_sif(engine: Engine, ref: str, sif: Path, log_path: Path) -> None:
+def convert_to_sif(engine: Engine, ref: str, sif: Path, log_path: Path, container: Container) -> None:
     """The image ``ref`` of ``engine`` as the SIF file ``sif``: saved as a docker-archive beside it, built into a
-    SIF by Apptainer (the image's layers and labels), the archive removed; the conversion's log in ``log_path``."""
+    SIF by Apptainer (the image's layers and labels; compressed as the target's ``container`` section says), the
+    archive removed; the conversion's log in ``log_path``."""
     archive = sif.with_name(f".{sif.stem}.docker-archive.tar")
     log = BuildLog(log_path)
     try:
         engine.save(ref, archive)
-        ApptainerEngine().build_from_archive(archive, sif, log)
+        ApptainerEngine().for_target(container).build_from_archive(archive, sif, log)
     finally:
         log.close()
         archive.unlink(missing_ok=True)

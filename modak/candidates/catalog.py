@@ -19,7 +19,8 @@ from modak.image.runtimes.base import plugin_recipes
 from modak.paths import cache_dir, data_dir, file_identity, keep_newest, source_identity, write_atomic
 from modak.spec.fields import Name, Requirement
 from modak.spec.loader import load_spec
-from modak.spec.models import Allocation, Precision, Task
+from modak.spec.models import Precision, Task
+from modak.spec.target import Allocation
 
 # How the learned model sees a parameter: one column per value, log(1 + value), the candidate's share of the
 # cores (the parameter named threads, which the planner resolves to a thread count), or not at all.

@@ -9,7 +9,8 @@ from typing import Any
 from modak.errors import did_you_mean
 from modak.spec.document import SpecDocument
 from modak.spec.loader import read_catalog
-from modak.spec.models import Precision, Target
+from modak.spec.models import Precision
+from modak.spec.target import Target
 
 # ISA features that give a CPU native support for a reduced precision (archspec feature names), with the default
 # operations per cycle relative to fp32 when the hardware catalog gives none.

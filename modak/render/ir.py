@@ -37,6 +37,13 @@ VENV = "/opt/venv"
 ENTRYPOINT = "/opt/modak/entrypoint.sh"
 LOCK_FILE = "/opt/modak/requirements.lock"  # what pip resolved (``pip freeze --all`` in the pip step)
 LOCK_LABEL = "io.modak.requirements-lock"  # the image's label of the lock's digest (sha256:...)
+# What Apptainer's mksquashfs is given (`apptainer build --mksquashfs-args`) for each container.sif_compression;
+# None: nothing, Apptainer's default (gzip, level 9). Measured in perfmodels/README.md ("SIF compression").
+MKSQUASHFS_ARGS: dict[str, str | None] = {
+    "gzip": None,
+    "gzip-fast": "-comp gzip -Xcompression-level 1",
+    "zstd": "-comp zstd -Xcompression-level 3",
+}
 # Where the CA bundle and the wheelhouse are visible during the pip step only: a bind mount in a Dockerfile,
 # a folder that %post removes in a definition file (%files cannot target /tmp).
 DOCKER_BUILD_MOUNT = "/run/modak"
@@ -180,6 +187,7 @@ class BuildDescription:
     runtime_digest: str  # its sources' sha256, named in the install step so that a layer cache sees a change
     ports: tuple[int, ...] = ()  # what the default command listens on
     templates: tuple[Path, ...] = ()  # site template folders, in front of modak's own
+    mksquashfs_args: str | None = None  # a SIF build's `--mksquashfs-args` (the target's container.sif_compression)
     venv: str = VENV
     path_prepend: str = f"{VENV}/bin"
     entrypoint: str = ENTRYPOINT
@@ -259,7 +267,7 @@ def build_description(plan: Plan, created: str | None = None, sharing: Sharing |
         plan_document=json.dumps(plan.to_dict(), sort_keys=True, indent=2) + "\n",
         runtime_wheel=f"{RUNTIME_CONTEXT}/{wheel_name()}", runtime_digest=source_digest(),
         ports=(SERVE_PORT,) if serving else (),
-        templates=files.templates)
+        templates=files.templates, mksquashfs_args=MKSQUASHFS_ARGS[target.container.sif_compression])
 
 
 def self_test_command(task: str) -> tuple[str, ...]:

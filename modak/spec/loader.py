@@ -19,8 +19,9 @@ from modak.limits import MAX_SPEC_BYTES, MAX_STRING_CHARS, MAX_YAML_CHARS, MAX_Y
 from modak.paths import data_dir
 from modak.spec.document import Loc, SpecDocument, dotted
 from modak.spec.fields import PATTERN_MESSAGE, PATTERN_MESSAGES
-from modak.spec.models import AUTO_BATCH, Job, Metric, Target, Task
+from modak.spec.models import AUTO_BATCH, Job, Metric, Task
 from modak.spec.resolve import ResolvedFiles, resolve_files
+from modak.spec.target import Target
 
 M = TypeVar("M", bound=msgspec.Struct)
 LOCAL = "local"  # a target (file name or `cpu:` value) that is the machine modak runs on: modak.hardware.local

@@ -24,7 +24,8 @@ from modak.paths import refusal
 from modak.spec.document import SpecDocument
 
 if TYPE_CHECKING:
-    from modak.spec.models import Job, ModelSpec, Target
+    from modak.spec.models import Job, ModelSpec
+    from modak.spec.target import Target
 
 APP_DIR = "/opt/app"  # where the job's entrypoint files go in the image
 TEMPLATES_VARIABLE = "MODAK_TEMPLATES"  # a site template folder, after the target's container.templates

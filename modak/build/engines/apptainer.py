@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modak.build.credentials import PASSWORD_ENV, USERNAME_ENV, Credentials
 from modak.build.engines.base import ENGINES, BuildLog, Engine, ImageInfo, RunResult, shorten
 from modak.errors import EngineUnavailable, PushFailed
+from modak.render.ir import MKSQUASHFS_ARGS
 
 if TYPE_CHECKING:
     from modak.render.ir import BuildDescription
+    from modak.spec.target import Container
 
 ORAS = "oras://"  # a SIF file as an OCI artifact in a registry
 REGISTRY_TIMEOUT_S = 1800
@@ -32,9 +36,14 @@ class ApptainerEngine(Engine):
     Images are SIF files; "tagging" moves a finished build from its temporary name to the final one.
     """
 
-    def __init__(self, name: str = "apptainer", binary: str | None = None) -> None:
+    def __init__(self, name: str = "apptainer", binary: str | None = None, mksquashfs_args: str | None = None) -> None:
         self.name = name
         self.binary = binary or shutil.which("apptainer") or shutil.which("singularity")
+        self.mksquashfs_args = mksquashfs_args
+
+    def for_target(self, container: Container) -> ApptainerEngine:
+        """This Apptainer, building SIF files compressed as the target's ``container.sif_compression`` says."""
+        return ApptainerEngine(self.name, self.binary, MKSQUASHFS_ARGS[container.sif_compression])
 
     def endpoint(self) -> str:
         return self.binary or "apptainer (not found)"
@@ -42,9 +51,14 @@ class ApptainerEngine(Engine):
     def check(self) -> None:
         if not self.binary:
             raise EngineUnavailable(f"neither apptainer nor singularity is on PATH; {START_HINT}")
+        if self.mksquashfs_args is not None and not self._takes_mksquashfs_args:
+            raise EngineUnavailable(f"the target's container.sif_compression asks mksquashfs for "
+                                    f"{self.mksquashfs_args!r}, and {self.binary} has no `build --mksquashfs-args` "
+                                    "(Apptainer 1.4 or later has it): install Apptainer 1.4 or later, or set "
+                                    "container.sif_compression: gzip")
 
     def _stream(self, argv: Sequence[str], log: BuildLog, cwd: Path | None = None) -> int:
-        log.note("$ " + " ".join(argv))
+        log.note("$ " + shlex.join(argv))
         process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    errors="replace", stdin=subprocess.DEVNULL)
         try:
@@ -94,9 +108,10 @@ class ApptainerEngine(Engine):
         handle, partial = tempfile.mkstemp(prefix=".build.", suffix=".sif", dir=folder)
         os.close(handle)
         unprivileged = ["--fakeroot"] if os.geteuid() != 0 else []  # root builds as root
+        squash = ["--mksquashfs-args", self.mksquashfs_args] if self.mksquashfs_args is not None else []
         try:
-            code = self._stream([self.binary, "build", *unprivileged, "--notest", "--force", partial, source], log,
-                                cwd=folder)
+            code = self._stream([self.binary, "build", *unprivileged, *squash, "--notest", "--force", partial, source],
+                                log, cwd=folder)
             if code != 0:
                 raise log.failure(f"{Path(self.binary).name} build exited with {code}")
             if final is not None:
@@ -106,6 +121,14 @@ class ApptainerEngine(Engine):
         except BaseException:
             Path(partial).unlink(missing_ok=True)
             raise
+
+    @cached_property
+    def _takes_mksquashfs_args(self) -> bool:
+        """Whether this Apptainer's ``build`` has ``--mksquashfs-args`` (Apptainer 1.4 or later)."""
+        assert self.binary
+        usage = subprocess.run([self.binary, "build", "--help"], capture_output=True, text=True, errors="replace",
+                               stdin=subprocess.DEVNULL, timeout=60)
+        return "--mksquashfs-args" in usage.stdout + usage.stderr
 
     def image_ref(self, ir: BuildDescription, out_dir: Path) -> str:
         """The SIF file the job script runs."""

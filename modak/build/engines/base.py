@@ -26,6 +26,7 @@ from modak.registry import Registry
 
 if TYPE_CHECKING:
     from modak.render.ir import BuildDescription
+    from modak.spec.target import Container
 
 _STEP = re.compile(r"^(?:STEP|Step) (\d+)/(\d+) ?: ?(.*)$")
 
@@ -142,6 +143,11 @@ class Engine(ABC):
     def build(self, context: Path, log: BuildLog, no_cache: bool = False) -> str:
         """Build the engine's definition file in ``context`` and return the new image's id (untagged); failures
         raise :class:`BuildFailed`. ``no_cache``: rebuild what the engine would take from its cache."""
+
+    def for_target(self, container: Container) -> Engine:
+        """This engine as the target's ``container`` section configures it (Apptainer: how SIF files are
+        compressed). Default: itself."""
+        return self
 
     def bootstrap_files(self, ir: BuildDescription, context: Path, log: BuildLog) -> list[Path]:
         """Make what this engine's build reads from ``context`` beyond the rendered files (Apptainer: the local base
