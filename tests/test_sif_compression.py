@@ -21,8 +21,8 @@ from modak.errors import EXIT_BAD_INPUT, EXIT_ENGINE_UNAVAILABLE, EngineUnavaila
 from modak.render.ir import MKSQUASHFS_ARGS, build_description
 from modak.render.render import render
 from modak.spec.target import Container
-from tests.test_render import CREATED, Preferred, make_plan_for
 from tests.support.onnx_graphs import write_onnx
+from tests.test_render import CREATED, Preferred, make_plan_for
 
 ROOT = Path(__file__).resolve().parents[1]
 WITH_OPTION = "  --mksquashfs-args string   extra arguments to pass to mksquashfs\n"

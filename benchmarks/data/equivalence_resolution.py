@@ -51,7 +51,8 @@ def main() -> int:
     typical = statistics.median(deviations)
     needed = next(n for n in range(2, 10_000)
                   if t.ppf(quantile, n - 1) * typical / math.sqrt(n) <= math.log(1 + EQUIVALENCE_MARGIN))
-    print(f"{len(deviations)} workloads; runner-up within 10% of the best in {near}; median paired sd(log) {typical:.3f}; "
+    print(f"{len(deviations)} workloads; runner-up within 10% of the best in {near}; "
+          f"median paired sd(log) {typical:.3f}; "
           f"median half-width x{math.exp(statistics.median(halves)):.3f}; launches a tie needs for a half-width <= "
           f"{EQUIVALENCE_MARGIN:.0%}: {needed}")
     return 0

@@ -137,7 +137,8 @@ def table(launches: dict) -> str:
             bin_["drift_old"].append(abs(statistics.median(sessions[0][0]) / statistics.median(sessions[0][1]) - 1))
             bin_["drift_new"].append(abs(statistics.median(sessions[1][0]) / statistics.median(sessions[1][1]) - 1))
         detail.append(f"{name:<28} {ref_new * 1e3:10.3f} {statistics.median(errors(old_all, ref_old)):8.1%} "
-                      f"{statistics.median(errors(new_all, ref_new)):8.1%} {statistics.median(errors(triples, ref_new)):8.1%}")
+                      f"{statistics.median(errors(new_all, ref_new)):8.1%} "
+                      f"{statistics.median(errors(triples, ref_new)):8.1%}")
 
     def q(values: list[float], p: float) -> str:
         if not values:

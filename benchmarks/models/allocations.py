@@ -27,7 +27,8 @@ WARM_UP_S = 6.0  # a background job's launch prepares and checks its model befor
 
 def write_target(folder: Path, cores: int, co_runners: int = 0, price: float | None = 1.0) -> Path:
     """A target file for ``cores`` of this machine (its cached probe), shared with ``co_runners`` busy processes."""
-    document = {"apiVersion": "modak/v1", "kind": "Target", "name": f"here-{cores}c" + (f"-{co_runners}busy" if co_runners else ""),
+    document = {"apiVersion": "modak/v1", "kind": "Target",
+                "name": f"here-{cores}c" + (f"-{co_runners}busy" if co_runners else ""),
                 "cpu": "local",
                 "scheduler": {"kind": "none", "cores_per_job": cores,
                               "allocation": "shared" if co_runners else "exclusive", "co_runners": co_runners}}
@@ -106,7 +107,8 @@ def measure(plan: Plan, candidate: Candidate, store: PerfStore, cores: set[int],
     throughput, what ``whatif`` ranks and ``pack`` adds up, is the mean."""
     reports: list[dict] = []
     with pinned(cores):
-        bench(plan, [candidate], store, replace(settings, launches=1), on_launch=lambda _, report: reports.append(report))
+        bench(plan, [candidate], store, replace(settings, launches=1),
+              on_launch=lambda _, report: reports.append(report))
     means = [r["step_mean_s"] for r in reports if r.get("status") == "ok" and r.get("step_mean_s")]
     return means[-1] if means else None
 

@@ -100,7 +100,8 @@ def main() -> int:
                 measured = "failed to run" if q is None else (f"{q * 1e3:9.3f} ms, {s / q:.2f}x stock, "
                                                               f"{b / q:.2f}x the best above")
                 print(f"{'':<28}   {label:<69} {measured}; {ranked.accuracy.figure()}", flush=True)
-            for reason in (r for r in plan.reasons if r.startswith("int8 ") and ("failed" in r or "not quantized" in r)):
+            for reason in (r for r in plan.reasons
+                           if r.startswith("int8 ") and ("failed" in r or "not quantized" in r)):
                 print(f"{'':<28}   {reason}", flush=True)
     if speedups:
         print(f"geometric mean speedup over stock: {statistics.geometric_mean(speedups):.2f}x "

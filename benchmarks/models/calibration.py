@@ -92,7 +92,8 @@ def main() -> int:
         write_csv(args.save, rows)
     by_workload = {w: [r for r in rows if (r.model, r.task, r.batch_size) == w] for w in args.workloads}
     by_workload = {w: held for w, held in by_workload.items() if held}
-    before = {w: errors(held, LearnedPredictor.fit(shipped).predict_examples([example_from_row(r, catalog) for r in held]))
+    before = {w: errors(held,
+                        LearnedPredictor.fit(shipped).predict_examples([example_from_row(r, catalog) for r in held]))
               for w, held in by_workload.items()}
 
     print(f"\n{'calibrated on':<26} {'held out':<26} {'n':>3} {'MAPE before':>11} {'after':>7} "

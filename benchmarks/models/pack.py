@@ -13,7 +13,8 @@ unless memory bandwidth binds). Printed per job and arrangement: predicted and m
 it, outside, or undecided), and each arrangement's aggregate throughput (sum of alone / shared step).
 Run it under `flock -x /tmp/modak-quiet.lock` on a quiet machine.
 
-    flock -x /tmp/modak-quiet.lock python -m benchmarks.models.pack [--rounds 3] [--pairs mnist-cnn:mlp mnist-cnn:mnist-cnn]
+    flock -x /tmp/modak-quiet.lock python -m benchmarks.models.pack [--rounds 3] \\
+        [--pairs mnist-cnn:mlp mnist-cnn:mnist-cnn]
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ def main() -> int:
         folder = Path(tmp)
         target = write_target(folder, 2, price=None)
         jobs = {path.stem: path for path in write_jobs(folder / "jobs")}
-        packs = {pair: api.pack([jobs[name] for name in pair.split(":")], target, using=predictor) for pair in args.pairs}
+        packs = {pair: api.pack([jobs[name] for name in pair.split(":")], target, using=predictor)
+                 for pair in args.pairs}
         # What is measured: (pair, arrangement mode or "alone", job index); each is one launch per round.
         arrangements: dict[tuple[str, str], Arrangement] = {}
         for pair, result in packs.items():
             options = [o for g in result.groups for o in g.options]
             if not options:  # the pair runs apart: measure the arrangements pack weighed all the same
-                options = evaluate(result.jobs, result.jobs[0].loaded.target, Planner(lambda loaded: api.plan_loaded(loaded, predictor)))[1]
+                options = evaluate(result.jobs, result.jobs[0].loaded.target,
+                                   Planner(lambda loaded: api.plan_loaded(loaded, predictor)))[1]
             for option in options:
                 arrangements[(pair, option.mode)] = option
         cases = [(pair, mode, i) for pair in packs for mode in ("alone", "cores", "cores idle", "time-slicing")

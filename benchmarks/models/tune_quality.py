@@ -31,7 +31,8 @@ against the same session's exhaustive measurement, with the launches it took.
 
     python -m benchmarks.models.tune_quality [--workloads mlp:64 mnist_cnn:64:training mobilenet_v2:1] [--launches 3]
         [--min-seconds 0.5] [--budget 300] [--trials 5 10] [--resolve 24] [--keep DIR]
-        [--exhaustive-store S --config benchmarks/data/campaign.yaml] [--other-session S --config benchmarks/data/campaign.yaml]
+        [--exhaustive-store S --config benchmarks/data/campaign.yaml]
+        [--other-session S --config benchmarks/data/campaign.yaml]
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ def main() -> int:
         # Ranked by samples per second, as whatif ranks throughput jobs (the batch is the same on every target).
         predicted_rate = [o.samples_per_second for o in outcomes]
         measured_rate = [o.plan.workload.batch_size / measured[o.target] for o in outcomes]
-        measured_rank = {o.target: 1 + sorted(measured_rate, reverse=True).index(r) for o, r in zip(outcomes, measured_rate)}
+        measured_rank = {o.target: 1 + sorted(measured_rate, reverse=True).index(r)
+                         for o, r in zip(outcomes, measured_rate)}
         for o in outcomes:
             error = o.step_seconds / measured[o.target] - 1
             print(f"{result.job:<16} {o.target:<14} {o.plan.choice.candidate.name[:34]:<34} "

@@ -1,6 +1,7 @@
 """The data-parallel scaling model (``modak scale``) against published scaling efficiencies.
 
-    python -m benchmarks.published.scale_published [--data perfmodels/published/data_parallel_scaling.csv] [--tolerance 10]
+    python -m benchmarks.published.scale_published [--data perfmodels/published/data_parallel_scaling.csv] \\
+        [--tolerance 10]
 
 For every published point (``perfmodels/published/``, each row with its source and where in it) the model
 predicts the efficiency from the row's setup alone: per-GPU compute time (from the source's single-GPU
@@ -24,9 +25,9 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from modak.paths import data_dir
 from modak.allreduce import MIB, Link, ScalingModel, default_overlap, network_link
 from modak.hardware.ceilings import interconnects
+from modak.paths import data_dir
 from modak.scaling import fit
 
 DATA = data_dir("perfmodels") / "published" / "data_parallel_scaling.csv"
@@ -125,7 +126,8 @@ def calibrated(points: list[Published], tolerance: float) -> None:
             total += 1
             print(f"{p.name:36} {p.workers:4d} {gbps:8.3g} of {p.row['network_gbps']:>2} {p.published:9.3f} "
                   f"{predicted:9.3f} {diff:+8.1f}  {'yes' if ok else 'NO'}")
-    print(f"{within}/{total} held-out points within {tolerance:g} percentage points with one fitted bandwidth per setup")
+    print(f"{within}/{total} held-out points within {tolerance:g} percentage points "
+          "with one fitted bandwidth per setup")
 
 
 def main() -> int:

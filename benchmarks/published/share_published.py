@@ -18,8 +18,8 @@ slice's throughput against the whole GPU's. The sharing model (``modak.advise.co
 Nothing is fitted in the first table. Rows whose workload is not in modak's zoo get no load there; the second
 table fits that load's GPU utilization to one MPS row of the same setup (a row marked ``calibration``: for n
 identical jobs the MPS model gives max(1, n u)) and predicts the setup's other rows with it. Errors are relative to
-the published figure; 15% is the target of ``benchmarks/models/pack.py``. The script reports; it does not fail when points
-miss the tolerance (exit 0 unless the data cannot be read).
+the published figure; 15% is the target of ``benchmarks/models/pack.py``. The script reports; it does not fail when
+points miss the tolerance (exit 0 unless the data cannot be read).
 """
 
 from __future__ import annotations
@@ -228,8 +228,8 @@ def report(points: list[Point], planner: Planner, tolerance: float, out: Callabl
         compared += 1
     for point in left_out:
         out(f"{point.name:34} not compared: {point.row['notes']}")
-    out(f"{within}/{compared} points within {tolerance:g}% (the target of benchmarks/models/pack.py), model alone, nothing "
-        f"fitted; {len(left_out)} rows left out (their workload is not in modak's zoo)")
+    out(f"{within}/{compared} points within {tolerance:g}% (the target of benchmarks/models/pack.py), "
+        f"model alone, nothing fitted; {len(left_out)} rows left out (their workload is not in modak's zoo)")
     return within
 
 

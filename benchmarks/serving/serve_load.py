@@ -7,12 +7,13 @@ deployment with ``--max-batch 1``); ``--compare-delay-ms MS`` adds ``delayed``, 
 waits up to MS for a fuller batch, beside the default that waits for nothing. At each concurrency, closed-loop
 clients (one thread and one ``tritonclient.http`` client each, binary tensors, ``--samples`` samples per request)
 load one server for ``--duration`` seconds, the servers taking turns round after round (tuned, stock, unbatched,
-tuned, ...) so that machine noise hits all alike. The table gives requests/s, samples/s and p50/p99 latency over all rounds, then
-the ratios tuned/stock and batching on/off. Client and servers share the machine: run it on a quiet one.
+tuned, ...) so that machine noise hits all alike. The table gives requests/s, samples/s and p50/p99 latency over all
+rounds, then the ratios tuned/stock and batching on/off. Client and servers share the machine: run it on a quiet one.
 
     python -m benchmarks.serving.serve_load examples/mnist-cnn-cpu/job.yaml [--batch 16] [--duration 10] [--rounds 3] \\
         [--concurrency 1 8 32]
-    python -m benchmarks.serving.serve_load examples/mnist-cnn-cpu/job.yaml --duration 1 --rounds 1 --concurrency 1 8  # smoke
+    python -m benchmarks.serving.serve_load examples/mnist-cnn-cpu/job.yaml --duration 1 --rounds 1 \\
+        --concurrency 1 8  # smoke
 """
 
 from __future__ import annotations

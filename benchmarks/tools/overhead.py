@@ -1,7 +1,7 @@
 """Fit each runtime's dispatch overhead (per graph node, per call) from the overhead probe's measurements.
 
-The probe (``benchmarks/tools/overhead.yaml``) measures every runtime configuration on two chains of tiny fully connected
-layers, zoo ``chain4`` (8 graph nodes) and ``chain64`` (128), whose compute is negligible, so a step is
+The probe (``benchmarks/tools/overhead.yaml``) measures every runtime configuration on two chains of tiny fully
+connected layers, zoo ``chain4`` (8 graph nodes) and ``chain64`` (128), whose compute is negligible, so a step is
 
     step = call + forward graph nodes x node
 
@@ -10,8 +10,9 @@ update). The recipes' CPU priors (``node_overhead_us``, ``call_overhead_us``, th
 ``overhead`` effects of their parameters are these numbers; none of them comes from the models that
 ``modak model eval`` holds out.
 
-    python -m benchmarks.data.campaign --config benchmarks/tools/overhead.yaml --target perfmodels/targets/ci-zen3-2c.yaml \
-        --store /tmp/overhead.sqlite --export perfmodels/overhead/cpu-ci-zen3-2c.csv
+    python -m benchmarks.data.campaign --config benchmarks/tools/overhead.yaml \\
+        --target perfmodels/targets/ci-zen3-2c.yaml --store /tmp/overhead.sqlite \\
+        --export perfmodels/overhead/cpu-ci-zen3-2c.csv
     python -m benchmarks.tools.overhead perfmodels/overhead/cpu-ci-zen3-2c.csv
 """
 
