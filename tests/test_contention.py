@@ -95,3 +95,43 @@ def test_a_cpu_hog_during_bench_is_detected_every_time_and_not_learned_from(tmp_
 
     rows_used, _ = training_data(store)
     assert not [r for r in ok_rows(rows_used) if r.session == rows[0].session]
+
+
+def test_a_retried_launch_says_what_all_its_tries_waited(tmp_path):
+    """A launch retried because its CPUs sat apart is stored with the waits of every try added up (near_wait_s),
+    not only its last try's; a launch not retried keeps its own."""
+    import platform
+
+    from modak.api import load
+    from modak.bench.harness import BenchSettings, Session
+    from modak.plan import make_plan
+    from modak.predict.roofline import RooflinePredictor
+    from modak.workload.source import load_analysis
+
+    loaded = load(CNN)
+    plan = make_plan(loaded, *load_analysis(loaded), RooflinePredictor())
+    apart, near = [r.candidate for r in plan.ranked[:2]]
+    best = 2e-7
+
+    def report(rtt: float, waited: float) -> dict:
+        return {"status": "ok", "step_median_s": 0.002, "step_p10_s": 0.0019, "step_p90_s": 0.0021, "repeats": 50,
+                "contention": {"core_rtt_s": rtt, "core_rtt_cpus": [0, 1], "near_wait_s": waited,
+                               "other_cores": 0.0, "steal_cores": 0.0}}
+
+    far = (CANARIES["core_rtt"][0] + 1) * best
+    launches = {apart.name: [report(far, 4.0), report(far, 3.5), report(best, 2.0)], near.name: [report(best, 1.5)]}
+
+    class Scripted:
+        def run(self, tasks: list) -> list[dict]:
+            return [launches[t.name].pop(0) for t in tasks]
+
+    with PerfStore(tmp_path / "s.sqlite") as store, \
+            Session(plan, store, BenchSettings(retries=2), Scripted(), tmp_path / "work") as session:
+        store.record_canary(platform.node(), best, "core_rtt")
+        rows = session.run_round([apart, near])
+    assert not any(launches.values())  # the far launch was tried three times, the near one once
+    (retried,) = json.loads(rows[apart.name].contention)
+    assert retried["near_wait_s"] == 9.5 and retried["retried_after"] and not retried["busy"]
+    assert rows[apart.name].status == "ok"
+    (alone,) = json.loads(rows[near.name].contention)
+    assert alone["near_wait_s"] == 1.5 and alone["retried_after"] is None

@@ -64,7 +64,8 @@ def _round_trip_after(report: dict, waited_s: float) -> dict:
     """``report`` whose contention's ``core_rtt_s`` (the round trip between the launch's first and last CPU,
     ``core_rtt_cpus``, before its runtime started) is the slower of it and one between the same CPUs measured here,
     now that the launch has ended (the vCPUs may have moved apart while it ran), with the seconds the launch waited
-    for its CPUs to come near (``near_wait_s``). A launch on one CPU has no round trip, before or after."""
+    for its CPUs to come near (``near_wait_s``; a retried launch's row adds its earlier tries' waits). A launch on
+    one CPU has no round trip, before or after."""
     contention = report.get("contention")
     if isinstance(contention, dict) and contention.get("core_rtt_s") and contention.get("core_rtt_cpus"):
         after = round_trip_seconds(contention["core_rtt_cpus"])

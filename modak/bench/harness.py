@@ -203,6 +203,7 @@ class Session:
                 break
             for candidate, result in zip(again, self.dispatcher.run([self.task(c) for c in again])):
                 result["retried_after"] = busy[candidate.name]
+                _carry_near_wait(result, results[candidate.name])
                 results[candidate.name], busy[candidate.name] = result, self._verdict(result)
         rows: dict[str, Measurement] = {}
         for candidate in order:
@@ -262,6 +263,14 @@ class Session:
         for canary in CANARIES:
             if report.get(f"{canary}_s") and not result["busy"]:
                 self.store.record_canary(platform.node(), report[f"{canary}_s"], canary)
+
+
+def _carry_near_wait(result: dict, replaced: dict) -> None:
+    """Add to ``result``'s ``near_wait_s`` (the seconds its launch waited for its CPUs to come near) what the launch
+    it replaced waited, so that a stored launch says what all its tries waited."""
+    mine, before = result.get("contention"), replaced.get("contention")
+    if isinstance(mine, dict) and isinstance(before, dict) and before.get("near_wait_s"):
+        mine["near_wait_s"] = round(float(mine.get("near_wait_s") or 0.0) + float(before["near_wait_s"]), 1)
 
 
 def slowed_canaries(report: Mapping[str, Any], best: Mapping[str, float | None]) -> list[str]:
