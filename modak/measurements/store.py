@@ -158,7 +158,16 @@ _FLOAT = {"peak_fp32_gflops", "peak_bf16_gflops", "bandwidth_gbs", "flops", "byt
           "max_abs_error", "ci_low_s", "ci_high_s", "spread"}
 _DEFAULTS = {f.name: f.default for f in fields(Measurement) if f.default is not MISSING}  # columns added later
 _LABEL_TABLES = {"kernels": KERNEL_COLUMNS, "reconciliations": RECONCILE_COLUMNS}  # the operator-level labels
+META_COLUMNS = ("key", "value")
+# Every table of this modak's schema with the columns it must have (what _migrate creates and _current checks; each
+# label table also has the index _configuration_index names).
+_TABLES = {"measurements": COLUMNS, "meta": META_COLUMNS, "tuned": TUNED_COLUMNS, **_LABEL_TABLES}
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction on the same store
+
+
+def _configuration_index(table: str) -> str:
+    """The name of a label table's index on its configuration columns."""
+    return f"{table}_configuration"
 
 
 def _sql_type(column: str) -> str:
@@ -223,16 +232,15 @@ class PerfStore:
                 time.sleep(0.05)
 
     def _current(self) -> bool:
-        """Whether the store already has this modak's schema: every table, index and column :meth:`_migrate`
-        makes, and its schema version. Read only, so that opening a current store to read it writes nothing (its
-        file stays as it was, and the warm plan's key of the local rows, kept under the file's identity, holds)."""
-        tables = {name: {row[1] for row in self._db.execute(f"PRAGMA table_info({name})")}
-                  for name in ("measurements", "meta", "tuned", *_LABEL_TABLES)}
+        """Whether the store already has this modak's schema: every table and column of :data:`_TABLES`, the
+        label tables' indexes, and its schema version. Read only, so that opening a current store to read it writes
+        nothing (its file stays as it was, and the warm plan's key of the local rows, kept under the file's
+        identity, holds)."""
+        present = {name: {row[1] for row in self._db.execute(f"PRAGMA table_info({name})")} for name in _TABLES}
         indexes = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        if not set(COLUMNS) <= tables["measurements"] or not tables["meta"] or not tables["tuned"]:
+        if any(not set(columns) <= present[table] for table, columns in _TABLES.items()):
             return False
-        if any(not set(columns) <= tables[table] or f"{table}_configuration" not in indexes
-               for table, columns in _LABEL_TABLES.items()):
+        if any(_configuration_index(table) not in indexes for table in _LABEL_TABLES):
             return False
         version = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         return version is not None and version[0] == str(SCHEMA_VERSION)
@@ -248,13 +256,14 @@ class PerfStore:
                          "precision", "params", "threads"))
         with self._write():
             self._db.execute(f"CREATE TABLE IF NOT EXISTS measurements ({columns}, UNIQUE ({key}))")
-            self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS meta ({META_COLUMNS[0]} TEXT PRIMARY KEY, "
+                             f"{META_COLUMNS[1]} TEXT)")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS tuned ({', '.join(TUNED_COLUMNS)}, "
                              "PRIMARY KEY (machine, workload))")
             for table, table_columns in _LABEL_TABLES.items():
                 typed = ", ".join(f"{c} {column_type(c)}" for c in table_columns)
                 self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} ({typed})")
-                self._db.execute(f"CREATE INDEX IF NOT EXISTS {table}_configuration ON {table} "
+                self._db.execute(f"CREATE INDEX IF NOT EXISTS {_configuration_index(table)} ON {table} "
                                  f"({', '.join(CONFIGURATION)})")
                 self._add_ceilings(table, table_columns)
             present = {row[1] for row in self._db.execute("PRAGMA table_info(measurements)")}
