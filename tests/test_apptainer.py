@@ -293,7 +293,7 @@ def test_a_podman_build_converted_to_a_sif_keeps_the_images_labels(tmp_path: Pat
     data = build(write_job(folder), "-o", out, "--sif")
     sif_file = Path(data["sif"])
     assert sif_file == out / "mnist-cnn.sif" and sif_file.is_file() and str(sif_file) in data["artifacts"]
-    assert "build --mksquashfs-args '-comp gzip -Xcompression-level 1' --notest" in (out / "sif.log").read_text()
+    assert " --mksquashfs-args '-comp gzip -Xcompression-level 1' --notest" in (out / "sif.log").read_text()
     assert not list(out.glob("*.tar")) and not list(out.glob(".*.tar")) and not list(out.glob(".build.*"))
     labels = ApptainerEngine().inspect(str(sif_file)).labels
     assert data["image"]["labels"].items() <= labels.items() and LOCK_LABEL in labels

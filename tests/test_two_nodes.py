@@ -40,7 +40,7 @@ def test_a_data_parallel_job_runs_in_the_sif_on_two_nodes(tmp_path: Path, wheelh
         assert ApptainerEngine().inspect(str(sif)).labels["io.modak.plan-digest"] == digest
         squash = "--mksquashfs-args '-comp zstd -Xcompression-level 3'"  # the target's sif_compression: zstd
         assert f"apptainer build {squash} cnn-ddp.sif Singularity.def" in (out / "Singularity.def").read_text()
-        assert f"build {squash} --notest" in (out / "build.log").read_text()
+        assert f" {squash} --notest" in (out / "build.log").read_text()
         script = (out / "job.sh").read_text()
         assert "#SBATCH --nodes=2" in script and "#SBATCH --cpus-per-task=1" in script
         assert 'srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 apptainer run "$MODAK_SIF" torchrun ' \
