@@ -266,8 +266,11 @@ def _machine_offsets(examples: list[Example], X: np.ndarray, y: np.ndarray, weig
             continue
         own = np.array([e.machine == machine for e in examples])
         others = RandomForestRegressor(**settings).fit(X[~own], y[~own], sample_weight=weight[~own])
+        # Predicted in one thread: threads add the trees' predictions up in the order they finish, which moves the
+        # last bits, and with them the splits of the forest fit on these offsets (a fit must be the same every time)
+        predicted = others.set_params(n_jobs=1).predict(X[own])
         by_workload: dict[tuple, list[float]] = {}
-        for e, residual in zip([e for e in examples if e.machine == machine], y[own] - others.predict(X[own])):
+        for e, residual in zip([e for e in examples if e.machine == machine], y[own] - predicted):
             by_workload.setdefault(e.workload, []).append(float(residual))
         offsets[machine] = shrunk_offset([float(np.median(v)) for v in by_workload.values()])
     return offsets
