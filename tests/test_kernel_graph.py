@@ -357,3 +357,56 @@ def test_a_plans_candidates_load_and_analyze_the_graph_once(cbr: Path, tmp_path:
     onnx.save(graph, model)
     _report("onnxruntime", model, batch=9)
     assert len(loads) == 3  # the changed file, analyzed again
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "pytorch", "torch-compile"])
+def test_a_runtimes_run_settings_do_not_change_the_kernels_it_plans(runtime: str, cbr: Path, mnist: Path,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each value the recipe gives a parameter the runtime declares a run setting, and 1 or 2 threads, plan the
+    same kernels (each asked afresh, no cache), so candidates that differ only in them may share one report."""
+    import modak.workload.kernels as kernels_module
+    from modak.candidates.catalog import load_catalog
+    from modak.image.runtimes.base import adapter
+
+    fresh = iter(range(1000))
+    monkeypatch.setattr(kernels_module, "cache_dir", lambda: tmp_path / str(next(fresh)))
+    settings = adapter(runtime).run_settings
+    cpu = [p for p in load_catalog()[runtime].parameters if "cpu" in p.devices and not p.precisions]
+    assert set(settings) <= {p.name for p in load_catalog()[runtime].parameters}
+    base = {p.name: p.values[0] for p in cpu}
+    traced = adapter(runtime).kernels == "torch"
+
+    def report(params: dict, threads: int) -> tuple:
+        if traced:
+            return planned_kernels(runtime, None, 4, {"input": [1, 28, 28]}, "fp32", threads, params=params,
+                                   zoo="mnist_cnn")
+        return _report(runtime, cbr, params=params) if threads == 1 else planned_kernels(
+            runtime, cbr, 4, {}, "fp32", threads, params=params)
+
+    first = report(base, 1)
+    assert first and report(base, 2) == first
+    varied = [(p.name, value) for p in cpu if p.name in settings for value in p.values[1:]]
+    assert varied or settings == ("threads",)
+    for name, value in varied:
+        assert report({**base, name: value}, 1) == first, (name, value)
+
+
+def test_candidates_that_differ_in_run_settings_share_one_report(cbr: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime
+
+    built = []
+    session = onnxruntime.InferenceSession
+
+    def counted(*args, **kwargs):
+        built.append(args[0])
+        return session(*args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", counted)
+    settings = {"threads": "all", "wait_policy": "spin", "allocator": "default", "graph_optimization": "all"}
+    first = planned_kernels("onnxruntime", cbr, 6, {}, "fp32", 2, params=settings)
+    again = planned_kernels("onnxruntime", cbr, 6, {}, "fp32", 1,
+                            params={**settings, "threads": "half", "wait_policy": "passive", "allocator": "jemalloc"})
+    assert again == first and len(built) == 1
+    basic = planned_kernels("onnxruntime", cbr, 6, {}, "fp32", 2, params={**settings, "graph_optimization": "basic"})
+    assert basic != first and len(built) == 2  # a parameter that changes the graph is another report

@@ -21,8 +21,9 @@ covers (the costliest node's class; a kernel covering none: its runtime's class,
 
 Answers are cached as JSON under ``modak.paths.cache_dir() / "kernels"``, keyed by the model (the ONNX graph's
 digest, whose weights do not change what runs; the zoo name; the digests of the user's files), the runtime and its
-version, the batch, input shapes, precision, threads, the candidate's parameters, the task and loss, and the code
-the answer comes from.
+version, the batch, input shapes, precision, the task and loss, the code the answer comes from, and the threads and
+the candidate's parameters but for those the runtime declares as settings of how its kernels run, not which
+(:attr:`~modak.image.runtimes.base.Adapter.run_settings`): candidates that differ only in those share one answer.
 """
 
 from __future__ import annotations
@@ -129,14 +130,18 @@ def _model_identity(runtime: str, path: Path | None, zoo: str | None, user: Load
 
 def _key(runtime: str, model: Any, batch_size: int, shapes: dict[str, list[int]], precision: str, threads: int,
          params: dict[str, Any], task: str, loss: str | None) -> str:
-    """The cache key: the model's identity and everything else the answer depends on."""
-    package = _reporting(runtime).packages[0]
+    """The cache key: the model's identity and everything else the answer depends on (not the runtime's
+    settings of how its kernels run)."""
+    reports = _reporting(runtime)
+    package = reports.packages[0]
     version = installed().version(package)
     if version is None:
         raise UnreportedGraph(f"{runtime} is not installed here ({package})")
+    settings = reports.run_settings
     fields = {"model": model, "runtime": runtime, "version": version, "batch": batch_size, "shapes": shapes,
-              "precision": precision, "threads": threads, "params": params, "task": task, "loss": loss,
-              "code": _code_digest(runtime)}
+              "precision": precision, "threads": None if "threads" in settings else threads,
+              "params": {name: value for name, value in params.items() if name not in settings}, "task": task,
+              "loss": loss, "code": _code_digest(runtime)}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

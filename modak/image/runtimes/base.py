@@ -2,8 +2,9 @@
 
 A runtime is one module with one :class:`Adapter` subclass, which registers itself under its ``name`` (the recipe's
 name, ``recipes/runtimes/<name>.yaml``) and declares what it can do: its framework, the packages its results
-depend on, how it reports the kernels it plans (``kernels``), whether its profiles name those kernels, whether it
-runs a layer cut from an ONNX graph, the GEMM it times for ``modak probe``. The shipped runtimes are the modules of
+depend on, how it reports the kernels it plans (``kernels``) and which of its parameters do not change them
+(``run_settings``), whether its profiles name those kernels, whether it runs a layer cut from an ONNX graph, the
+GEMM it times for ``modak probe``. The shipped runtimes are the modules of
 this package (``modak.image.runtimes.<name>``, ``-`` as ``_``); one outside modak is found through the entry point
 group ``modak.runtimes`` (``NAME = module:Class``), and its class names its recipe file (:attr:`Adapter.recipe`).
 Every place that asks what a runtime can do asks :func:`adapter` or :func:`adapters`, never a list of names.
@@ -99,6 +100,9 @@ class Adapter:
     profiles_as_planned: ClassVar[bool] = False  # its profiles name the kernels its plan names, by construction
     cut_graphs: ClassVar[bool] = False  # it runs a layer cut from an ONNX graph (``modak probe --kernels``)
     gemm_precisions: ClassVar[tuple[str, ...]] = ()  # the precisions of the GEMM :meth:`gemm` times
+    # Its parameters that set how its kernels run, not which it plans ("threads": the parameter and the thread
+    # count): a plan's report of its kernels is shared by candidates that differ only in these
+    run_settings: ClassVar[tuple[str, ...]] = ()
     recipe: ClassVar[Path | None] = None  # a runtime outside modak: its recipe file (else recipes/runtimes/)
     registry: ClassVar[dict[str, type[Adapter]]] = {}
 

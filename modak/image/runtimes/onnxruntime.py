@@ -331,6 +331,7 @@ class OnnxRuntime(Adapter):
     framework = "onnxruntime"
     packages = ("onnxruntime", "onnxruntime-gpu")
     kernels = "onnx"  # its optimized graph (planned_kernels)
+    run_settings = ("threads", "inter_op_threads", "wait_policy", "execution_mode", "allocator")
     profiles_as_planned = True
     cut_graphs = True
     gemm_precisions = ("fp32", "int8")

@@ -279,6 +279,7 @@ class OpenVino(Adapter):
     framework = "openvino"
     packages = ("openvino",)
     kernels = "onnx"  # its runtime model (planned_kernels)
+    run_settings = ("threads",)
     profiles_as_planned = True
     cut_graphs = True
     gemm_precisions = ("fp32", "bf16")

@@ -421,6 +421,7 @@ class PyTorch(Adapter):
     framework = "pytorch"
     packages = ("torch",)
     kernels = "torch"  # the aten ops dispatched on fake tensors (modak.workload.kernels.trace_step)
+    run_settings = ("threads", "wait_policy", "allocator", "cuda_graphs", "io")
     profiles_as_planned = True
     gemm_precisions = ("fp32", "bf16")
     prepare = staticmethod(prepare)

@@ -57,6 +57,7 @@ class TorchCompile(Adapter):
     framework = "pytorch"
     packages = ("torch",)
     kernels = "torch"  # its eager ops; its profiles are Inductor's fused kernels, which the plan does not name
+    run_settings = ("threads", "wait_policy", "mode", "cuda_graphs", "io")
     kernel_source = "modak.image.runtimes.pytorch"
     prepare = staticmethod(prepare)
     profile = staticmethod(profile)
