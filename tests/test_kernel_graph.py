@@ -12,6 +12,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from modak.image.onnx_nodes import shape_static_nodes
+from modak.image.runtimes.base import adapters
 from modak.paths import cache_dir
 from modak.workload.analysis import analyze
 from modak.workload.kernels import UnreportedGraph, planned_kernels
@@ -359,7 +360,7 @@ def test_a_plans_candidates_load_and_analyze_the_graph_once(cbr: Path, tmp_path:
     assert len(loads) == 3  # the changed file, analyzed again
 
 
-@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "pytorch", "torch-compile"])
+@pytest.mark.parametrize("runtime", [name for name, found in adapters().items() if found.kernels is not None])
 def test_a_runtimes_run_settings_do_not_change_the_kernels_it_plans(runtime: str, cbr: Path, mnist: Path,
                                                                       tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
