@@ -491,11 +491,16 @@ def test_an_inflated_profiled_launch_is_launched_again_and_the_least_inflated_ke
 @pytest.mark.slow
 def test_bench_kernels_profiles_after_the_timed_rounds(tmp_path: Path) -> None:
     store = tmp_path / "perf.sqlite"
-    done = subprocess.run([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "top-1", "--launches",
-                           "2", "--min-seconds", "0.2", "--budget", "0.5", "--store", str(store), "--kernels"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    assert "kernel rows" in " ".join(done.stderr.split())  # rich wraps lines at the pipe's 80 columns
+    for _ in range(3):  # a launch this VM contended is stored so and not profiled: measured again, as bench advises
+        store.unlink(missing_ok=True)
+        done = subprocess.run([sys.executable, "-m", "modak", "bench", str(CNN), "--candidates", "top-1", "--launches",
+                               "2", "--min-seconds", "0.2", "--budget", "0.5", "--store", str(store), "--kernels"],
+                              capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        with PerfStore(store) as perf:
+            if any(row.status == "ok" for row in perf.rows()):
+                break
+    assert "kernel rows" in " ".join(done.stderr.split()), done.stderr  # rich wraps lines at the pipe's 80 columns
     with PerfStore(store) as perf:
         rows, kernels, reconciled = perf.rows(), perf.kernel_rows(), perf.reconciliations()
     assert rows and kernels and len(reconciled) == sum(r.status == "ok" for r in rows)
