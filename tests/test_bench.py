@@ -36,7 +36,9 @@ def test_bench_on_the_cnn_example_writes_rows(tmp_path: Path) -> None:
         rows = perf.rows(model="mnist_cnn")
     assert len(rows) == len(printed) >= 2
     assert {r.runtime for r in rows} == {"onnxruntime"}
-    assert all(r.status == "ok" for r in rows), [(r.params, r.status, r.error, r.contention) for r in rows]
+    # measured and checked; "contended": this VM drew steal time or moved the vCPUs apart (flagged, kept)
+    assert all(r.status in ("ok", "contended") for r in rows), [(r.params, r.status, r.error, r.contention)
+                                                                for r in rows]
     for row in rows:
         assert row.step_p10_s <= row.step_median_s <= row.step_p90_s and row.repeats >= 3
         assert row.flops > 0 and row.peak_fp32_gflops == 451.6 and row.max_abs_error < 1e-3

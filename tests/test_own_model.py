@@ -620,7 +620,8 @@ def test_the_own_model_benchmark_runs_its_pipeline() -> None:
 @pytest.mark.slow
 def test_bench_and_tune_measure_the_users_module(tmp_path: Path) -> None:
     """`modak bench --candidates top-3` measures the plan's top 3 of a module-file job, each checked against eager
-    PyTorch first and `ok`; `modak tune` races the shortlist and records a winner, which the next plan chooses."""
+    PyTorch first and `ok` (or `contended`: measured while the VM was busy); `modak tune` races the shortlist
+    and records a winner, which the next plan chooses."""
     from modak.measurements.store import PerfStore
 
     job, store = write(tmp_path, job_text(PYTORCH)), tmp_path / "perf.sqlite"
@@ -629,7 +630,8 @@ def test_bench_and_tune_measure_the_users_module(tmp_path: Path) -> None:
     assert bench.returncode == 0, bench.stderr[-3000:]
     with PerfStore(store) as perf:
         rows = perf.rows()
-    assert len(rows) == 3 and all(r.status == "ok" and r.step_median_s for r in rows), [
+    # measured and checked; "contended": this VM drew steal time or moved the vCPUs apart (flagged, kept)
+    assert len(rows) == 3 and all(r.status in ("ok", "contended") and r.step_median_s for r in rows), [
         (r.runtime, r.status, r.error) for r in rows]
     assert all(r.max_abs_error is not None and r.max_abs_error < 1e-2 for r in rows if r.precision == "fp32")
     tune = modak("tune", str(job), "--trials", "2", "--min-seconds", "0.2", "--race-budget", "120", "--max-rounds", "3",
@@ -677,7 +679,8 @@ def test_int64_inputs_need_their_bound(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_model_of_token_ids_plans_and_measures_on_pytorch_and_onnx(tmp_path: Path) -> None:
     """int64 inputs below input_high reach the export and every runtime: the plan has PyTorch and the ONNX runtimes,
-    and `modak bench` measures both `ok` against eager PyTorch (ids at or above 50 would fail the embedding)."""
+    and `modak bench` measures both, checked against eager PyTorch (`ok`, or `contended`; ids at or above 50 would
+    fail the embedding)."""
     from modak.measurements.store import PerfStore
 
     job, store = write(tmp_path, job_text(TOKEN_MODEL), TOKENS), tmp_path / "perf.sqlite"
@@ -690,4 +693,4 @@ def test_a_model_of_token_ids_plans_and_measures_on_pytorch_and_onnx(tmp_path: P
     with PerfStore(store) as perf:
         rows = perf.rows()
     assert {r.runtime for r in rows} >= {"pytorch", "onnxruntime"}
-    assert all(r.status == "ok" for r in rows), [(r.runtime, r.status, r.error) for r in rows]
+    assert all(r.status in ("ok", "contended") for r in rows), [(r.runtime, r.status, r.error) for r in rows]
