@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,7 +49,10 @@ def _env(command: list[str], env: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize("runtime", sorted(load_catalog()))
 def test_bench_environment_is_the_entrypoints(runtime: str, tmp_path: Path) -> None:
     plan = _plan(tmp_path / "spec", runtime)
-    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLURM_CPUS_PER_TASK": "2"}
+    # the entrypoint's `python3` is this interpreter, as the launcher's is (in the image both are the venv's), not a
+    # wrapper on PATH that sets variables of its own (pyenv's shim)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    base = {"PATH": path, "HOME": str(tmp_path), "SLURM_CPUS_PER_TASK": "2"}
     for index, ranked in enumerate(plan.ranked):
         chosen = replace(plan, ranked=(ranked, *(r for r in plan.ranked if r is not ranked)))
         out = tmp_path / f"out{index}"
