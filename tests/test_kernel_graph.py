@@ -201,17 +201,23 @@ def test_flops_add_up_to_the_analysis(mnist: Path) -> None:
         assert sum(k.bytes for k in kernels) + sum(op.bytes for op in uncovered) == profile.forward_bytes
 
 
-def test_a_second_report_comes_from_the_cache(cbr: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The models ONNX Runtime sessions are built of, in this test (each ``InferenceSession`` counted)."""
     import onnxruntime
 
-    built = []
+    models: list = []
     session = onnxruntime.InferenceSession
 
     def counted(*args, **kwargs):
-        built.append(args[0])
+        models.append(args[0])
         return session(*args, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", counted)
+    return models
+
+
+def test_a_second_report_comes_from_the_cache(cbr: Path, built: list) -> None:
     folder = cache_dir() / "kernels"
     before = set(folder.iterdir()) if folder.is_dir() else set()
     first = _report("onnxruntime", cbr, batch=3)
@@ -393,17 +399,7 @@ def test_a_runtimes_run_settings_do_not_change_the_kernels_it_plans(runtime: str
         assert report({**base, name: value}, 1) == first, (name, value)
 
 
-def test_candidates_that_differ_in_run_settings_share_one_report(cbr: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import onnxruntime
-
-    built = []
-    session = onnxruntime.InferenceSession
-
-    def counted(*args, **kwargs):
-        built.append(args[0])
-        return session(*args, **kwargs)
-
-    monkeypatch.setattr(onnxruntime, "InferenceSession", counted)
+def test_candidates_that_differ_in_run_settings_share_one_report(cbr: Path, built: list) -> None:
     settings = {"threads": "all", "wait_policy": "spin", "allocator": "default", "graph_optimization": "all"}
     first = planned_kernels("onnxruntime", cbr, 6, {}, "fp32", 2, params=settings)
     again = planned_kernels("onnxruntime", cbr, 6, {}, "fp32", 1,
